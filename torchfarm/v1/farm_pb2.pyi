@@ -1,0 +1,196 @@
+from torchfarm.v1 import graph_pb2 as _graph_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    QUEUED: _ClassVar[JobState]
+    RUNNING: _ClassVar[JobState]
+    SUCCEEDED: _ClassVar[JobState]
+    FAILED: _ClassVar[JobState]
+JOB_STATE_UNSPECIFIED: JobState
+QUEUED: JobState
+RUNNING: JobState
+SUCCEEDED: JobState
+FAILED: JobState
+
+class Target(_message.Message):
+    __slots__ = ("device", "arch", "isa", "compiler")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    ISA_FIELD_NUMBER: _ClassVar[int]
+    COMPILER_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    arch: str
+    isa: str
+    compiler: str
+    def __init__(self, device: _Optional[str] = ..., arch: _Optional[str] = ..., isa: _Optional[str] = ..., compiler: _Optional[str] = ...) -> None: ...
+
+class Build(_message.Message):
+    __slots__ = ("torch_version", "torch_git", "triton_version", "python", "platform")
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TORCH_GIT_FIELD_NUMBER: _ClassVar[int]
+    TRITON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    torch_version: str
+    torch_git: str
+    triton_version: str
+    python: str
+    platform: str
+    def __init__(self, torch_version: _Optional[str] = ..., torch_git: _Optional[str] = ..., triton_version: _Optional[str] = ..., python: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class CompileOptions(_message.Message):
+    __slots__ = ("mode", "inductor", "dynamic")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    INDUCTOR_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    inductor: _containers.RepeatedCompositeFieldContainer[Option]
+    dynamic: bool
+    def __init__(self, mode: _Optional[str] = ..., inductor: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., dynamic: _Optional[bool] = ...) -> None: ...
+
+class Option(_message.Message):
+    __slots__ = ("name", "json_value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    JSON_VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    json_value: str
+    def __init__(self, name: _Optional[str] = ..., json_value: _Optional[str] = ...) -> None: ...
+
+class CompileRequest(_message.Message):
+    __slots__ = ("graph", "target", "build", "options", "label")
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    graph: _graph_pb2.Graph
+    target: Target
+    build: Build
+    options: CompileOptions
+    label: str
+    def __init__(self, graph: _Optional[_Union[_graph_pb2.Graph, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., build: _Optional[_Union[Build, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., label: _Optional[str] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("key", "state", "cache_hit", "deduplicated")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    state: JobState
+    cache_hit: bool
+    deduplicated: bool
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., cache_hit: _Optional[bool] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+
+class JobRef(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class StageTiming(_message.Message):
+    __slots__ = ("stage", "seconds")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    seconds: float
+    def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    state: JobState
+    stage: str
+    message: str
+    error_code: str
+    attempts: int
+    queued_seconds: float
+    timings: _containers.RepeatedCompositeFieldContainer[StageTiming]
+    artifact_bytes: int
+    worker: str
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class ArtifactRef(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ArtifactChunk(_message.Message):
+    __slots__ = ("manifest", "blob")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    manifest: bytes
+    blob: BlobChunk
+    def __init__(self, manifest: _Optional[bytes] = ..., blob: _Optional[_Union[BlobChunk, _Mapping]] = ...) -> None: ...
+
+class BlobChunk(_message.Message):
+    __slots__ = ("digest", "offset", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    offset: int
+    data: bytes
+    def __init__(self, digest: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class FarmStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("name", "queue", "last_seen_seconds", "build")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queue: str
+    last_seen_seconds: float
+    build: str
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., last_seen_seconds: _Optional[float] = ..., build: _Optional[str] = ...) -> None: ...
+
+class QueueInfo(_message.Message):
+    __slots__ = ("name", "queued", "running")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queued: int
+    running: int
+    def __init__(self, name: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class FarmStatus(_message.Message):
+    __slots__ = ("workers", "queues", "artifacts", "cache_bytes", "coordinator_version", "recent_jobs")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECENT_JOBS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
+    artifacts: int
+    cache_bytes: int
+    coordinator_version: str
+    recent_jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., artifacts: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., coordinator_version: _Optional[str] = ..., recent_jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
