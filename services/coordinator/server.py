@@ -1,0 +1,82 @@
+"""The coordinator's entry point: a grpc.aio server with health, metrics and a graceful stop.
+
+    python -m services.coordinator.server     (or: torchfarm coordinator)
+
+On SIGTERM or SIGINT the health service reports NOT_SERVING first, so load balancers
+stop sending new calls, then in-flight calls get `grace_s` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from services.coordinator.farm import CeleryDispatcher, Dispatcher, Farm
+from services.coordinator.servicer import CompileFarmServicer
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm.settings import from_env
+from torchfarm.store import Store
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = farm_pb2.DESCRIPTOR.services_by_name["CompileFarm"].full_name
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+async def serve(
+    settings: CoordinatorSettings,
+    stop: asyncio.Event,
+    dispatcher: Dispatcher | None = None,
+) -> None:
+    """Serves until `stop` is set, then drains and returns."""
+    store = Store.from_url(settings.cache_url, settings.redis_prefix)
+    farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url))
+    server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))
+    farm_pb2_grpc.add_CompileFarmServicer_to_server(CompileFarmServicer(farm, settings), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(settings.listen) == 0:
+        raise OSError(f"cannot bind {settings.listen}")
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="0.0.0.0")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("coordinator serving on %s", settings.listen)
+    await stop.wait()
+    log.info("coordinator stopping; draining for up to %.0fs", settings.grace_s)
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(settings.grace_s)
+    log.info("coordinator stopped")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = from_env(CoordinatorSettings)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""gRPC servicer: translates protobuf to the Farm's domain calls, and errors to codes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.coordinator import errors, metrics
+from services.coordinator.farm import Farm
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm import __version__
+from torchfarm.store import JobRecord
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_CODES: dict[type[errors.CoordinatorError], grpc.StatusCode] = {
+    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.NoWorker: grpc.StatusCode.UNAVAILABLE,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def job_status(job: JobRecord) -> farm_pb2.JobStatus:
+    return farm_pb2.JobStatus(
+        key=job.key,
+        state=farm_pb2.JobState.Value(job.state),
+        stage=job.stage,
+        message=job.message,
+        error_code=job.error_code,
+        attempts=job.attempts,
+        queued_seconds=max(0.0, job.started - job.created) if job.started else 0.0,
+        timings=[farm_pb2.StageTiming(stage=s, seconds=t) for s, t in job.timings.items()],
+        artifact_bytes=job.artifact_bytes,
+        worker=job.worker,
+    )
+
+
+class _ErrorMapping:
+    """Maps domain errors to status codes; anything unexpected becomes INTERNAL."""
+
+    def __init__(self, context: grpc.aio.ServicerContext):
+        self.context = context
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind, exc, tb) -> bool:
+        if exc is None or isinstance(exc, (grpc.aio.AbortError, GeneratorExit)):
+            return False
+        if isinstance(exc, errors.CoordinatorError):
+            code = _CODES[type(exc)]
+        elif isinstance(exc, Exception):
+            log.exception("internal error")
+            code = grpc.StatusCode.INTERNAL
+        else:
+            return False
+        metrics.RPC_ERRORS.labels(code=code.name).inc()
+        await self.context.abort(code, str(exc))
+        return True  # abort raised already; not reached
+
+
+class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
+    def __init__(self, farm: Farm, settings: CoordinatorSettings):
+        self.farm = farm
+        self.settings = settings
+
+    async def Submit(self, request, context):
+        async with _ErrorMapping(context):
+            s = await self.farm.submit(request, request.ByteSize())
+            return farm_pb2.SubmitReply(
+                key=s.key,
+                state=farm_pb2.JobState.Value(s.state),
+                cache_hit=s.cache_hit,
+                deduplicated=s.deduplicated,
+            )
+
+    async def GetJob(self, request, context):
+        async with _ErrorMapping(context):
+            return job_status(await self.farm.job(request.key))
+
+    async def Watch(self, request, context) -> AsyncIterator[farm_pb2.JobStatus]:
+        async with _ErrorMapping(context):
+            async for job in self.farm.watch(request.key):
+                yield job_status(job)
+
+    async def FetchArtifact(self, request, context) -> AsyncIterator[farm_pb2.ArtifactChunk]:
+        async with _ErrorMapping(context):
+            async for piece in self.farm.fetch(request.key):
+                if not piece.digest:
+                    yield farm_pb2.ArtifactChunk(manifest=piece.data)
+                else:
+                    yield farm_pb2.ArtifactChunk(
+                        blob=farm_pb2.BlobChunk(
+                            digest=piece.digest, offset=piece.offset, data=piece.data
+                        )
+                    )
+
+    async def GetFarmStatus(self, request, context):
+        async with _ErrorMapping(context):
+            st = await self.farm.status()
+            now = time.time()
+            return farm_pb2.FarmStatus(
+                workers=[
+                    farm_pb2.WorkerInfo(
+                        name=name,
+                        queue=",".join(w.get("queues", [])),
+                        last_seen_seconds=max(0.0, now - float(w.get("seen", now))),
+                        build=w.get("build", ""),
+                    )
+                    for name, w in sorted(st.workers.items())
+                ],
+                queues=[
+                    farm_pb2.QueueInfo(name=q.name, queued=q.queued, running=q.running)
+                    for q in st.queues
+                ],
+                artifacts=st.artifacts,
+                cache_bytes=st.cache_bytes,
+                coordinator_version=__version__,
+                recent_jobs=[job_status(j) for j in st.recent_jobs],
+            )
+

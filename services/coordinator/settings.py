@@ -1,0 +1,39 @@
+"""The coordinator's settings, read once from TORCHFARM_* variables at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchfarm import celeryconf
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    listen: str = "127.0.0.1:50051"
+    """host:port the gRPC server binds."""
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """Celery's broker. A broker must never evict; keep it apart from the cache."""
+    cache_url: str = "redis://127.0.0.1:6379/1"
+    """The Redis that holds artifacts, requests and job records."""
+    redis_prefix: str = "tf"
+    """Prefix of every key the farm writes in the cache Redis."""
+    max_message_bytes: int = 64 * 1024 * 1024
+    """gRPC send and receive limit; requests above max_request_bytes are refused first."""
+    max_request_bytes: int = 16 * 1024 * 1024
+    """Largest CompileRequest accepted, in serialized bytes."""
+    chunk_bytes: int = 1024 * 1024
+    """Size of each artifact chunk streamed to clients."""
+    request_ttl_s: int = 24 * 3600
+    """How long a submitted request is kept for workers (and redeliveries) to read."""
+    job_ttl_s: int = 2 * celeryconf.VISIBILITY_TIMEOUT_S
+    """How long a queued or running job record lives without finishing."""
+    stale_job_s: float = celeryconf.VISIBILITY_TIMEOUT_S + 60
+    """A queued or running job not updated for this long is requeued on the next submit."""
+    poll_interval_s: float = 0.1
+    """How often Watch reads a job's record."""
+    grace_s: float = 10.0
+    """On SIGTERM, in-flight calls get this long to finish."""
+    metrics_port: int = 0
+    """Port for Prometheus /metrics; 0 turns the endpoint off."""
+    max_nodes: int = 50_000
+    """Largest graph, in nodes, the coordinator accepts."""

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import pytest
+
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm.settings import SettingsError, from_env
+from workers.settings import WorkerSettings
+
+
+def test_from_env_parses_types_and_overrides():
+    env = {"TORCHFARM_LISTEN": "0.0.0.0:1", "TORCHFARM_POLL_INTERVAL_S": "0.5", "TORCHFARM_MAX_NODES": "7"}
+    s = from_env(CoordinatorSettings, env, max_nodes=9)
+    assert (s.listen, s.poll_interval_s, s.max_nodes) == ("0.0.0.0:1", 0.5, 9)
+    w = from_env(WorkerSettings, {"TORCHFARM_QUEUES": "cpu, cuda"})
+    assert w.queues == ("cpu", "cuda")
+
+
+def test_bad_value_names_the_variable():
+    with pytest.raises(SettingsError, match="TORCHFARM_MAX_NODES"):
+        from_env(CoordinatorSettings, {"TORCHFARM_MAX_NODES": "many"})

@@ -1,0 +1,53 @@
+"""Typed settings from environment variables with one prefix.
+
+Each process (coordinator, worker, SDK) declares a frozen dataclass of its settings,
+each field documented where it is declared, and builds it once at its entry point with
+`from_env`. Code below the entry point receives the object; nothing reads os.environ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, TypeVar, get_type_hints
+
+PREFIX = "TORCHFARM_"
+"""Every torchfarm environment variable starts with this."""
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    try:
+        if kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind in (int, float, str):
+            return kind(raw)
+        if kind == tuple[str, ...]:
+            return tuple(s.strip() for s in raw.split(",") if s.strip())
+    except ValueError as e:
+        raise SettingsError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from e
+    raise SettingsError(f"{name}: unsupported settings type {kind!r}")
+
+
+def from_env(cls: type[T], env: Mapping[str, str] | None = None, **overrides: Any) -> T:
+    """Builds `cls` from `TORCHFARM_<FIELD>` variables; explicit overrides win."""
+    env = os.environ if env is None else env
+    hints = get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = PREFIX + f.name.upper()
+        if f.name in overrides:
+            values[f.name] = overrides[f.name]
+        elif name in env:
+            values[f.name] = _parse(name, env[name], hints[f.name])
+    return cls(**values)

@@ -1,0 +1,216 @@
+"""The embedded local stack: redis-server, the coordinator and N CPU workers on loopback.
+
+`torchfarm up` runs one until Ctrl-C; integration tests and benchmarks start one per
+session with free ports. Every process runs in its own session (process group) so that
+stopping the stack also stops Celery's pool processes and Inductor's compile workers:
+nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from torchfarm.store import Store
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 20.0
+"""How long each process gets to exit after SIGTERM before it is killed."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redis_server() -> str:
+    path = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(path):
+        raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
+    return path
+
+
+@dataclass
+class LocalStack:
+    workers: int = 1
+    grpc_port: int = 0
+    redis_port: int = 0
+    metrics_port: int = 0
+    workdir: Path | None = None
+    python: str = sys.executable
+    pin_cores: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.grpc_port = self.grpc_port or free_port()
+        self.redis_port = self.redis_port or free_port()
+        self._tmp = None
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="torchfarm-stack-")
+            self.workdir = Path(self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def address(self) -> str:
+        return f"grpc://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def broker_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def cache_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/1"
+
+    def store(self) -> Store:
+        return Store.from_url(self.cache_url)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            TORCHFARM_LISTEN=f"127.0.0.1:{self.grpc_port}",
+            TORCHFARM_BROKER_URL=self.broker_url,
+            TORCHFARM_CACHE_URL=self.cache_url,
+            TORCHFARM_METRICS_PORT=str(self.metrics_port),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        logfile = open(self.workdir / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(
+            cmd,
+            env=env or self.env(),
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        logfile.close()
+
+    def start(self, timeout_s: float = 60.0) -> LocalStack:
+        try:
+            self.start_redis()
+            self.start_coordinator()
+            for i in range(self.workers):
+                self.start_worker(i)
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_redis(self) -> None:
+        self._spawn(
+            "redis",
+            [
+                _redis_server(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+            ],
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.store().r.ping():
+                    return
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start; see {self.workdir}/redis.log")
+
+    def start_coordinator(self) -> None:
+        self._spawn("coordinator", [self.python, "-m", "services.coordinator.server"])
+
+    def worker_cmd(self, i: int) -> list[str]:
+        cmd = [
+            self.python, "-m", "celery", "-A", "workers.app", "worker",
+            "-Q", "cpu", "-n", f"cpu{i}@%h", "--concurrency", "1", "--pool", "prefork",
+            "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]
+        if self.pin_cores:
+            cmd = ["taskset", "-c", str(i % (os.cpu_count() or 1))] + cmd
+        return cmd
+
+    def start_worker(self, i: int) -> None:
+        env = self.env()
+        env["TORCHFARM_NAME"] = f"cpu{i}"
+        # Each worker has a cache dir of its own, as a worker on its own machine would.
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "inductor")
+        env["TRITON_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "triton")
+        self._spawn(f"worker{i}", self.worker_cmd(i), env)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self._check_alive()
+                try:
+                    ok = (
+                        health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                        == health_pb2.HealthCheckResponse.SERVING
+                    )
+                    if ok and len(self.store().live_workers()) >= self.workers:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.workdir}")
+                time.sleep(0.2)
+
+    def _check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {p.returncode}:\n{tail}")
+
+    def signal(self, name: str, sig: int) -> None:
+        """Sends `sig` to one process of the stack (and its children)."""
+        os.killpg(self.procs[name].pid, sig)
+
+    def stop_process(self, name: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        p = self.procs.pop(name, None)
+        if p is None:
+            return
+        try:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop in %.0fs; killing it", name, timeout_s)
+            # Whatever the leader left in its group (pool processes, compile workers) goes too.
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+    def stop(self) -> None:
+        for name in [n for n in self.procs if n.startswith("worker")]:
+            self.stop_process(name)
+        self.stop_process("coordinator")
+        self.stop_process("redis")
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,202 @@
+"""A worker's job path, free of Celery: request → checks → decode → compile → store.
+
+`run_job` is idempotent: Celery delivers at least once, so a redelivered job that
+already has its artifact finishes at once, and blobs are written by content digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from sdk.target import Fingerprint
+from torchfarm import keys
+from torchfarm.graph_errors import GraphError
+from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
+from torchfarm.store import JobState, Store
+from torchfarm.v1 import farm_pb2
+from workers.compiler import CompileFailed, CompileResult, compile_graph
+from workers.graph_build import decode_graph
+from workers.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 16_000
+"""Compiler messages are cut to this many characters (the tail, where the error is)."""
+
+
+class JobFailed(Exception):
+    """Ends a job as FAILED without a retry; `code` is the stable name clients see."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    settings: WorkerSettings
+    store: Store
+    fingerprint: Fingerprint
+    name: str
+
+
+def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
+    """The fingerprint the client asked for, in the same fields as `Fingerprint`."""
+    t, b = request.target, request.build
+    return {
+        "torch_version": b.torch_version,
+        "torch_git": b.torch_git,
+        "triton_version": b.triton_version,
+        "python": b.python,
+        "platform": b.platform,
+        "device": t.device,
+        "arch": t.arch,
+        "isa": t.isa,
+        "compiler": t.compiler,
+    }
+
+
+def run_job(key: str, ctx: WorkerContext) -> None:
+    """Runs one delivery of the job for `key`, recording the outcome in its job record."""
+    store = ctx.store
+    attempt = store.incr_attempts(key)
+    try:
+        if store.get_manifest(key) is not None:
+            store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+            return
+        if attempt > ctx.settings.max_attempts:
+            raise JobFailed(
+                "TOO_MANY_ATTEMPTS",
+                f"the job was delivered {attempt} times; a worker was lost on each earlier try",
+            )
+        store.update_job(
+            key, state=JobState.RUNNING, stage="decode", worker=ctx.name, started=time.time()
+        )
+        manifest = _compile_and_store(key, ctx)
+    except JobFailed as e:
+        _fail(key, ctx, e.code, str(e))
+        return
+    store.update_job(
+        key,
+        state=JobState.SUCCEEDED,
+        stage="done",
+        timings=manifest.timings,
+        artifact_bytes=manifest.total_bytes(),
+    )
+    store.expire_job(key, ctx.settings.done_ttl_s)
+    log.info(
+        "job key=%s done in %.2fs: %d kernels, %d bytes",
+        keys.short(key), manifest.timings.get("total", 0.0), len(manifest.kernels),
+        manifest.total_bytes(),
+    )
+
+
+def fail_job(key: str, ctx: WorkerContext, code: str, message: str) -> None:
+    """Marks a job FAILED from outside `run_job` (a time limit hit, say)."""
+    _fail(key, ctx, code, message)
+
+
+def _fail(key: str, ctx: WorkerContext, code: str, message: str) -> None:
+    log.warning("job key=%s failed: %s: %s", keys.short(key), code, message[-500:])
+    ctx.store.update_job(
+        key, state=JobState.FAILED, error_code=code, message=message[-MAX_MESSAGE_CHARS:]
+    )
+    ctx.store.expire_job(key, ctx.settings.failed_ttl_s)
+
+
+def _load_request(key: str, store: Store) -> farm_pb2.CompileRequest:
+    data = store.get_request(key)
+    if data is None:
+        raise JobFailed("REQUEST_EXPIRED", "the compile request is no longer in the cache")
+    request = farm_pb2.CompileRequest()
+    try:
+        request.ParseFromString(data)
+    except DecodeError as e:
+        raise JobFailed("MALFORMED_REQUEST", f"cannot parse the compile request: {e}") from e
+    if keys.compute_key(request) != key:
+        raise JobFailed("MALFORMED_REQUEST", "the stored request does not match its key")
+    return request
+
+
+def _check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
+    wanted = requested_fingerprint(request)
+    have = local.to_dict()
+    diff = [
+        f"{k}: wanted {wanted[k]!r}, worker has {have.get(k)!r}"
+        for k in wanted
+        if wanted[k] != have.get(k)
+    ]
+    if diff:
+        raise JobFailed(
+            "BUILD_MISMATCH", "this worker cannot build for the request: " + "; ".join(diff)
+        )
+
+
+def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
+    t0 = time.perf_counter()
+    request = _load_request(key, ctx.store)
+    _check_build(request, ctx.fingerprint)
+    try:
+        decoded = decode_graph(request.graph)
+    except GraphError as e:
+        raise JobFailed("INVALID_GRAPH", str(e)) from e
+    t_decode = time.perf_counter() - t0
+    ctx.store.update_job(key, stage="compile")
+    options = {o.name: json.loads(o.json_value) for o in request.options.inductor}
+    try:
+        result = compile_graph(
+            decoded.gm,
+            decoded.example_inputs,
+            fake_mode=decoded.fake_mode,
+            dynamic=request.options.dynamic,
+            mode=request.options.mode,
+            inductor_options=options,
+        )
+    except CompileFailed as e:
+        raise JobFailed("COMPILE_ERROR", str(e)) from e
+    ctx.store.update_job(key, stage="store")
+    t1 = time.perf_counter()
+    manifest = _store(key, ctx, result, {"decode": t_decode, **result.timings})
+    timings = {
+        **manifest.timings,
+        "store": time.perf_counter() - t1,
+        "total": time.perf_counter() - t0,
+    }
+    manifest = dataclasses.replace(manifest, timings=timings)
+    ctx.store.put_manifest(manifest)  # last: a reader that sees it finds every blob
+    return manifest
+
+
+def _put(store: Store, data: bytes) -> BlobRef:
+    ref = BlobRef(blob_digest(data), len(data))
+    store.put_blob(ref.digest, data)
+    return ref
+
+
+def _store(
+    key: str, ctx: WorkerContext, result: CompileResult, timings: dict[str, float]
+) -> Manifest:
+    kernels = tuple(
+        KernelRef(
+            name=k.name,
+            kind=k.kind,
+            source=_put(ctx.store, k.source),
+            binary=_put(ctx.store, k.binary),
+        )
+        for k in result.kernels
+    )
+    return Manifest(
+        key=key,
+        fingerprint=ctx.fingerprint.to_dict(),
+        payload=_put(ctx.store, result.payload),
+        kernels=kernels,
+        timings=timings,
+        worker=ctx.name,
+        created=time.time(),
+    )
