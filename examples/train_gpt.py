@@ -1,0 +1,99 @@
+"""Train a small model for a few steps through the farm, or locally, and time it.
+
+    python examples/train_gpt.py --remote grpc://127.0.0.1:50051      # through the farm
+    python examples/train_gpt.py --backend local                       # plain torch.compile
+
+The only change from a torch.compile training script is the `sdk.compile` line. The
+script prints one JSON line: the time from the compile call to the end of the first
+training step (Dynamo tracing, compile or fetch, first forward and backward), later
+step times, the loss, and how far loss and gradients are from eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import sdk  # noqa: E402
+from examples.models import GPTConfig, TINY_GPT, make_cnn, make_gpt, make_mlp  # noqa: E402
+
+MODELS = {
+    "gpt": lambda: make_gpt(GPTConfig()),
+    "tiny-gpt": lambda: make_gpt(TINY_GPT, batch=4),
+    "cnn": make_cnn,
+    "mlp": make_mlp,
+}
+
+
+def loss_of(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    out = model(*inputs)
+    return out if out.dim() == 0 else out.float().pow(2).mean()
+
+
+def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODELS), default="gpt")
+    ap.add_argument("--backend", choices=["farm", "local"], default="farm")
+    ap.add_argument("--remote", default=os.environ.get("TORCHFARM_REMOTE", ""))
+    ap.add_argument("--fallback", choices=["local", "error"], default="error")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--check", action="store_true", help="compare loss and grads with eager")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    model, inputs = MODELS[args.model]()
+    eager = copy.deepcopy(model) if args.check else None
+
+    t0 = time.perf_counter()
+    if args.backend == "farm":
+        compiled = sdk.compile(model, remote=args.remote, fallback=args.fallback)
+    else:
+        compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step_times, losses = [], []
+    first_grads = None
+    for step in range(args.steps):
+        s = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(compiled, inputs)
+        loss.backward()
+        if step == 0:
+            first_grads = grads(model)
+        opt.step()
+        step_times.append(time.perf_counter() - (t0 if step == 0 else s))
+        losses.append(loss.item())
+
+    report = {
+        "model": args.model,
+        "backend": args.backend,
+        "first_step_s": step_times[0],
+        "later_step_s": sorted(step_times[1:])[len(step_times[1:]) // 2] if args.steps > 1 else None,
+        "loss": losses[0],
+    }
+    if eager is not None:
+        eager_loss = loss_of(eager, inputs)
+        eager_loss.backward()
+        report["loss_abs_err"] = abs(eager_loss.item() - losses[0])
+        report["grad_max_abs_err"] = max(
+            (a - b).abs().max().item() for a, b in zip(first_grads, grads(eager))
+        )
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
