@@ -1,0 +1,277 @@
+#!/usr/bin/env python
+"""Generates `torchfarm/data/allowlist.json`, the farm's allow-list of graph targets.
+
+    .venv/bin/python scripts/gen_allowlist.py          # rewrite the file
+    .venv/bin/python scripts/gen_allowlist.py --check  # exit 1 if it is stale
+
+The list is built from the pinned torch by enumerating namespaces of pure tensor ops,
+then removing a deny-list of anything that does I/O, touches storage or pointers,
+changes process-wide state, registers hooks or runs arbitrary callables. Names are
+canonical as `sdk.codec.qualified_name` writes them, and every one is checked to resolve
+back to the same object through `workers.graph_build.resolve_qualified_name`.
+
+The output depends only on the installed torch, so a unit test regenerates it and
+compares with the committed file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from sdk.codec import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
+from workers.graph_build import resolve_qualified_name  # noqa: E402
+
+OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
+
+# Namespaces whose public callables are tensor ops.
+OP_NAMESPACES = (
+    "torch._C._VariableFunctions",
+    "torch._C._nn",
+    "torch._C._linalg",
+    "torch._C._fft",
+    "torch._C._special",
+    "torch.nn.functional",
+    "torch.functional",
+    "torch.fft",
+    "torch.linalg",
+    "torch.special",
+)
+
+# Modules an enumerated op's canonical name may live in. Public namespaces re-export
+# a few helpers from elsewhere (torch._jit_internal, torch._C._has_torch_function);
+# those are not ops.
+OP_MODULES = frozenset(
+    {
+        "torch",
+        "torch._C._nn",
+        "torch._C._linalg",
+        "torch._C._fft",
+        "torch._C._special",
+        "torch.nn.functional",
+        "torch.functional",
+        "torch._lowrank",
+    }
+)
+
+# Pure operator-module functions. attrgetter/itemgetter/methodcaller build callables and
+# operator.call runs one, so they are left out.
+OPERATOR_FUNCTIONS = (
+    "abs add and_ concat contains eq floordiv ge getitem gt iadd iand iconcat ifloordiv "
+    "ilshift imatmul imod imul index inv invert ior ipow irshift is_ is_not isub itruediv "
+    "ixor le lshift lt matmul mod mul ne neg not_ or_ pos pow rshift setitem sub truediv "
+    "truth xor"
+).split()
+
+# Factorials and binomials of a large int take unbounded time; everything else in math
+# is a bounded pure function.
+MATH_DENIED = {"factorial", "comb", "perm"}
+
+# Targets Dynamo emits for real models beyond plain ops (found by tracing no_grad,
+# autocast, vmap, dynamic shapes, .item() and torch._check). Each is pure or restores
+# the state it changes within the graph.
+HELPERS = (
+    "torch._C._set_grad_enabled",
+    "torch.amp.autocast_mode._enter_autocast",
+    "torch.amp.autocast_mode._exit_autocast",
+    "torch.Size",
+    "torch._assert",
+    "torch._assert_async",
+    "torch._check",
+    "torch._check_is_size",
+    "torch._check_index",
+    "torch._check_value",
+    "torch.sym_float",
+    "torch.sym_int",
+    "torch.sym_ite",
+    "torch.sym_max",
+    "torch.sym_min",
+    "torch.sym_not",
+    "torch.sym_sum",
+    *(f"torch._sym_{f}" for f in "acos asin atan cos cosh log2 sin sinh sqrt tan tanh".split()),
+    "torch._functorch.predispatch.lazy_load_decompositions",
+    "torch._functorch.predispatch._vmap_increment_nesting",
+    "torch._functorch.predispatch._vmap_decrement_nesting",
+    "torch._functorch.predispatch._add_batch_dim",
+    "torch._functorch.predispatch._remove_batch_dim",
+)
+
+# Names (last component of a function, or a method name) that are never allowed.
+DENIED_NAMES = {
+    # process-wide state, autograd machinery, helpers that dispatch to arbitrary code
+    "backward",
+    "_backward",
+    "set",
+    "set_",
+    "set_data",
+    "is_set_to",
+    "manual_seed",
+    "seed",
+    "initial_seed",
+    "handle_torch_function",
+    "has_torch_function",
+    "has_torch_function_unary",
+    "has_torch_function_variadic",
+    "boolean_dispatch",
+    "assert_int_or_pair",
+    # I/O, buffers and foreign memory
+    "load",
+    "save",
+    "asarray",
+    "frombuffer",
+    "from_numpy",
+    "from_file",
+    "numpy",
+    "tolist",
+    # Tensor methods that run callables, expose storage or leave the tensor world
+    "apply_",
+    "map_",
+    "map2_",
+    "as_subclass",
+    "module_load",
+    "new",
+    "reinforce",
+    "type",
+}
+# Substrings of a name that deny it.
+DENIED_PARTS = (
+    "storage",
+    "data_ptr",
+    "hook",
+    "pin_memory",
+    "is_pinned",
+    "record_stream",
+    "share_memory",
+    "is_shared",
+    "retain_grad",
+    "dlpack",
+    "seed",
+    "rng_state",
+    "print",
+    "plan_cache",
+    "from_file",
+)
+
+# Dunder Tensor methods a graph may call: arithmetic, comparison and indexing.
+TENSOR_DUNDERS = tuple(
+    f"__{name}__"
+    for name in (
+        "abs add and div eq floordiv ge getitem gt iadd iand idiv ifloordiv ilshift imod imul "
+        "invert ior ipow irshift isub itruediv ixor le lshift lt matmul mod mul ne neg or pos "
+        "pow radd rand rdiv rfloordiv rlshift rmatmul rmod rmul ror rpow rrshift rshift rsub "
+        "rtruediv rxor setitem sub truediv xor"
+    ).split()
+)
+
+
+def denied(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    if name.startswith("torch.ops."):
+        last = name.split(".")[3]  # torch.ops.aten.<op>[.<overload>]
+    return last in DENIED_NAMES or any(part in last for part in DENIED_PARTS)
+
+
+def _public_callables(namespace: str) -> Iterable[object]:
+    ns = lookup_qualified_name(namespace)
+    if ns is None:
+        raise SystemExit(f"namespace {namespace} not found in this torch")
+    for attr in sorted(dir(ns)):
+        obj = getattr(ns, attr, None)
+        if not attr.startswith("_") and inspect.isroutine(obj):
+            yield obj
+
+
+def _aten_ops() -> Iterable[object]:
+    for full in sorted(torch._C._dispatch_get_all_op_names()):
+        ns, _, rest = full.partition("::")
+        if ns != "aten":
+            continue
+        op, _, overload = rest.partition(".")
+        packet = getattr(torch.ops.aten, op, None)
+        if packet is None:
+            continue
+        yield packet
+        yield getattr(packet, overload or "default")
+
+
+def functions() -> list[str]:
+    names: set[str] = set()
+    candidates: list[object] = []
+    for namespace in OP_NAMESPACES:
+        candidates.extend(_public_callables(namespace))
+    candidates.extend(_aten_ops())
+    for obj in candidates:
+        try:
+            name = qualified_name(obj)
+        except UnsupportedGraph:
+            continue  # shadowed by a Python wrapper of the same name; Dynamo sees that one
+        if (
+            name.rsplit(".", 1)[0] in OP_MODULES or name.startswith("torch.ops.aten.")
+        ) and not denied(name):
+            names.add(name)
+    names.update(f"_operator.{n}" for n in OPERATOR_FUNCTIONS)
+    names.update(
+        f"math.{n}"
+        for n in dir(math)
+        if not n.startswith("_") and callable(getattr(math, n)) and n not in MATH_DENIED
+    )
+    names.update(HELPERS)
+    return sorted(names)
+
+
+def methods() -> list[str]:
+    public = [
+        n
+        for n in dir(torch.Tensor)
+        if not n.startswith("_") and callable(getattr(torch.Tensor, n, None))
+    ]
+    return sorted({n for n in public if not denied(n)} | set(TENSOR_DUNDERS))
+
+
+def verify(function_names: list[str]) -> None:
+    """Every name must resolve, and name the object it resolves to."""
+    for name in function_names:
+        obj = resolve_qualified_name(name)
+        if qualified_name(obj) != name:
+            raise SystemExit(f"{name} resolves to an object named {qualified_name(obj)}")
+
+
+def build() -> dict[str, object]:
+    function_names = functions()
+    verify(function_names)
+    return {"torch_version": torch.__version__, "functions": function_names, "methods": methods()}
+
+
+def render(data: dict[str, object]) -> str:
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="fail if the committed file is stale")
+    text = render(build())
+    if parser.parse_args().check:
+        stale = not OUTPUT.exists() or OUTPUT.read_text("utf-8") != text
+        print(f"{OUTPUT} is {'stale' if stale else 'up to date'}")
+        return int(stale)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(text, "utf-8")
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,430 @@
+"""Encodes a Dynamo-captured FX graph into the farm's own format (`graph_pb2.Graph`).
+
+The SDK's Dynamo backend receives `(gm, example_inputs)` and calls `encode_graph`. The
+message carries exactly what a compile needs and nothing executable: ops as qualified
+names, typed arguments, placeholder metadata (shape, stride, dtype, device, kind,
+symbolic sizes) and small inline constants. Weights never leave the client; node meta
+(stack traces, source locations, module stacks) is dropped.
+
+The encoding is canonical: the same model gives byte-identical
+`SerializeToString(deterministic=True)` in any process, because the farm's cache key is
+computed from those bytes.
+
+Behaviour pinned against torch 2.13.0:
+- builtin ops report `__module__ == "torch"` and `__qualname__ ==
+  "_VariableFunctionsClass.<name>"`; they are importable as `torch.<name>`;
+- `F.max_pool2d` and friends are `boolean_dispatch.<locals>.fn` closures, named here
+  by the public attribute that holds them;
+- Dynamo stores a placeholder's `Source` on `node._dynamo_source`, and a buffer's source
+  chain contains a source with `member == "_buffers"`;
+- `torch.fx.experimental.symbolic_shapes.ShapeEnv.backed_var_to_val` and `var_to_range`
+  hold a symbol's hint and bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from torchfarm import allowlist
+from torchfarm.graph_errors import GraphError
+from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
+from torchfarm.v1 import graph_pb2
+
+log = logging.getLogger(__name__)
+
+Node = graph_pb2.Node
+TensorMeta = graph_pb2.TensorMeta
+
+
+class UnsupportedGraph(Exception):
+    """The graph cannot be represented in the farm's format; compile it locally."""
+
+
+# ---------------------------------------------------------------------------
+# Target names
+# ---------------------------------------------------------------------------
+
+# Public namespaces searched for a name when an object's own `__module__`/`__qualname__`
+# does not lead back to it (closures such as F.max_pool2d). First match wins.
+_ALIAS_NAMESPACES = (
+    "torch.nn.functional",
+    "torch.functional",
+    "torch.fft",
+    "torch.linalg",
+    "torch.special",
+    "torch",
+)
+
+
+def lookup_qualified_name(name: str) -> object | None:
+    """The object `name` denotes, by attribute access from an imported root module."""
+    root, *path = name.split(".")
+    obj: object | None = sys.modules.get(root)
+    for part in path:
+        if obj is None:
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+@functools.cache
+def _public_aliases() -> dict[int, str]:
+    aliases: dict[int, str] = {}
+    for ns_name in _ALIAS_NAMESPACES:
+        ns = lookup_qualified_name(ns_name)
+        for attr in sorted(dir(ns)):
+            if attr.startswith("_"):
+                continue
+            obj = getattr(ns, attr, None)
+            if callable(obj) and not isinstance(obj, type):
+                aliases.setdefault(id(obj), f"{ns_name}.{attr}")
+    return aliases
+
+
+def qualified_name(target: object) -> str:
+    """The canonical, importable name of a call_function target.
+
+    `torch.arange` -> "torch.arange" (not "torch._VariableFunctionsClass.arange"),
+    `operator.getitem` -> "_operator.getitem", `aten.add.Tensor` ->
+    "torch.ops.aten.add.Tensor". Raises `UnsupportedGraph` if no name leads back to it.
+    """
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        name = f"torch.ops.{target}"
+    else:
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", None)
+        name = f"{module}.{qualname}" if module and qualname else ""
+        if module == "torch" and qualname and qualname.startswith("_VariableFunctionsClass."):
+            name = "torch." + qualname.partition(".")[2]
+    if name and lookup_qualified_name(name) is target:
+        return name
+    alias = _public_aliases().get(id(target))
+    if alias is not None:
+        return alias
+    raise UnsupportedGraph(f"call target {target!r} has no importable qualified name")
+
+
+# ---------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _device(device: torch.device) -> graph_pb2.Device:
+    return graph_pb2.Device(type=device.type, index=-1 if device.index is None else device.index)
+
+
+def _bound(value: sympy.Expr) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, AttributeError, ValueError):  # int_oo, -int_oo
+        return None
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    if sys.byteorder != "little":
+        raise UnsupportedGraph("inline constants need a little-endian client")
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return b""
+    # tolist() keeps numpy optional; constants are at most GraphLimits.max_constant_bytes.
+    return bytes(flat.view(torch.uint8).tolist())
+
+
+def _index_rank(item: object) -> int:
+    """How many dimensions one item of an index tuple consumes (numpy rules)."""
+    if item is None or isinstance(item, bool):
+        return 0
+    if isinstance(item, torch.fx.Node):
+        value = item.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            return value.dim() if value.dtype in (torch.bool, torch.uint8) else 1
+        if isinstance(value, (int, torch.SymInt)):
+            return 1
+        raise UnsupportedGraph(f"cannot tell what index {item.name} consumes")
+    if isinstance(item, (int, slice, list, torch.SymInt)):
+        return 1
+    raise UnsupportedGraph(f"unsupported index item {item!r}")
+
+
+def _expand_ellipsis(tensor: object, index: object) -> object:
+    """Rewrites `x[..., i]` as `x[:, :, i]`: the format has no Ellipsis value.
+
+    Numpy indexing defines `...` as exactly the `:` slices needed to cover the rank, so
+    the rewrite is exact. It needs the tensor's rank, which is static even under
+    dynamic shapes.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    if not any(item is Ellipsis for item in items):
+        return index
+    value = tensor.meta.get("example_value") if isinstance(tensor, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or sum(i is Ellipsis for i in items) != 1:
+        raise UnsupportedGraph("cannot expand an Ellipsis index")
+    fill = value.dim() - sum(_index_rank(i) for i in items if i is not Ellipsis)
+    if fill < 0:
+        raise UnsupportedGraph("index has more items than the tensor has dimensions")
+    expanded: list[object] = []
+    for item in items:
+        expanded.extend([slice(None)] * fill if item is Ellipsis else [item])
+    return tuple(expanded)
+
+
+_INDEXING = (operator.getitem, operator.setitem)
+# Dynamo's example values are FakeTensors (Parameters keep their class and pass
+# isinstance(.., Parameter)); DTensor and other wrapper subclasses cannot be described.
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
+
+
+class _Encoder:
+    def __init__(self, gm: torch.fx.GraphModule, limits: GraphLimits) -> None:
+        self.gm = gm
+        self.limits = limits
+        self.graph = graph_pb2.Graph(format=graph_pb2.GRAPH_FORMAT_V1)
+        self.symbols: set[str] = set()
+        self.constants: set[str] = set()
+        self.constant_bytes = 0
+
+    # -- symbolic sizes ----------------------------------------------------
+    def size(self, value: object) -> graph_pb2.SymExpr:
+        if isinstance(value, int):
+            return graph_pb2.SymExpr(expr=str(value), hint=value)
+        if not isinstance(value, torch.SymInt):
+            raise UnsupportedGraph(f"unsupported size {value!r}")
+        node = value.node
+        expr = node.expr
+        if expr.is_number:
+            return graph_pb2.SymExpr(expr=str(int(expr)), hint=int(expr))
+        for symbol in sorted(expr.free_symbols, key=str):
+            self.declare(symbol, node.shape_env)
+        hint = node.hint
+        if not isinstance(hint, int):
+            raise UnsupportedGraph(f"size {expr} has no hint (unbacked)")
+        return graph_pb2.SymExpr(expr=str(expr), hint=hint)
+
+    def declare(self, symbol: sympy.Symbol, shape_env: Any) -> None:
+        name = str(symbol)
+        if name in self.symbols:
+            return
+        hint = shape_env.backed_var_to_val.get(symbol)
+        if hint is None:
+            raise UnsupportedGraph(f"symbol {name} is unbacked")
+        vr = shape_env.var_to_range.get(symbol)
+        low = _bound(vr.lower) if vr is not None else None
+        high = _bound(vr.upper) if vr is not None else None
+        self.symbols.add(name)
+        self.graph.symbols.add(
+            name=name,
+            hint=int(hint),
+            min=max(low or 0, 0),
+            max=high if high is not None and 0 < high < 2**63 else 0,
+        )
+
+    # -- placeholders ------------------------------------------------------
+    def placeholder(self, node: torch.fx.Node, example: object, out: graph_pb2.Node) -> None:
+        value = node.meta.get("example_value", example)
+        if isinstance(value, torch.SymInt):
+            out.symint.CopyFrom(self.size(value))
+            return
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedGraph(
+                f"placeholder {node.name} is a {type(value).__name__}, not a tensor or SymInt"
+            )
+        for v in (value, example):
+            if isinstance(v, torch.Tensor) and type(v) not in _PLAIN_TENSOR_TYPES:
+                raise UnsupportedGraph(
+                    f"placeholder {node.name} is a tensor subclass {type(v).__name__}"
+                )
+        if value.layout != torch.strided:
+            raise UnsupportedGraph(f"placeholder {node.name} has layout {value.layout}")
+        dtype = dtype_name(value.dtype)
+        if dtype not in DTYPE_ITEMSIZE:
+            raise UnsupportedGraph(f"placeholder {node.name} has dtype {dtype}")
+        offset = value.storage_offset()
+        if not isinstance(offset, int):
+            raise UnsupportedGraph(f"placeholder {node.name} has a symbolic storage offset")
+        meta = out.tensor
+        meta.shape.extend(self.size(s) for s in value.shape)
+        meta.stride.extend(self.size(s) for s in value.stride())
+        meta.dtype = dtype
+        meta.device.CopyFrom(_device(value.device))
+        meta.requires_grad = value.requires_grad
+        meta.storage_offset = offset
+        meta.kind = _kind(node, value, example)
+
+    # -- constants ---------------------------------------------------------
+    def constant(self, target: str) -> None:
+        if target in self.constants:
+            return
+        value: object = self.gm
+        for part in target.split("."):
+            value = getattr(value, part)
+        if isinstance(value, torch.nn.Module):
+            # Activation checkpointing, autograd.Function and control flow put their
+            # bodies in submodules for higher-order ops; the format has no subgraphs.
+            raise UnsupportedGraph(
+                f"get_attr {target} is a submodule (a higher-order op's subgraph)"
+            )
+        if not isinstance(value, torch.Tensor):
+            raise UnsupportedGraph(
+                f"get_attr {target} is a {type(value).__name__}, not a tensor constant"
+            )
+        if not target.isidentifier():
+            raise UnsupportedGraph(f"constant name {target!r} is not an identifier")
+        if value.layout != torch.strided or value.device.type != "cpu":
+            # graph.proto's Constant has no device field; see the SDK's fallback.
+            raise UnsupportedGraph(f"constant {target} is not a dense CPU tensor")
+        dtype = dtype_name(value.dtype)
+        if dtype not in DTYPE_ITEMSIZE:
+            raise UnsupportedGraph(f"constant {target} has dtype {dtype}")
+        self.constant_bytes += value.numel() * value.element_size()
+        if self.constant_bytes > self.limits.max_constant_bytes:
+            raise UnsupportedGraph(
+                f"inline constants exceed {self.limits.max_constant_bytes} bytes"
+            )
+        self.constants.add(target)
+        self.graph.constants.add(
+            name=target,
+            shape=list(value.shape),
+            dtype=dtype,
+            data=_tensor_bytes(value),
+            requires_grad=value.requires_grad,
+        )
+
+    # -- arguments ---------------------------------------------------------
+    def arg(self, value: object, depth: int = 1) -> graph_pb2.Argument:
+        if depth > self.limits.max_nesting_depth:
+            raise UnsupportedGraph(f"arguments nested deeper than {self.limits.max_nesting_depth}")
+        a = graph_pb2.Argument()
+        if isinstance(value, torch.fx.Node):
+            a.node = value.name
+        elif value is None:
+            a.none.SetInParent()
+        elif isinstance(value, bool):
+            a.bool_value = value
+        elif isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise UnsupportedGraph(f"integer {value} does not fit in 64 bits")
+            a.int_value = value
+        elif isinstance(value, float):
+            a.float_value = value
+        elif isinstance(value, str):
+            a.str_value = value
+        elif isinstance(value, list):
+            a.list.SetInParent()  # an empty list is still a list
+            a.list.items.extend(self.arg(v, depth + 1) for v in value)
+        elif type(value) in (tuple, torch.Size):
+            a.tuple.SetInParent()
+            a.tuple.items.extend(self.arg(v, depth + 1) for v in value)  # type: ignore[union-attr]
+        elif isinstance(value, slice):
+            for field in ("start", "stop", "step"):
+                getattr(a.slice, field).CopyFrom(self.arg(getattr(value, field), depth + 1))
+        elif isinstance(value, torch.dtype):
+            a.dtype = dtype_name(value)
+        elif isinstance(value, torch.device):
+            a.device.CopyFrom(_device(value))
+        elif isinstance(value, torch.layout):
+            a.layout = str(value).removeprefix("torch.")
+        elif isinstance(value, torch.memory_format):
+            a.memory_format = str(value).removeprefix("torch.")
+        elif isinstance(value, torch.SymInt):
+            a.sym.CopyFrom(self.size(value))
+        elif type(value) in (dict, torch.fx.immutable_collections.immutable_dict):
+            a.immutable_dict.SetInParent()
+            for key, item in value.items():  # type: ignore[union-attr]
+                if not isinstance(key, (str, int)):
+                    raise UnsupportedGraph(f"dict key {key!r} is not a str or int")
+                a.immutable_dict.items.extend([self.arg(key, depth + 1), self.arg(item, depth + 1)])
+        else:
+            raise UnsupportedGraph(
+                f"cannot encode argument of type {type(value).__name__}: {value!r}"
+            )
+        return a
+
+    # -- nodes -------------------------------------------------------------
+    def node(self, node: torch.fx.Node, example: object) -> None:
+        out = self.graph.nodes.add(name=node.name)
+        args: Sequence[object] = node.args
+        if node.op == "placeholder":
+            out.op = Node.PLACEHOLDER
+            out.target = str(node.target)
+            self.placeholder(node, example, out)
+            return
+        if node.op == "call_function":
+            out.op = Node.CALL_FUNCTION
+            out.target = qualified_name(node.target)
+            if not allowlist.is_allowed_function(out.target):
+                raise UnsupportedGraph(f"op {out.target!r} is not on the farm's allow-list")
+            if node.target in _INDEXING and len(args) >= 2:
+                args = (args[0], _expand_ellipsis(args[0], args[1]), *args[2:])
+        elif node.op == "call_method":
+            out.op = Node.CALL_METHOD
+            out.target = str(node.target)
+            if not allowlist.is_allowed_method(out.target):
+                raise UnsupportedGraph(f"method {out.target!r} is not on the farm's allow-list")
+        elif node.op == "get_attr":
+            out.op = Node.GET_ATTR
+            out.target = str(node.target)
+            self.constant(out.target)
+        elif node.op == "output":
+            out.op = Node.OUTPUT
+            out.target = "output"
+        else:
+            raise UnsupportedGraph(f"node {node.name}: {node.op} nodes are not supported")
+        out.args.extend(self.arg(a) for a in args)
+        for key in sorted(node.kwargs):
+            out.kwargs.add(name=key, value=self.arg(node.kwargs[key]))
+
+
+def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> int:
+    if isinstance(value, torch.nn.Parameter) or isinstance(example, torch.nn.Parameter):
+        return TensorMeta.PARAMETER
+    source = getattr(node, "_dynamo_source", None)
+    while source is not None:
+        if getattr(source, "member", None) == "_buffers":
+            return TensorMeta.BUFFER
+        source = getattr(source, "base", None)
+    return TensorMeta.INPUT
+
+
+def encode_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[object],
+    *,
+    limits: GraphLimits = GraphLimits(),
+) -> graph_pb2.Graph:
+    """Encodes a Dynamo graph; raises `UnsupportedGraph` if the format cannot hold it.
+
+    `example_inputs` are what the Dynamo backend received, one per placeholder; their
+    metadata is read from each placeholder's `meta["example_value"]` when present. The
+    result has passed `validate_graph`, so the coordinator will not reject it.
+    """
+    encoder = _Encoder(gm, limits)
+    placeholders = iter(example_inputs)
+    for node in gm.graph.nodes:
+        example = next(placeholders, None) if node.op == "placeholder" else None
+        encoder.node(node, example)
+    graph = encoder.graph
+    try:
+        validate_graph(graph, limits)
+    except GraphError as e:
+        raise UnsupportedGraph(f"encoded graph is not valid: {e}") from e
+    log.debug(
+        "encoded graph: %d nodes, %d symbols, %d constant bytes",
+        len(graph.nodes),
+        len(graph.symbols),
+        encoder.constant_bytes,
+    )
+    return graph

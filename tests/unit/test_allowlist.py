@@ -1,0 +1,194 @@
+"""The committed allow-list: up to date, canonical, and free of dangerous targets."""
+
+from __future__ import annotations
+
+import importlib.util
+import operator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sdk.codec import UnsupportedGraph, qualified_name
+from torchfarm.allowlist import is_allowed_function, is_allowed_method, load_allowlist
+from torchfarm.graph_errors import DisallowedOp
+from workers.graph_build import resolve_function
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_allowlist", ROOT / "scripts" / "gen_allowlist.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_regenerating_gives_the_committed_file() -> None:
+    built_from = load_allowlist().torch_version
+    if built_from != torch.__version__:
+        # Another build of the pinned version (a CUDA wheel) may register other ops.
+        pytest.skip(
+            f"allow-list was generated with torch {built_from}, this is {torch.__version__}"
+        )
+    gen = _generator()
+    committed = (ROOT / "torchfarm" / "data" / "allowlist.json").read_text("utf-8")
+    assert (
+        gen.render(gen.build()) == committed
+    ), "run scripts/gen_allowlist.py and commit the result"
+
+
+def test_pinned_torch() -> None:
+    assert load_allowlist().torch_version.split("+")[0] == torch.__version__.split("+")[0]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch._C._nn.linear",
+        "torch._C._nn.scaled_dot_product_attention",
+        "torch.nn.functional.layer_norm",
+        "torch.nn.functional.max_pool2d",
+        "torch.arange",
+        "torch.conv2d",
+        "torch.cat",
+        "torch.where",
+        "torch.functional.einsum",
+        "torch._C._fft.fft_rfft",
+        "_operator.getitem",
+        "_operator.add",
+        "math.sqrt",
+        "torch.ops.aten.add.Tensor",
+        "torch.ops.aten.sym_size.int",
+        "torch.ops.aten._assert_scalar.default",
+        "torch._C._set_grad_enabled",
+        "torch.amp.autocast_mode._enter_autocast",
+        "torch.sym_min",
+        "torch._sym_sqrt",
+    ],
+)
+def test_allowed_functions(name: str) -> None:
+    assert is_allowed_function(name)
+    assert callable(resolve_function(name))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch.load",
+        "torch.save",
+        "torch.serialization.load",
+        "torch.from_file",
+        "torch.frombuffer",
+        "torch.from_numpy",
+        "torch.hub.load",
+        "torch.manual_seed",
+        "torch.set_default_dtype",
+        "torch.compile",
+        "torch._VariableFunctionsClass.arange",  # not canonical
+        "operator.getitem",  # canonical is _operator.getitem
+        "_operator.attrgetter",
+        "_operator.methodcaller",
+        "_operator.call",
+        "math.factorial",
+        "builtins.eval",
+        "builtins.getattr",
+        "os.system",
+        "pickle.loads",
+        "torch.ops.aten.set_.source_Storage",
+        "torch.ops.aten.set.source_Storage",
+        "torch.ops.aten._print.default",
+        "torch.ops.aten.from_file.default",
+        "torch.ops.aten._backward.default",
+        "torch.ops.aten.record_stream.default",
+        "torch._C._has_torch_function",
+    ],
+)
+def test_denied_functions(name: str) -> None:
+    assert not is_allowed_function(name)
+    with pytest.raises(DisallowedOp, match=name.replace(".", r"\.")):
+        resolve_function(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "view",
+        "reshape",
+        "transpose",
+        "contiguous",
+        "split",
+        "masked_fill",
+        "to",
+        "item",
+        "__getitem__",
+        "__radd__",
+    ],
+)
+def test_allowed_methods(name: str) -> None:
+    assert is_allowed_method(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "storage",
+        "untyped_storage",
+        "data_ptr",
+        "register_hook",
+        "register_post_accumulate_grad_hook",
+        "retain_grad",
+        "backward",
+        "apply_",
+        "map_",
+        "map2_",
+        "numpy",
+        "tolist",
+        "set_",
+        "share_memory_",
+        "pin_memory",
+        "record_stream",
+        "as_subclass",
+        "new",
+        "type",
+        "__reduce_ex__",
+        "__reduce__",
+        "__setstate__",
+        "__getattribute__",
+        "__setattr__",
+        "__class__",
+        "__init__",
+        "__torch_function__",
+    ],
+)
+def test_denied_methods(name: str) -> None:
+    assert not is_allowed_method(name)
+
+
+@pytest.mark.parametrize(
+    "target, name",
+    [
+        (torch.arange, "torch.arange"),
+        (torch._C._VariableFunctions.arange, "torch.arange"),
+        (operator.getitem, "_operator.getitem"),
+        (F.gelu, "torch._C._nn.gelu"),
+        (F.max_pool2d, "torch.nn.functional.max_pool2d"),
+        (F.layer_norm, "torch.nn.functional.layer_norm"),
+        (torch.ops.aten.add.Tensor, "torch.ops.aten.add.Tensor"),
+        (torch.ops.aten.add, "torch.ops.aten.add"),
+        (torch.sym_sqrt, "torch._sym_sqrt"),
+    ],
+)
+def test_qualified_names_are_canonical(target: object, name: str) -> None:
+    assert qualified_name(target) == name
+    assert resolve_function(name) is target or name == "torch.arange"
+
+
+def test_unnamable_target() -> None:
+    with pytest.raises(UnsupportedGraph, match="no importable qualified name"):
+        qualified_name(lambda x: x)

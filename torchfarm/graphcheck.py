@@ -1,0 +1,497 @@
+"""Validates a serialized graph (`graph_pb2.Graph`) from the message alone.
+
+The coordinator runs `validate_graph` on every request before anything else sees it, and
+the worker runs it again before decoding. It imports no torch. It checks the format's
+rules as written in `proto/torchfarm/v1/graph.proto`:
+
+- a known format version;
+- unique node names that are Python identifiers; placeholders first; exactly one OUTPUT
+  node, last; arguments only reference earlier nodes;
+- every call_function / call_method target on the allow-list, every get_attr naming a
+  declared constant;
+- placeholder metadata: tensor meta or symint (not both), known dtype/device, bounded
+  rank, non-negative sizes;
+- constants whose data length matches shape and dtype, within a total byte budget;
+- symbolic size expressions parsed by a small hand-written parser against the declared
+  symbols (never evaluated as code);
+- bounded sizes everywhere (`GraphLimits`).
+
+Errors come from `torchfarm.graph_errors`.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
+from torchfarm import allowlist
+from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
+from torchfarm.v1 import graph_pb2
+
+
+@dataclass(frozen=True)
+class GraphLimits:
+    """Bounds on a graph's size. The defaults fit real models with a wide margin."""
+
+    max_nodes: int = 50_000
+    """Nodes in the graph, placeholders and output included."""
+    max_rank: int = 16
+    """Dimensions of any placeholder or constant tensor."""
+    max_constant_bytes: int = 1 << 20
+    """Bytes of inline constant data, all constants together."""
+    max_nesting_depth: int = 32
+    """Nesting of argument lists/tuples/slices/dicts, and of symbolic expressions."""
+    max_arguments: int = 1_000_000
+    """Argument values in the whole graph, nested ones included."""
+    max_symbols: int = 1_024
+    """Declared symbols (dynamic sizes)."""
+    max_expr_chars: int = 4_096
+    """Characters in one symbolic size expression."""
+    max_name_chars: int = 1_024
+    """Characters in a node, placeholder, constant, symbol or keyword name."""
+
+
+# The torch.dtype names a graph may use (str(dtype) without "torch."), with their item
+# sizes. Quantized, "bits" and sub-byte integer dtypes are left out on purpose.
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex32": 4,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+}
+LAYOUTS = frozenset(
+    {
+        "strided",
+        "sparse_coo",
+        "sparse_csr",
+        "sparse_csc",
+        "sparse_bsr",
+        "sparse_bsc",
+        "_mkldnn",
+        "jagged",
+    }
+)
+MEMORY_FORMATS = frozenset(
+    {"contiguous_format", "channels_last", "channels_last_3d", "preserve_format"}
+)
+DEVICE_TYPES = frozenset({"cpu", "cuda", "xpu", "mps", "meta", "hpu", "mtia", "privateuseone"})
+MAX_DEVICE_INDEX = 1 << 16
+INT64_MAX = (1 << 63) - 1
+
+# Functions that sympy / torch.utils._sympy print in size expressions, with arities
+# (None: two or more).
+SYM_FUNCTIONS: dict[str, int | None] = {
+    "Mod": 2,
+    "PythonMod": 2,
+    "FloorDiv": 2,
+    "Max": None,
+    "Min": None,
+}
+MAX_SYM_EXPONENT = 64
+
+# Pure-Python call_function targets. Dynamo folds them when all operands are constants,
+# so a node with no node operand is not from Dynamo; refusing it keeps arbitrary
+# Python arithmetic (say 10 ** 10 ** 9) off the worker.
+_PURE_PYTHON_PREFIXES = ("_operator.", "math.")
+
+Node = graph_pb2.Node
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
+
+# ---------------------------------------------------------------------------
+# Symbolic expressions
+# ---------------------------------------------------------------------------
+
+SymAst = tuple
+"""Parse tree of a size expression, read by `workers.graph_build`:
+("int", value), ("sym", name), ("neg", tree), ("pow", tree, exponent),
+("call", function, (tree, ...)), and ("chain", tree, ((op, tree), ...)) for a run of
+same-precedence operators ("+", "-" or "*", "//") applied left to right. Runs are flat so
+that a long sum does not nest deeply."""
+
+# ASCII only: `\d` would otherwise accept other scripts' digits, which int() also reads.
+_TOKEN_RE = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(\*\*|//|[-+*(),]))", re.ASCII)
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            raise MalformedGraph(f"bad character in size expression {text!r} at {pos}")
+        tokens.append(m.group(m.lastindex or 0))
+        pos = m.end()
+    return tokens
+
+
+class _SymParser:
+    """Recursive descent over: expr := term (('+'|'-') term)*;
+    term := unary (('*'|'//') unary)*; unary := '-' unary | power;
+    power := atom ('**' INT)?; atom := INT | NAME | FUNC '(' expr, ... ')' | '(' expr ')'."""
+
+    def __init__(self, text: str, symbols: Container[str], max_depth: int) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.pos = 0
+        self.symbols = symbols
+        self.max_depth = max_depth
+        self.depth = 0
+
+    def fail(self, why: str) -> MalformedGraph:
+        return MalformedGraph(f"bad size expression {self.text!r}: {why}")
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (expected is not None and tok != expected):
+            raise self.fail(f"expected {expected or 'a token'}, got {tok!r}")
+        self.pos += 1
+        return tok
+
+    def parse(self) -> SymAst:
+        if not self.tokens:
+            raise self.fail("empty")
+        tree = self.expr()
+        if self.peek() is not None:
+            raise self.fail(f"unexpected {self.peek()!r}")
+        return tree
+
+    def expr(self) -> SymAst:
+        self.depth += 1
+        if self.depth > self.max_depth:
+            raise self.fail("nested too deeply")
+        tree = self.chain(("+", "-"), self.term)
+        self.depth -= 1
+        return tree
+
+    def term(self) -> SymAst:
+        return self.chain(("*", "//"), self.unary)
+
+    def chain(self, ops: tuple[str, str], operand: Callable[[], SymAst]) -> SymAst:
+        first = operand()
+        rest: list[tuple[str, SymAst]] = []
+        while self.peek() in ops:
+            op = self.take()
+            rest.append((op, operand()))
+        return ("chain", first, tuple(rest)) if rest else first
+
+    def unary(self) -> SymAst:
+        if self.peek() == "-":
+            self.take()
+            self.depth += 1
+            if self.depth > self.max_depth:
+                raise self.fail("nested too deeply")
+            tree = ("neg", self.unary())
+            self.depth -= 1
+            return tree
+        return self.power()
+
+    def power(self) -> SymAst:
+        base = self.atom()
+        if self.peek() == "**":
+            self.take()
+            exponent = self.take()
+            if not exponent.isdigit() or int(exponent) > MAX_SYM_EXPONENT:
+                raise self.fail(f"exponent must be an integer up to {MAX_SYM_EXPONENT}")
+            return ("pow", base, int(exponent))
+        return base
+
+    def atom(self) -> SymAst:
+        tok = self.take()
+        if tok.isdigit():
+            if len(tok) > 19 or int(tok) > INT64_MAX:
+                raise self.fail("integer out of range")
+            return ("int", int(tok))
+        if tok == "(":
+            tree = self.expr()
+            self.take(")")
+            return tree
+        if tok in SYM_FUNCTIONS:
+            self.take("(")
+            args = [self.expr()]
+            while self.peek() == ",":
+                self.take()
+                args.append(self.expr())
+            self.take(")")
+            arity = SYM_FUNCTIONS[tok]
+            if (arity is None and len(args) < 2) or (arity is not None and len(args) != arity):
+                raise self.fail(f"{tok} takes {arity or 'two or more'} arguments")
+            return ("call", tok, tuple(args))
+        if _NAME_RE.match(tok) and tok in self.symbols:
+            return ("sym", tok)
+        raise self.fail(f"unknown name or token {tok!r}")
+
+
+def _has_symbol(tree: SymAst) -> bool:
+    kind = tree[0]
+    if kind == "sym":
+        return True
+    if kind in ("neg", "pow"):
+        return _has_symbol(tree[1])
+    if kind == "call":
+        return any(_has_symbol(t) for t in tree[2])
+    if kind == "chain":
+        return _has_symbol(tree[1]) or any(_has_symbol(t) for _, t in tree[2])
+    return False
+
+
+def parse_sym_expr(text: str, symbols: Container[str], limits: GraphLimits) -> SymAst:
+    """Parses a size expression as sympy prints it ("s0", "2*s1 + 1", "(s0//2)")."""
+    if len(text) > limits.max_expr_chars:
+        raise GraphTooLarge(f"size expression longer than {limits.max_expr_chars} characters")
+    return _SymParser(text, symbols, limits.max_nesting_depth).parse()
+
+
+# ---------------------------------------------------------------------------
+# The graph
+# ---------------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, graph: graph_pb2.Graph, limits: GraphLimits) -> None:
+        self.graph = graph
+        self.limits = limits
+        self.symbols: set[str] = set()
+        self.constants: set[str] = set()
+        self.defined: set[str] = set()
+        self.arguments = 0
+
+    def name(self, what: str, name: str) -> None:
+        if len(name) > self.limits.max_name_chars:
+            raise GraphTooLarge(f"{what} name longer than {self.limits.max_name_chars} characters")
+        if not _NAME_RE.match(name) or keyword.iskeyword(name):
+            raise MalformedGraph(f"{what} name {name!r} is not a Python identifier")
+
+    def run(self) -> None:
+        g, lim = self.graph, self.limits
+        if g.format != graph_pb2.GRAPH_FORMAT_V1:
+            raise MalformedGraph(f"unknown graph format {g.format}")
+        if len(g.nodes) > lim.max_nodes:
+            raise GraphTooLarge(f"{len(g.nodes)} nodes, more than {lim.max_nodes}")
+        if len(g.symbols) > lim.max_symbols:
+            raise GraphTooLarge(f"{len(g.symbols)} symbols, more than {lim.max_symbols}")
+        if len(g.constants) > lim.max_nodes:
+            raise GraphTooLarge(f"{len(g.constants)} constants, more than {lim.max_nodes}")
+        for sym in g.symbols:
+            self.symbol(sym)
+        total = 0
+        for const in g.constants:
+            total += self.constant(const)
+            if total > lim.max_constant_bytes:
+                raise GraphTooLarge(f"inline constants exceed {lim.max_constant_bytes} bytes")
+        if not g.nodes or g.nodes[-1].op != Node.OUTPUT:
+            raise MalformedGraph("the last node must be the OUTPUT node")
+        seen_compute = False
+        placeholder_targets: set[str] = set()
+        for index, node in enumerate(g.nodes):
+            self.name("node", node.name)
+            if node.name in self.defined:
+                raise MalformedGraph(f"duplicate node name {node.name!r}")
+            if node.op == Node.PLACEHOLDER:
+                if seen_compute:
+                    raise MalformedGraph(f"placeholder {node.name!r} after a computation")
+                if node.target in placeholder_targets:
+                    raise MalformedGraph(f"duplicate placeholder target {node.target!r}")
+                placeholder_targets.add(node.target)
+            else:
+                seen_compute = True
+            if node.op == Node.OUTPUT and index != len(g.nodes) - 1:
+                raise MalformedGraph(f"OUTPUT node {node.name!r} is not last")
+            self.node(node)
+            self.defined.add(node.name)
+
+    def symbol(self, sym: graph_pb2.Symbol) -> None:
+        self.name("symbol", sym.name)
+        if sym.name in SYM_FUNCTIONS:
+            raise MalformedGraph(f"symbol name {sym.name!r} is reserved")
+        if sym.name in self.symbols:
+            raise MalformedGraph(f"duplicate symbol {sym.name!r}")
+        if (
+            sym.min < 0
+            or sym.hint < sym.min
+            or (sym.max != 0 and not sym.min <= sym.hint <= sym.max)
+        ):
+            raise MalformedGraph(
+                f"symbol {sym.name!r}: hint {sym.hint} outside [{sym.min}, {sym.max or 'inf'}]"
+            )
+        self.symbols.add(sym.name)
+
+    def constant(self, const: graph_pb2.Constant) -> int:
+        self.name("constant", const.name)
+        if const.name in self.constants:
+            raise MalformedGraph(f"duplicate constant {const.name!r}")
+        self.constants.add(const.name)
+        itemsize = self.dtype(const.dtype, f"constant {const.name!r}")
+        numel = self.dims(const.shape, f"constant {const.name!r}")
+        if numel * itemsize != len(const.data):
+            raise MalformedGraph(
+                f"constant {const.name!r} has {len(const.data)} bytes, "
+                f"shape and dtype say {numel * itemsize}"
+            )
+        return len(const.data)
+
+    def dims(self, shape: Iterable[int], where: str) -> int:
+        dims = list(shape)
+        if len(dims) > self.limits.max_rank:
+            raise GraphTooLarge(f"{where} has rank {len(dims)}, more than {self.limits.max_rank}")
+        numel = 1
+        for d in dims:
+            if d < 0:
+                raise MalformedGraph(f"{where} has negative size {d}")
+            numel *= d
+        return numel
+
+    def dtype(self, name: str, where: str) -> int:
+        if name not in DTYPE_ITEMSIZE:
+            raise MalformedGraph(f"{where}: unknown dtype {name!r}")
+        return DTYPE_ITEMSIZE[name]
+
+    def device(self, dev: graph_pb2.Device, where: str) -> None:
+        if dev.type not in DEVICE_TYPES:
+            raise MalformedGraph(f"{where}: unknown device type {dev.type!r}")
+        if not -1 <= dev.index < MAX_DEVICE_INDEX:
+            raise MalformedGraph(f"{where}: bad device index {dev.index}")
+
+    def sym_expr(self, expr: graph_pb2.SymExpr, where: str, size: bool) -> None:
+        tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
+        if not _has_symbol(tree) and tree[0] != "int":
+            # sympy folds constants, so "3 - 5" or "-2" never come from a real graph.
+            raise MalformedGraph(f"{where}: constant size {expr.expr!r} is not a plain integer")
+        if size and (expr.hint < 0 or (tree[0] == "int" and tree[1] != expr.hint)):
+            raise MalformedGraph(f"{where}: size {expr.expr!r} with hint {expr.hint}")
+
+    def node(self, node: graph_pb2.Node) -> None:
+        where = f"node {node.name!r}"
+        is_placeholder = node.op == Node.PLACEHOLDER
+        if not is_placeholder and (node.HasField("tensor") or node.HasField("symint")):
+            raise MalformedGraph(f"{where}: only placeholders carry tensor or symint metadata")
+        if node.op == Node.PLACEHOLDER:
+            self.placeholder(node, where)
+        elif node.op == Node.CALL_FUNCTION:
+            if not allowlist.is_allowed_function(node.target):
+                raise DisallowedOp(node.target)
+            if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
+                a.WhichOneof("kind") == "node" for a in node.args
+            ):
+                raise MalformedGraph(f"{where}: {node.target} without a node operand")
+        elif node.op == Node.CALL_METHOD:
+            if not allowlist.is_allowed_method(node.target):
+                raise DisallowedOp(node.target, kind="method")
+            if not node.args or node.args[0].WhichOneof("kind") != "node":
+                raise MalformedGraph(f"{where}: a method call needs a node as its first argument")
+        elif node.op == Node.GET_ATTR:
+            if node.target not in self.constants:
+                raise MalformedGraph(f"{where}: get_attr of undeclared constant {node.target!r}")
+            if node.args or node.kwargs:
+                raise MalformedGraph(f"{where}: get_attr takes no arguments")
+        elif node.op == Node.OUTPUT:
+            if node.target != "output" or len(node.args) != 1 or node.kwargs:
+                raise MalformedGraph(f"{where}: OUTPUT must have target 'output' and one argument")
+        else:
+            raise MalformedGraph(f"{where}: unknown op {node.op}")
+        for arg in node.args:
+            self.argument(arg, where, 1)
+        previous = None
+        for kw in node.kwargs:
+            self.name("keyword", kw.name)
+            if previous is not None and kw.name <= previous:
+                raise MalformedGraph(f"{where}: kwargs must be unique and sorted by name")
+            previous = kw.name
+            self.argument(kw.value, where, 1)
+
+    def placeholder(self, node: graph_pb2.Node, where: str) -> None:
+        self.name("placeholder target", node.target)
+        if node.args or node.kwargs:
+            raise MalformedGraph(f"{where}: placeholders take no arguments")
+        if node.HasField("tensor") == node.HasField("symint"):
+            raise MalformedGraph(f"{where}: a placeholder needs tensor meta or a symint, not both")
+        if node.HasField("symint"):
+            self.sym_expr(node.symint, where, size=False)
+            return
+        meta = node.tensor
+        if len(meta.shape) != len(meta.stride):
+            raise MalformedGraph(f"{where}: shape and stride differ in length")
+        if len(meta.shape) > self.limits.max_rank:
+            raise GraphTooLarge(
+                f"{where} has rank {len(meta.shape)}, more than {self.limits.max_rank}"
+            )
+        for size in (*meta.shape, *meta.stride):
+            self.sym_expr(size, where, size=True)
+        self.dtype(meta.dtype, where)
+        self.device(meta.device, where)
+        if meta.kind == graph_pb2.TensorMeta.KIND_UNSPECIFIED:
+            raise MalformedGraph(f"{where}: tensor kind unspecified")
+        if meta.kind not in graph_pb2.TensorMeta.Kind.values():
+            raise MalformedGraph(f"{where}: unknown tensor kind {meta.kind}")
+        if meta.storage_offset < 0:
+            raise MalformedGraph(f"{where}: negative storage offset")
+
+    def argument(self, arg: graph_pb2.Argument, where: str, depth: int) -> None:
+        self.arguments += 1
+        if self.arguments > self.limits.max_arguments:
+            raise GraphTooLarge(f"more than {self.limits.max_arguments} argument values")
+        if depth > self.limits.max_nesting_depth:
+            raise GraphTooLarge(
+                f"{where}: arguments nested deeper than {self.limits.max_nesting_depth}"
+            )
+        kind = arg.WhichOneof("kind")
+        if kind is None:
+            raise MalformedGraph(f"{where}: argument without a value")
+        if kind == "node":
+            if arg.node not in self.defined:
+                raise MalformedGraph(f"{where}: reference to {arg.node!r}, not an earlier node")
+        elif kind in ("list", "tuple"):
+            for item in getattr(arg, kind).items:
+                self.argument(item, where, depth + 1)
+        elif kind == "immutable_dict":
+            items = arg.immutable_dict.items
+            if len(items) % 2:
+                raise MalformedGraph(f"{where}: dict with an odd number of items")
+            for key in items[::2]:
+                if key.WhichOneof("kind") not in ("str_value", "int_value", "bool_value"):
+                    raise MalformedGraph(f"{where}: dict keys must be str, int or bool")
+            for item in items:
+                self.argument(item, where, depth + 1)
+        elif kind == "slice":
+            for part in (arg.slice.start, arg.slice.stop, arg.slice.step):
+                self.argument(part, where, depth + 1)
+        elif kind == "dtype":
+            self.dtype(arg.dtype, where)
+        elif kind == "device":
+            self.device(arg.device, where)
+        elif kind == "layout":
+            if arg.layout not in LAYOUTS:
+                raise MalformedGraph(f"{where}: unknown layout {arg.layout!r}")
+        elif kind == "memory_format":
+            if arg.memory_format not in MEMORY_FORMATS:
+                raise MalformedGraph(f"{where}: unknown memory format {arg.memory_format!r}")
+        elif kind == "sym":
+            self.sym_expr(arg.sym, where, size=False)
+        # none, bool_value, int_value, float_value, str_value need no check.
+
+
+def validate_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> None:
+    """Raises a `GraphError` subclass unless `graph` follows the format and `limits`."""
+    _Checker(graph, limits).run()

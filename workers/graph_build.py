@@ -1,0 +1,423 @@
+"""Rebuilds a serialized graph (`graph_pb2.Graph`) into an FX GraphModule on the worker.
+
+`decode_graph` validates the message, resolves every target through the allow-list
+(attribute access on imported modules, never eval), makes fake example inputs under a
+fresh `FakeTensorMode(shape_env=ShapeEnv())` with the graph's symbols as real ShapeEnv
+symbols, and runs fake-tensor propagation. The result is what
+`torch._inductor.standalone_compile(..., dynamic_shapes="from_example_inputs",
+fake_mode=decoded.fake_mode)` needs.
+
+Anything wrong with the graph surfaces as a `torchfarm.graph_errors.GraphError`.
+
+Behaviour pinned against torch 2.13.0:
+- AOTAutograd's cache (`check_node_safe` in torch/_functorch/_aot_autograd/autograd_cache.py)
+  bypasses a graph whose call_method receivers lack `meta["example_value"]`; the
+  serializable artifact needs that cache, so every node gets its fake value there.
+- `_try_get_metadata_from_dynamo` only asks for `_dynamo_source` on placeholders when
+  `gm.meta` has "dynamo_compile_id"; a decoded graph is not a Dynamo graph and sets none.
+- `ShapeEnv.create_symbol(..., DimDynamic.DYNAMIC)` names symbols from a hash of the
+  source name, so decoding is deterministic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import operator
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch._C._dynamo.guards import GlobalStateGuard
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.utils._sympy import functions as sym_functions
+from torch.utils._sympy.numbers import int_oo
+
+from torchfarm import allowlist
+from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
+from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
+from torchfarm.v1 import graph_pb2
+
+log = logging.getLogger(__name__)
+
+Node = graph_pb2.Node
+TensorMeta = graph_pb2.TensorMeta
+
+_ROOT_MODULES = frozenset({"torch", "_operator", "math"})
+"""The only modules a target name may start from."""
+
+MAX_SEQUENCE_REPEAT = 1 << 16
+"""Largest n in `sequence * n` during propagation; Dynamo never needs more."""
+MAX_INT_BITS = 64
+"""Integers computed during propagation must fit in this many bits (sizes are int64)."""
+
+
+@dataclass
+class DecodedGraph:
+    """A graph ready for `standalone_compile(gm, example_inputs, fake_mode=fake_mode)`."""
+
+    gm: torch.fx.GraphModule
+    example_inputs: list[Any]
+    """Fake tensors (Parameters where the client had Parameters) and SymInts."""
+    fake_mode: FakeTensorMode
+    shape_env: ShapeEnv
+
+
+# ---------------------------------------------------------------------------
+# Targets
+# ---------------------------------------------------------------------------
+
+
+def resolve_qualified_name(qualname: str) -> Any:
+    """The object a qualified name denotes, by attribute access and module import.
+
+    Does not consult the allow-list; `resolve_function` does. Imports only modules on
+    the dotted path itself (say `torch._functorch.predispatch`).
+    """
+    root, *path = qualname.split(".")
+    if root not in _ROOT_MODULES:
+        raise DisallowedOp(qualname)
+    obj: Any = importlib.import_module(root)
+    prefix = root
+    for part in path:
+        prefix = f"{prefix}.{part}"
+        found = getattr(obj, part, None)
+        if found is None and isinstance(obj, types.ModuleType):
+            try:
+                found = importlib.import_module(prefix)
+            except ImportError:
+                found = None
+        if found is None:
+            raise MalformedGraph(f"target {qualname!r} does not exist in this torch")
+        obj = found
+    return obj
+
+
+@functools.cache
+def resolve_function(qualname: str) -> Callable[..., Any]:
+    """The callable for an allow-listed call_function target; `DisallowedOp` otherwise."""
+    if not allowlist.is_allowed_function(qualname):
+        raise DisallowedOp(qualname)
+    obj = resolve_qualified_name(qualname)
+    if not callable(obj):
+        raise MalformedGraph(f"target {qualname!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------
+# Guards for pure-Python ops during propagation
+# ---------------------------------------------------------------------------
+
+_REPEATS = {operator.mul, operator.imul}
+_EXPONENTIAL = {operator.pow, operator.ipow, operator.lshift, operator.ilshift}
+
+
+def _int_value(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        return hint if isinstance(hint, int) else None
+    return None
+
+
+def _check_python_op(target: object, args: Sequence[object]) -> None:
+    """Refuses Python arithmetic that would take unbounded time or memory.
+
+    Tensor ops run on fake tensors and cost nothing; `_operator` on Python values runs
+    for real, so `[0] * 10**12` or `s0 ** 10**9` must be stopped before it starts.
+    """
+    if target in _REPEATS and len(args) == 2:
+        for seq, count in (args, args[::-1]):
+            n = _int_value(count)
+            if (
+                isinstance(seq, (str, bytes, tuple, list))
+                and n is not None
+                and n > MAX_SEQUENCE_REPEAT
+            ):
+                raise MalformedGraph(f"sequence repeated {n} times")
+    if target in _EXPONENTIAL and len(args) == 2:
+        base, exponent = (_int_value(a) for a in args)
+        if base is not None and exponent is not None and abs(exponent) > MAX_INT_BITS:
+            raise MalformedGraph(f"integer {getattr(target, '__name__', target)} by {exponent}")
+
+
+def _check_int_result(result: object) -> None:
+    n = _int_value(result)
+    if n is not None and n.bit_length() > MAX_INT_BITS:
+        raise MalformedGraph(f"integer result needs {n.bit_length()} bits")
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+@contextlib.contextmanager
+def _preserve_global_state() -> Iterator[None]:
+    """Puts back the thread-local state Dynamo's helper ops change.
+
+    Propagation runs `_set_grad_enabled`, `_enter_autocast` and `_vmap_increment_nesting`
+    for real. A Dynamo graph balances them, but a truncated or hostile one would leave
+    the worker with grad off or autocast on for every later job.
+    """
+    grad = torch.is_grad_enabled()
+    autocast = [
+        (d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
+    ]
+    autocast_cache = torch.is_autocast_cache_enabled()
+    autocast_nesting = _autocast_nesting()
+    vmap_level = torch._C._functorch.maybe_current_level()
+    guard = GlobalStateGuard()
+    try:
+        with torch._C._PreserveDispatchKeyGuard():
+            yield
+    finally:
+        while (level := torch._C._functorch.maybe_current_level()) is not None and (
+            vmap_level is None or level > vmap_level
+        ):
+            torch._C._functorch._vmap_decrement_nesting()
+        torch._C._set_grad_enabled(grad)
+        for device, enabled, dtype in autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(autocast_cache)
+        while _autocast_nesting() > autocast_nesting:
+            torch.autocast_decrement_nesting()
+        if not guard.check():
+            log.error("global state still differs after decoding: %s", guard.reason())
+
+
+class _Propagate(FakeTensorProp):
+    """FakeTensorProp that fakes inline constants and bounds Python arithmetic."""
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        return self._mode.from_tensor(value, static_shapes=True)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        _check_python_op(target, args)
+        result = super().call_function(target, args, kwargs)
+        _check_int_result(result)
+        return result
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        result = super().call_method(target, args, kwargs)
+        _check_int_result(result)
+        return result
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------
+
+_SYM_FUNCTIONS: dict[str, Callable[..., sympy.Expr]] = {
+    "Mod": sym_functions.Mod,
+    "PythonMod": sym_functions.PythonMod,
+    "FloorDiv": sym_functions.FloorDiv,
+    "Max": sym_functions.Max,
+    "Min": sym_functions.Min,
+}
+
+
+def _sympy(tree: SymAst, symbols: dict[str, sympy.Expr]) -> sympy.Expr:
+    kind = tree[0]
+    if kind == "int":
+        return sympy.Integer(tree[1])
+    if kind == "sym":
+        return symbols[tree[1]]
+    if kind == "neg":
+        return -_sympy(tree[1], symbols)
+    if kind == "pow":
+        return _sympy(tree[1], symbols) ** tree[2]
+    if kind == "call":
+        return _SYM_FUNCTIONS[tree[1]](*(_sympy(t, symbols) for t in tree[2]))
+    acc = _sympy(tree[1], symbols)  # "chain": left to right
+    for op, operand in tree[2]:
+        value = _sympy(operand, symbols)
+        if op == "+":
+            acc = acc + value
+        elif op == "-":
+            acc = acc - value
+        elif op == "*":
+            acc = acc * value
+        else:
+            acc = sym_functions.FloorDiv(acc, value)
+    return acc
+
+
+def _device(device: graph_pb2.Device) -> torch.device:
+    return (
+        torch.device(device.type, device.index) if device.index >= 0 else torch.device(device.type)
+    )
+
+
+def _constant_tensor(const: graph_pb2.Constant) -> torch.Tensor:
+    dtype = getattr(torch, const.dtype)
+    shape = tuple(const.shape)
+    if not const.data:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8)
+        t = raw.view(dtype).reshape(shape).clone()
+    return t.requires_grad_(const.requires_grad)
+
+
+class _Decoder:
+    def __init__(self, graph: graph_pb2.Graph, limits: GraphLimits) -> None:
+        self.pb = graph
+        self.limits = limits
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        self.symbols: dict[str, sympy.Expr] = {}
+        self.env: dict[str, torch.fx.Node] = {}
+
+    def declare(self, sym: graph_pb2.Symbol) -> None:
+        expr = self.shape_env.create_symbol(
+            sym.hint,
+            source=ConstantSource(f"torchfarm_{sym.name}"),
+            dynamic_dim=DimDynamic.DYNAMIC,
+            do_not_specialize_zero_one=sym.min < 2,
+        )
+        if isinstance(expr, sympy.Symbol):
+            self.shape_env.constrain_symbol_range(expr, sym.min, sym.max or int_oo)
+        self.symbols[sym.name] = expr
+
+    def size(self, expr: graph_pb2.SymExpr) -> int | torch.SymInt:
+        tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
+        value = _sympy(tree, self.symbols)
+        hint = value.xreplace(self.shape_env.backed_var_to_val)
+        if not hint.is_Integer:
+            raise MalformedGraph(f"size {expr.expr!r} is not an integer")
+        if value.is_number:
+            return int(value)
+        return self.shape_env.create_symintnode(value, hint=int(hint))
+
+    def tensor(self, meta: graph_pb2.TensorMeta) -> torch.Tensor:
+        shape = [self.size(s) for s in meta.shape]
+        stride = [self.size(s) for s in meta.stride]
+        dtype = getattr(torch, meta.dtype)
+        device = _device(meta.device)
+        with self.fake_mode:
+            if meta.storage_offset == 0:
+                t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            else:
+                # A view into a larger storage, as the client's input was.
+                empty = any(isinstance(n, int) and n == 0 for n in shape)
+                extent = 0 if empty else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+                base = torch.empty(meta.storage_offset + extent, dtype=dtype, device=device)
+                t = base.as_strided(shape, stride, meta.storage_offset).detach()
+        t.requires_grad_(meta.requires_grad)
+        if meta.kind == TensorMeta.PARAMETER:
+            t = torch.nn.Parameter(t, requires_grad=meta.requires_grad)
+        return t
+
+    def value(self, arg: graph_pb2.Argument) -> Any:
+        kind = arg.WhichOneof("kind")
+        if kind == "node":
+            return self.env[arg.node]
+        if kind == "none":
+            return None
+        if kind in ("bool_value", "int_value", "float_value", "str_value"):
+            return getattr(arg, kind)
+        if kind == "list":
+            return [self.value(a) for a in arg.list.items]
+        if kind == "tuple":
+            return tuple(self.value(a) for a in arg.tuple.items)
+        if kind == "slice":
+            return slice(
+                self.value(arg.slice.start), self.value(arg.slice.stop), self.value(arg.slice.step)
+            )
+        if kind == "dtype":
+            return getattr(torch, arg.dtype)
+        if kind == "device":
+            return _device(arg.device)
+        if kind == "layout":
+            return getattr(torch, arg.layout)
+        if kind == "memory_format":
+            return getattr(torch, arg.memory_format)
+        if kind == "sym":
+            return self.size(arg.sym)
+        if kind == "immutable_dict":
+            items = [self.value(a) for a in arg.immutable_dict.items]
+            return dict(zip(items[::2], items[1::2]))
+        raise MalformedGraph(f"unknown argument kind {kind}")
+
+    def build(self) -> tuple[torch.fx.GraphModule, list[Any]]:
+        """The GraphModule and its fake example inputs, one per placeholder."""
+        for sym in self.pb.symbols:
+            self.declare(sym)
+        root = torch.nn.Module()
+        constant_attrs: dict[str, str] = {}
+        for i, const in enumerate(self.pb.constants):
+            # Private attribute names: a constant called "training" must not clobber Module state.
+            constant_attrs[const.name] = attr = f"_torchfarm_constant_{i}"
+            root.register_buffer(attr, _constant_tensor(const))
+        fx = torch.fx.Graph()
+        inputs: list[Any] = []
+        for pb in self.pb.nodes:
+            args = tuple(self.value(a) for a in pb.args)
+            kwargs = {kw.name: self.value(kw.value) for kw in pb.kwargs}
+            if pb.op == Node.PLACEHOLDER:
+                node = fx.create_node("placeholder", pb.name, name=pb.name)
+                # The client's target becomes a parameter name in generated code; use
+                # FX's sanitized node name instead.
+                node.target = node.name
+                inputs.append(
+                    self.tensor(pb.tensor) if pb.HasField("tensor") else self.size(pb.symint)
+                )
+            elif pb.op == Node.CALL_FUNCTION:
+                node = fx.create_node(
+                    "call_function", resolve_function(pb.target), args, kwargs, name=pb.name
+                )
+            elif pb.op == Node.CALL_METHOD:
+                if not allowlist.is_allowed_method(pb.target):
+                    raise DisallowedOp(pb.target, kind="method")
+                node = fx.create_node("call_method", pb.target, args, kwargs, name=pb.name)
+            elif pb.op == Node.GET_ATTR:
+                node = fx.create_node("get_attr", constant_attrs[pb.target], name=pb.name)
+            else:
+                node = fx.output(args[0])
+            self.env[pb.name] = node
+        return torch.fx.GraphModule(root, fx), inputs
+
+    def run(self) -> DecodedGraph:
+        gm, inputs = self.build()
+        with _preserve_global_state():
+            _Propagate(gm, mode=self.fake_mode).propagate_dont_convert_inputs(*inputs)
+        for node in gm.graph.nodes:
+            if "val" in node.meta:
+                node.meta["example_value"] = node.meta["val"]
+        return DecodedGraph(
+            gm=gm, example_inputs=inputs, fake_mode=self.fake_mode, shape_env=self.shape_env
+        )
+
+
+def decode_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> DecodedGraph:
+    """Validates and rebuilds `graph`; raises `GraphError` subclasses only."""
+    validate_graph(graph, limits)
+    try:
+        return _Decoder(graph, limits).run()
+    except GraphError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch rejected the graph while building it
+        # Validation covers structure; what is left is a graph that does not type-check
+        # (wrong shapes for an op, a bad argument type), which torch reports with
+        # whatever exception it likes.
+        log.info("graph rejected during fake propagation: %s: %s", type(e).__name__, e)
+        raise MalformedGraph(f"graph does not type-check: {type(e).__name__}: {e}") from e
