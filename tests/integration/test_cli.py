@@ -1,0 +1,93 @@
+"""`torchfarm up` and `torchfarm status` as a user runs them, as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchfarm.stack import free_port
+
+pytestmark = pytest.mark.integration
+
+TORCHFARM = [sys.executable, "-m", "torchfarm.cli"]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_up_prints_address_serves_status_and_stops_clean():
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TORCHFARM, "up", "--grpc-port", str(port), "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline and "farm ready" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "torchfarm up exited early"
+        assert f"farm ready at grpc://127.0.0.1:{port}" in line
+
+        remote = f"grpc://127.0.0.1:{port}"
+        out = subprocess.run(
+            [*TORCHFARM, "status", "--remote", remote, "--json"],
+            capture_output=True, text=True, check=True,
+        )
+        status = json.loads(out.stdout)
+        assert [w["queue"] for w in status["workers"]] == ["cpu"]
+        table = subprocess.run(
+            [*TORCHFARM, "status", "--remote", remote], capture_output=True, text=True, check=True
+        ).stdout
+        assert "WORKER" in table and "cpu" in table
+
+        family = descendants(proc.pid)
+        assert len(family) >= 3  # redis-server, coordinator, worker (+ its pool)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+        time.sleep(0.5)
+        assert [p for p in family if alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_status_of_a_farm_that_is_down_fails_clearly():
+    out = subprocess.run(
+        [*TORCHFARM, "status", "--remote", f"grpc://127.0.0.1:{free_port()}", "--timeout", "1"],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 1
+    assert "UNAVAILABLE" in out.stderr or "DEADLINE_EXCEEDED" in out.stderr

@@ -1,0 +1,188 @@
+"""The whole loop with real parts: redis-server, the gRPC coordinator, a Celery worker.
+
+Numerics are compared with eager PyTorch: loss within 1e-5 absolute (plus 1e-5
+relative), gradients within 1e-4 absolute or 1e-4 relative. Inductor reorders float32
+reductions, so bit-equality is not expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import textwrap
+
+import pytest
+import torch
+
+import sdk
+from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
+from tests.conftest import run_python
+from torchfarm.stack import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODELS = {
+    "mlp": make_mlp,
+    "cnn": make_cnn,
+    "gpt": lambda: make_gpt(TINY_GPT, batch=4),
+}
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out if out.dim() == 0 else out.pow(2).mean()
+
+
+def train_step(model, inputs, **compile_kwargs):
+    """One step through sdk.compile and one through eager; returns (loss, grads) pairs."""
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model)
+    compiled = sdk.compile(model, **compile_kwargs)
+    loss = _loss(compiled(*inputs))
+    loss.backward()
+    ref = _loss(eager(*inputs))
+    ref.backward()
+    return (loss, [p.grad for p in model.parameters()]), (ref, [p.grad for p in eager.parameters()])
+
+
+def assert_matches_eager(got, ref):
+    (loss, grads), (ref_loss, ref_grads) = got, ref
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    assert len(grads) == len(ref_grads)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_through_the_farm_matches_eager(name, stack, client_cache_dir, caplog):
+    caplog.set_level(logging.INFO, logger="sdk")
+    model, inputs = MODELS[name]()
+    got, ref = train_step(model, inputs, remote=stack.address, fallback="error")
+    assert_matches_eager(got, ref)
+    lines = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+    assert lines and all(("miss" in l or "hit" in l or "joined" in l) for l in lines), lines
+
+
+HIT_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, sys
+    import torch
+    import sdk
+    from sdk.loader import count_kernel_builds
+    from examples.models import make_mlp
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, r): records.append(r.getMessage())
+    logging.getLogger("sdk").addHandler(Keep()); logging.getLogger("sdk").setLevel(logging.INFO)
+    model, inputs = make_mlp()
+    with count_kernel_builds() as builds:
+        compiled = sdk.compile(model, remote=sys.argv[1], fallback="error")
+        loss = compiled(*inputs).pow(2).mean()
+        loss.backward()
+    print(json.dumps({"builds": builds.count, "loss": loss.item(), "log": records}))
+    """
+)
+
+
+def _run_hit(stack, cache_dir, python=None):
+    kwargs = {"python": python} if python else {}
+    proc = run_python(
+        f"import sys; sys.argv = ['x', {stack.address!r}]\n" + HIT_SCRIPT,
+        {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)},
+        **kwargs,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fresh_process_with_empty_cache_gets_a_hit_and_compiles_nothing(stack, tmp_path):
+    first = _run_hit(stack, tmp_path / "a")  # fills the farm's cache (or hits an earlier fill)
+    second = _run_hit(stack, tmp_path / "b")
+    assert any(" hit " in l for l in second["log"]), second["log"]
+    assert second["builds"] == 0
+    assert second["loss"] == pytest.approx(first["loss"], rel=1e-6)
+
+
+def test_hit_from_a_second_virtualenv_at_another_path(stack, tmp_path):
+    from tests.second_venv import second_venv
+
+    python = str(second_venv())
+    _run_hit(stack, tmp_path / "warm")
+    result = _run_hit(stack, tmp_path / "other", python=python)
+    assert any(" hit " in l for l in result["log"]), result["log"]
+    assert result["builds"] == 0
+
+
+def test_farm_down_falls_back_to_local_with_one_warning(client_cache_dir, caplog):
+    remote = f"grpc://127.0.0.1:{free_port()}"
+    model, inputs = make_mlp()
+    got, ref = train_step(model, inputs, remote=remote, fallback="local")
+    assert_matches_eager(got, ref)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "sdk.backend"]
+    assert len(warnings) == 1 and "compiles locally" in warnings[0].getMessage()
+
+
+def test_farm_down_with_fallback_error_raises(client_cache_dir):
+    remote = f"grpc://127.0.0.1:{free_port()}"
+    model, inputs = make_mlp()
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=remote, fallback="error")
+    # As with any failing torch.compile backend, Dynamo wraps the backend's error.
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(*inputs)
+    assert isinstance(info.value.inner_exception, sdk.FarmUnavailable)
+    assert "did not answer" in str(info.value.inner_exception)
+
+
+@torch.library.custom_op("torchfarm_test::scale", mutates_args=())
+def _scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+@_scale.register_fake
+def _(x, factor):
+    return torch.empty_like(x)
+
+
+def test_disallowed_op_falls_back_for_that_graph_only(stack, client_cache_dir, caplog):
+    caplog.set_level(logging.INFO, logger="sdk")
+
+    def fn(x):
+        y = torch.relu(x) * 2
+        torch._dynamo.graph_break()
+        return torch.ops.torchfarm_test.scale(y, 3.0) + 1
+
+    torch._dynamo.reset()
+    x = torch.randn(8, 8)
+    out = sdk.compile(fn, remote=stack.address, fallback="local")(x)
+    torch.testing.assert_close(out, fn(x))
+    msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+    fallbacks = [m for m in msgs if "compiles locally" in m]
+    remote = [m for m in msgs if "compiles locally" not in m]
+    assert len(fallbacks) == 1 and "torchfarm_test" in fallbacks[0], msgs
+    assert len(remote) == 1 and "graph 1" in remote[0], msgs
+
+
+def test_several_models_in_one_process(stack, client_cache_dir):
+    results = []
+    for make in (make_mlp, make_cnn):
+        model, inputs = make()
+        eager = copy.deepcopy(model)
+        compiled = sdk.compile(model, remote=stack.address, fallback="error")
+        results.append((compiled(*inputs), eager(*inputs)))
+    for got, ref in results:
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_inference_under_no_grad(stack, client_cache_dir):
+    model, inputs = make_cnn(batch=2)
+    model.eval()
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_remote_address_is_a_config_error():
+    with pytest.raises(sdk.ConfigError, match="grpc://host:port"):
+        sdk.compile(torch.nn.Linear(2, 2), remote="http://farm")

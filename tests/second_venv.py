@@ -1,0 +1,106 @@
+"""A second virtualenv at another path, for tests that load artifacts "on another machine".
+
+Inductor keys C++ kernels by their compiler command line, which holds the absolute
+include paths of the torch installation (torch-facts.md). A client test that runs in
+the worker's own environment cannot tell whether kernels were found by the right key or
+by luck, so such tests run their client with `second_venv()`'s interpreter.
+
+The venv is built once per requirement set and reused: a cache under the system temp
+dir, keyed by the torch version and a digest of the requirements, guarded by a file lock
+so concurrent test sessions build it once. `pip` resolves torch from the local wheel
+mirror in tens of seconds; the first build takes about a minute on two cores.
+
+    python = second_venv()          # or: second_venv(["torch==2.13.0"])
+    subprocess.run([str(python), "-c", ...], env={..., "PYTHONPATH": repo_root})
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CACHE_ENV = "TORCHFARM_TEST_VENVS"
+"""Overrides where the venvs live (default: <system temp>/torchfarm-test-venvs)."""
+
+BUILD_TIMEOUT_S = 900.0
+"""Upper bound for creating a venv and installing its requirements."""
+
+_COMPLETE = ".torchfarm-complete"
+"""Written last, so a half-built venv (killed run) is rebuilt rather than reused."""
+
+
+class VenvUnavailable(RuntimeError):
+    """The venv could not be built here (no network mirror, no wheel, no venv module)."""
+
+
+def torch_requirement() -> str:
+    """This interpreter's torch, pinned: "torch==2.13.0" for "2.13.0+cpu"."""
+    import torch
+
+    return f"torch=={torch.__version__.split('+')[0]}"
+
+
+def project_requirements() -> list[str]:
+    """pyproject's runtime dependencies with torch pinned to this interpreter's, so the
+    second venv can import `sdk` (grpc, protobuf, ...) just like a real client."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [torch_requirement() if _name(d) == "torch" else d for d in deps]
+
+
+def second_venv(requirements: Sequence[str] | None = None) -> Path:
+    """The python executable of a cached venv with `requirements` installed (default:
+    `project_requirements()`). Raises VenvUnavailable with pip's message on failure."""
+    reqs = sorted(requirements if requirements is not None else project_requirements())
+    venv = _cache_root() / _cache_name(reqs)
+    python = venv / "bin" / "python"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / _COMPLETE).exists():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(venv)], "python -m venv")
+        _run(
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs],
+            "pip install",
+        )
+        (venv / _COMPLETE).write_text("\n".join(reqs) + "\n")
+    return python
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "torchfarm-test-venvs")
+
+
+def _cache_name(reqs: Sequence[str]) -> str:
+    torch_req = next((r for r in reqs if _name(r) == "torch"), "torch")
+    digest = hashlib.sha256("\n".join([sys.version, *reqs]).encode()).hexdigest()[:12]
+    python = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return f"{torch_req.replace('==', '-').replace(' ', '')}-{python}-{digest}"
+
+
+def _name(requirement: str) -> str:
+    for sep in "=<>!~[; ":
+        requirement = requirement.split(sep, 1)[0]
+    return requirement.strip().lower()
+
+
+def _run(cmd: list[str], what: str) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VenvUnavailable(f"{what} failed: {e}") from e
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise VenvUnavailable(f"{what} exited {proc.returncode}: " + " | ".join(tail))

@@ -1,0 +1,216 @@
+"""A worker's compile: FX graph → Inductor artifact plus the C++ kernel binaries it loads.
+
+Plain functions, no Celery. `compile_graph` runs `torch._inductor.standalone_compile(...,
+aot=True)`, serializes the `AOTCompiledArtifact`, then collects kernels by deserializing
+that payload once more under `sdk.loader.record_kernel_loads`. Deserializing re-imports
+the generated wrapper modules (`CompiledFxGraph.after_deserialization` loads them with
+attrs, which bypasses `PyCodeCache`'s module memo), and those call
+`CppCodeCache.load_async` for every kernel: so we record exactly the kernels a client's
+`deserialize` will ask for, whether this worker just built them, found them in its disk
+cache, or already had them loaded in this process. Recording "files newly built" would
+miss every kernel of a warm cache, and recording during the compile would also pick up
+kernels that only autotuning benchmarked.
+
+The torch 2.13 internals this relies on are listed in `sdk/loader.py` and pinned by
+tests/unit/test_compiler_loader.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sdk.loader import (
+    KernelSpec,
+    count_kernel_builds,
+    kernel_name,
+    local_outputs,
+    record_kernel_loads,
+)
+
+log = logging.getLogger(__name__)
+
+_COMPILE_LOCK = threading.Lock()
+"""One compile per process at a time: Inductor's tracing context, config patches,
+compile-time metrics and our class hooks are process-global."""
+
+_AOT_METRIC = "create_aot_dispatcher_function"
+"""`dynamo_timed` key around AOTAutograd, including the Inductor compiles it calls."""
+_INDUCTOR_METRIC = "compile_fx_inner"
+"""`dynamo_timed` key around one Inductor compile (forward or backward graph)."""
+
+
+class CompileFailed(Exception):
+    """Inductor could not compile the graph; the message is the compiler's."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    """Digest of `source`: stable across workers (the local key is path-dependent)."""
+    kind: str
+    """"cpp" for a kernel library, "cpp-object" for an object file of a split build."""
+    source: bytes
+    """`sdk.loader.KernelSpec` JSON: the source text and the options that enter the key."""
+    binary: bytes
+
+
+@dataclass
+class CompileResult:
+    payload: bytes
+    """`AOTCompiledArtifact.serialize()`."""
+    kernels: list[Kernel]
+    timings: dict[str, float]
+    """Seconds: "compile", "collect"; "decompose", "lower", "kernels" when measured."""
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def inductor_config_patch(
+    mode: str, options: dict[str, Any] | None, dynamic: bool
+) -> dict[str, Any]:
+    """The Inductor config patch `torch.compile(mode=..., options=...)` would apply.
+
+    Built by the same class `torch.compile` uses (torch/__init__.py,
+    `_TorchCompileInductorWrapper.apply_mode`/`apply_options`: mode presets from
+    `torch._inductor.list_mode_options`, then options, names and types validated).
+    """
+    wrapper = torch._TorchCompileInductorWrapper(mode or None, options or None, dynamic)
+    return dict(wrapper.config)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fake_mode: Any = None,
+    dynamic: bool = False,
+    mode: str = "",
+    inductor_options: dict[str, Any] | None = None,
+) -> CompileResult:
+    """Compiles `gm` as `torch.compile`'s Inductor backend would, for training or inference.
+
+    `fake_mode` is the FakeTensorMode (with a ShapeEnv) that fake `example_inputs` belong
+    to; their symbolic sizes make the artifact dynamic. Real tensors (a graph straight
+    from a Dynamo backend) specialize to their sizes unless `dynamic`, in which case the
+    symbolic sizes come from the graph's own fake values.
+    """
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    try:
+        patch = inductor_config_patch(mode, inductor_options, dynamic)
+    except RuntimeError as e:  # unknown option or mode, wrong type
+        raise CompileFailed(str(e)) from e
+    shapes, fake_mode = _shape_source(example_inputs, fake_mode, dynamic)
+
+    with _COMPILE_LOCK:
+        before = _metric_totals()
+        t0 = time.perf_counter()
+        with count_kernel_builds() as builds:
+            try:
+                artifact = torch._inductor.standalone_compile(
+                    gm,
+                    list(example_inputs),
+                    dynamic_shapes=shapes,
+                    options={"config_patches": patch},
+                    aot=True,
+                    fake_mode=fake_mode,
+                )
+                payload = artifact.serialize()
+            except Exception as e:
+                raise CompileFailed(f"{type(e).__name__}: {e}") from e
+        t1 = time.perf_counter()
+        with record_kernel_loads() as loads:
+            try:
+                AOTCompiledArtifact.deserialize(payload)
+            except Exception as e:
+                raise CompileFailed(f"the artifact does not load back: {e!r}") from e
+        kernels = _read_kernels(loads)
+        t2 = time.perf_counter()
+        after = _metric_totals()
+
+    timings = {"compile": t1 - t0, "collect": t2 - t1, **_phases(before, after, builds.wall_seconds())}
+    stats = {
+        "kernels": sum(k.kind == "cpp" for k in kernels),
+        "kernel_files": len(kernels),
+        "kernel_bytes": sum(len(k.binary) for k in kernels),
+        "payload_bytes": len(payload),
+        "local_builds": builds.count,
+    }
+    log.info(
+        "compiled: %d kernels (%d bytes), payload %d bytes, %d local C++ builds, "
+        "compile %.2fs collect %.2fs",
+        stats["kernels"], stats["kernel_bytes"], len(payload), builds.count,
+        timings["compile"], timings["collect"],
+    )
+    return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats)
+
+
+def _shape_source(example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool) -> tuple[str, Any]:
+    """standalone_compile's `dynamic_shapes` and `fake_mode` for these inputs.
+
+    "from_example_inputs" fakeifies real tensors with static sizes, so a dynamic graph
+    given real tensors (Dynamo passes real ones; their symbolic fakes sit in each
+    placeholder's `example_value`) must use "from_graph", which takes no `fake_mode`.
+    """
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = any(isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) for x in example_inputs)
+    if dynamic and real:
+        return "from_graph", None
+    if fake_mode is None:
+        fake_mode = detect_fake_mode(list(example_inputs))
+    return "from_example_inputs", fake_mode
+
+
+def _read_kernels(loads: Sequence[Any]) -> list[Kernel]:
+    kernels: dict[str, Kernel] = {}
+    for load in loads:
+        for i, path in enumerate(load.targets):
+            spec = KernelSpec(load.cache, load.args, i, len(load.targets))
+            source = spec.to_bytes()
+            name = kernel_name(source)
+            if name in kernels:
+                continue
+            # The client recomputes the key from the JSON spec; a spec that does not
+            # round-trip to this very path would ship a kernel no client can find.
+            key, targets = local_outputs(KernelSpec.from_bytes(source))
+            if key != load.key or tuple(targets) != load.targets:
+                raise CompileFailed(
+                    f"kernel {load.key}: its spec maps to {key} here; torch's kernel key "
+                    "no longer matches what sdk.loader assumes (torch 2.13)"
+                )
+            try:
+                with open(path, "rb") as f:
+                    binary = f.read()
+            except OSError as e:
+                raise CompileFailed(f"kernel {load.key}: binary missing after compile: {e}") from e
+            kind = "cpp" if spec.is_library() else "cpp-object"
+            kernels[name] = Kernel(name=name, kind=kind, source=source, binary=binary)
+    return list(kernels.values())
+
+
+def _metric_totals() -> dict[str, float]:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {k: sum(compilation_time_metrics.get(k, ())) for k in (_AOT_METRIC, _INDUCTOR_METRIC)}
+
+
+def _phases(before: dict[str, float], after: dict[str, float], kernels_s: float) -> dict[str, float]:
+    """AOTAutograd's own time, Inductor's time outside C++ compiler runs, and the wall
+    time of those runs. Empty when the compile was a cache hit that skipped them."""
+    aot = after[_AOT_METRIC] - before[_AOT_METRIC]
+    inductor = after[_INDUCTOR_METRIC] - before[_INDUCTOR_METRIC]
+    if aot <= 0.0 or inductor <= 0.0:
+        return {}
+    return {
+        "decompose": max(aot - inductor, 0.0),
+        "lower": max(inductor - kernels_s, 0.0),
+        "kernels": kernels_s,
+    }
