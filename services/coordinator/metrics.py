@@ -1,6 +1,36 @@
-"""Prometheus metrics of the coordinator. Label values stay few: never a key or job id."""
+"""Prometheus metrics of the coordinator. Label values stay few: never a key or job id.
 
-from prometheus_client import Counter, Histogram
+Three kinds:
+
+- counters and histograms updated on the request path (requests by outcome, RPCs and
+  errors by code, artifact bytes, requeued jobs);
+- `FarmCollector`: gauges read from Redis at scrape time (queue depth, jobs in flight
+  and live workers per queue, cache memory and evictions), so a coordinator restart or
+  a second replica reports the same numbers. Every replica exports the farm-wide
+  values: dashboards and alerts aggregate them with `max by (queue)`, never `sum`.
+  Each queue also carries its device kind and job kind (graph or kernel) as labels;
+- `torchfarm_build_info`, constant 1, with the versions as labels.
+
+Metric names are part of the operations contract: ops/grafana, ops/prometheus and
+k8s/ query them, and tests/ops checks every query against a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from torchfarm import __version__
+
+log = logging.getLogger(__name__)
 
 REQUESTS = Counter(
     "torchfarm_requests_total",
@@ -15,3 +45,232 @@ ARTIFACT_BYTES = Histogram(
 RPC_ERRORS = Counter(
     "torchfarm_rpc_errors_total", "gRPC calls that ended in an error, by status code.", ["code"]
 )
+RPCS = Counter(
+    "torchfarm_rpcs_total",
+    "gRPC calls handled, by method and status code (OK included): the error ratio's denominator.",
+    ["method", "code"],
+)
+REQUEUED = Counter(
+    "torchfarm_jobs_requeued_total",
+    "Jobs stuck past the stale limit that a submit deleted and queued again.",
+)
+AUTH_FAILURES = Counter(
+    "torchfarm_auth_failures_total",
+    "Calls refused UNAUTHENTICATED, by reason: missing or invalid token.",
+    ["reason"],
+)
+ARTIFACTS_REFUSED = Counter(
+    "torchfarm_artifacts_refused_total",
+    "Cached artifacts the coordinator would not serve (and recompiles), by reason: "
+    "corrupt blob, expired, unsigned, unknown_key, invalid or mismatched signature.",
+    ["reason"],
+)
+QUOTA_REFUSALS = Counter(
+    "torchfarm_quota_refusals_total",
+    "Submits refused RESOURCE_EXHAUSTED because the tenant had its quota of jobs in flight.",
+)
+BUILD_INFO = Gauge(
+    "torchfarm_build_info",
+    "Always 1; the labels say which build of torchfarm runs.",
+    ["component", "version", "python", "torch"],
+)
+
+# Series that exist from the start read 0 instead of "no data" in graphs and alerts.
+for _outcome in ("hit", "miss", "deduplicated", "failed", "invalid"):
+    REQUESTS.labels(outcome=_outcome)
+for _code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "NOT_FOUND", "INTERNAL"):
+    RPC_ERRORS.labels(code=_code)
+
+SERVER_ERROR_CODES = ("UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "DATA_LOSS")
+"""Codes that count against the farm in the error-ratio alert; the rest are the caller's."""
+
+
+def set_build_info(component: str = "coordinator", torch: str = "") -> None:
+    BUILD_INFO.labels(
+        component=component, version=__version__, python=platform.python_version(), torch=torch
+    ).set(1)
+
+
+# Gauges read at scrape time.
+
+KERNEL_QUEUE_PREFIX = "kernels."
+"""Queues of Triton kernel jobs start with this (torchfarm/routing.py names the queues)."""
+
+
+def queue_labels(queue: str) -> tuple[str, str]:
+    """(device, kind) of a queue name: "cpu" or "cpu.avx2" → ("cpu", "graph"),
+    "kernels.cuda.sm_90" → ("cuda", "kernel"). KEDA and the dashboard select on them."""
+    kind = "kernel" if queue.startswith(KERNEL_QUEUE_PREFIX) else "graph"
+    return queue.removeprefix(KERNEL_QUEUE_PREFIX).split(".", 1)[0], kind
+
+
+@dataclass(frozen=True)
+class FarmGauges:
+    """One reading of the farm's state, per queue (a queue is a device kind)."""
+
+    queued: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, int] = field(default_factory=dict)
+    cache_used_bytes: int = 0
+    cache_max_bytes: int = 0
+    cache_evictions: int = 0
+
+
+_QUEUE_LABELS = ["queue", "device", "kind"]
+
+
+def _families() -> dict[str, Metric]:
+    return {
+        "up": GaugeMetricFamily(
+            "torchfarm_backend_up",
+            "1 when the coordinator could read Redis and the broker for this scrape, else 0.",
+        ),
+        "queued": GaugeMetricFamily(
+            "torchfarm_queue_depth",
+            "Jobs waiting in the broker's queue, not yet taken by a worker.",
+            labels=_QUEUE_LABELS,
+        ),
+        "in_flight": GaugeMetricFamily(
+            "torchfarm_jobs_in_flight",
+            "Jobs a worker has taken and is compiling now.",
+            labels=_QUEUE_LABELS,
+        ),
+        "workers": GaugeMetricFamily(
+            "torchfarm_workers",
+            "Live workers (heartbeat not expired) serving the queue.",
+            labels=_QUEUE_LABELS,
+        ),
+        "used": GaugeMetricFamily(
+            "torchfarm_cache_used_bytes", "Memory used by the Redis that holds the cache."
+        ),
+        "max": GaugeMetricFamily(
+            "torchfarm_cache_max_bytes", "The cache Redis' maxmemory; 0 means no limit."
+        ),
+        "evictions": CounterMetricFamily(
+            "torchfarm_cache_evictions",
+            "Keys the cache Redis evicted under memory pressure (its INFO evicted_keys).",
+        ),
+    }
+
+
+class FarmCollector(Collector):
+    """Reads the farm's gauges when Prometheus scrapes, in the HTTP server's thread.
+
+    A failed read yields `torchfarm_backend_up 0` and nothing else, so a Redis outage
+    shows up as an alert instead of a failed scrape.
+    """
+
+    def __init__(self, read: Callable[[], FarmGauges]):
+        self.read = read
+
+    def describe(self) -> Iterable[Metric]:
+        # Lets the registry check names without calling Redis at registration.
+        return list(_families().values())
+
+    def collect(self) -> Iterator[Metric]:
+        fam = _families()
+        try:
+            g = self.read()
+        except Exception as e:
+            log.warning("metrics: cannot read the farm's state: %s", e)
+            fam["up"].add_metric([], 0)
+            yield fam["up"]
+            return
+        fam["up"].add_metric([], 1)
+        for name in ("queued", "in_flight", "workers"):
+            for queue, n in sorted(getattr(g, name).items()):
+                fam[name].add_metric([queue, *queue_labels(queue)], n)
+        fam["used"].add_metric([], g.cache_used_bytes)
+        fam["max"].add_metric([], g.cache_max_bytes)
+        fam["evictions"].add_metric([], g.cache_evictions)
+        yield from fam.values()
+
+
+_installed: FarmCollector | None = None
+
+
+def install_farm_collector(
+    read: Callable[[], FarmGauges], registry: CollectorRegistry = REGISTRY
+) -> FarmCollector:
+    """Registers the farm collector, replacing one an earlier server in this process left."""
+    global _installed
+    if _installed is not None:
+        try:
+            registry.unregister(_installed)
+        except KeyError:
+            pass
+    _installed = FarmCollector(read)
+    registry.register(_installed)
+    return _installed
+
+
+# RPC counts, by a server interceptor so every method and every exit path is counted.
+
+
+def _code_name(code: object) -> str:
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):
+        for c in grpc.StatusCode:
+            if c.value[0] == code:
+                return c.name
+    return "OK"
+
+
+class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts each call of the farm's service in `torchfarm_rpcs_total{method, code}` when it ends."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        if handler is None or service.startswith("grpc.health."):
+            return handler  # probes are not farm traffic: they would dilute the error ratio
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _count_unary(method, handler.unary_unary),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _count_stream(method, handler.unary_stream),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        return handler  # the farm has no client-streaming methods
+
+
+def _ended(method: str, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        code = "CANCELLED"
+    elif exc is not None and not isinstance(exc, grpc.aio.AbortError):
+        code = "UNKNOWN"
+    else:
+        code = _code_name(context.code())
+    RPCS.labels(method=method, code=code).inc()
+
+
+def _count_unary(method: str, behavior):
+    async def call(request, context):
+        try:
+            response = await behavior(request, context)
+        except BaseException as e:
+            _ended(method, context, e)
+            raise
+        _ended(method, context, None)
+        return response
+
+    return call
+
+
+def _count_stream(method: str, behavior):
+    async def call(request, context):
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except BaseException as e:
+            _ended(method, context, e)
+            raise
+        _ended(method, context, None)
+
+    return call

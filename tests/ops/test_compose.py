@@ -1,0 +1,149 @@
+"""docker-compose.yml and the Dockerfiles, offline (there is no Docker engine here).
+
+The compose file is validated against the Compose specification's JSON schema
+(tests/schemas/compose-spec.json), then checked for what the farm needs; the
+Dockerfiles are checked for the files and modules they name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.ops.promql import ROOT
+from torchfarm.celeryconf import HARD_TIME_LIMIT_S
+
+COMPOSE = ROOT / "docker-compose.yml"
+SCHEMA = ROOT / "tests/schemas/compose-spec.json"
+SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"
+"""The schema as vendored by check-jsonschema 0.39.0 (tests/schemas/README.md)."""
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _seconds(duration: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration))
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return {a: b for a, b in zip(command, command[1:]) if a.startswith("--")}
+
+
+def test_schema_is_the_vendored_one():
+    assert hashlib.sha256(SCHEMA.read_bytes()).hexdigest() == SCHEMA_SHA256
+
+
+def test_compose_file_matches_the_compose_specification(compose):
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, "\n".join(errors)
+
+
+def test_the_schema_rejects_a_broken_file(compose):
+    schema = json.loads(SCHEMA.read_text())
+    bad = json.loads(json.dumps(compose))
+    bad["services"]["coordinator"]["restart_policy"] = "always"  # not a service field
+    bad["services"]["redis-cache"]["ports"] = "6379"  # must be a list
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(bad))
+    assert len(errors) >= 2
+
+
+def test_the_services_the_farm_needs(compose):
+    assert set(compose["services"]) == {
+        "redis-broker", "redis-cache", "coordinator", "worker-cpu", "worker-cuda",
+        "prometheus", "grafana"}
+
+
+def test_broker_never_evicts_and_cache_evicts_lru_under_a_limit(compose):
+    broker = _flags(compose["services"]["redis-broker"]["command"])
+    cache = _flags(compose["services"]["redis-cache"]["command"])
+    assert broker["--maxmemory-policy"] == "noeviction"
+    assert cache["--maxmemory-policy"] == "allkeys-lru"
+    assert cache["--maxmemory"]
+
+
+def test_processes_use_separate_redis_for_broker_and_cache(compose):
+    for name in ("coordinator", "worker-cpu", "worker-cuda"):
+        env = compose["services"][name]["environment"]
+        assert env["TORCHFARM_BROKER_URL"].startswith("redis://redis-broker:")
+        assert env["TORCHFARM_CACHE_URL"].startswith("redis://redis-cache:")
+
+
+def test_workers_drain_and_cuda_reserves_a_gpu(compose):
+    for name, queue in (("worker-cpu", "cpu"), ("worker-cuda", "cuda")):
+        svc = compose["services"][name]
+        assert _seconds(svc["stop_grace_period"]) >= HARD_TIME_LIMIT_S
+        assert svc.get("stop_signal", "SIGTERM") == "SIGTERM"
+        assert svc["environment"]["TORCHFARM_TARGETS"] == queue
+        assert "TORCHFARM_QUEUES" not in svc["environment"]
+        assert svc["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+    (device,) = compose["services"]["worker-cuda"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    assert "deploy" not in compose["services"]["worker-cpu"]
+
+
+def test_prometheus_scrapes_the_ports_the_services_serve(compose):
+    prom = yaml.safe_load((ROOT / "ops/prometheus/prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    coord = jobs["torchfarm-coordinator"]["dns_sd_configs"][0]
+    assert coord["names"] == ["coordinator"]
+    assert str(coord["port"]) == compose["services"]["coordinator"]["environment"]["TORCHFARM_METRICS_PORT"]
+    workers = jobs["torchfarm-worker"]["dns_sd_configs"][0]
+    assert set(workers["names"]) == {"worker-cpu", "worker-cuda"}
+    for name in workers["names"]:
+        assert str(workers["port"]) == compose["services"][name]["environment"]["TORCHFARM_METRICS_PORT"]
+
+
+def test_bind_mounts_and_build_files_exist(compose):
+    for name, svc in compose["services"].items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source}"
+        if "build" in svc:
+            assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
+
+
+@pytest.mark.parametrize("dockerfile", sorted(p.name for p in (ROOT / "docker").glob("*.Dockerfile")))
+def test_dockerfile_copies_existing_files_and_runs_existing_code(dockerfile):
+    text = (ROOT / "docker" / dockerfile).read_text()
+    assert re.search(r"^FROM \S+:\S+", text, re.M), "pin the base image's tag"
+    for line in re.findall(r"^COPY (.+)$", text, re.M):
+        *sources, _ = line.split()
+        for src in sources:
+            assert (ROOT / src).exists(), f"{dockerfile}: COPY {src}"
+    assert re.search(r"^USER (?!0\b|root\b)", text, re.M), "run as a non-root user"
+    assert "-Q" not in text, "a worker's queues follow from TORCHFARM_TARGETS"
+    cmd = re.search(r"^CMD (.+)$", text, re.M).group(1)
+    module = re.search(r"(?:-m|-A)\W+([\w.]+)", cmd).group(1)
+    assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), cmd
+
+
+def test_dockerignore_keeps_the_virtualenv_out():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+
+
+@pytest.mark.skipif(
+    shutil.which("docker") is None
+    or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0,
+    reason="the docker compose plugin is not installed (validated with the schema instead)",
+)
+def test_docker_compose_config_accepts_the_file():
+    out = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "--profile", "cuda", "config", "--quiet"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,165 @@
+"""The coordinator's metrics: the farm collector, the gauges it reads from Redis, and
+the /metrics endpoint of a real grpc.aio server (Redis on loopback, no workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from services.coordinator import metrics
+from services.coordinator.farm import Dispatcher
+from services.coordinator.gauges import read_gauges
+from services.coordinator.metrics import FarmCollector, FarmGauges
+from services.coordinator.server import serve
+from services.coordinator.settings import CoordinatorSettings
+from tests.requests import relu_request
+from torchfarm.stack import free_port
+from torchfarm.store import JobState
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+
+
+def _scrape(collector: FarmCollector) -> str:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_farm_collector_exports_gauges_per_queue():
+    text = _scrape(FarmCollector(lambda: FarmGauges(
+        queued={"cpu.avx2": 3, "cuda.sm_90": 0, "kernels.cuda.sm_90": 2},
+        in_flight={"cpu.avx2": 1, "cuda.sm_90": 0, "kernels.cuda.sm_90": 0},
+        workers={"cpu.avx2": 2, "cuda.sm_90": 0, "kernels.cuda.sm_90": 1},
+        cache_used_bytes=1024, cache_max_bytes=4096, cache_evictions=7,
+    )))
+    assert "torchfarm_backend_up 1.0" in text
+    assert 'torchfarm_queue_depth{device="cpu",kind="graph",queue="cpu.avx2"} 3.0' in text
+    assert 'torchfarm_queue_depth{device="cuda",kind="kernel",queue="kernels.cuda.sm_90"} 2.0' in text
+    assert 'torchfarm_jobs_in_flight{device="cpu",kind="graph",queue="cpu.avx2"} 1.0' in text
+    assert 'torchfarm_workers{device="cuda",kind="graph",queue="cuda.sm_90"} 0.0' in text
+    assert "torchfarm_cache_used_bytes 1024.0" in text
+    assert "torchfarm_cache_max_bytes 4096.0" in text
+    assert "torchfarm_cache_evictions_total 7.0" in text
+    assert "# TYPE torchfarm_cache_evictions_total counter" in text
+
+
+def test_farm_collector_reports_a_failed_read_as_backend_down():
+    def broken() -> FarmGauges:
+        raise ConnectionError("redis down")
+
+    text = _scrape(FarmCollector(broken))
+    assert "torchfarm_backend_up 0.0" in text
+    assert "torchfarm_queue_depth" not in text.replace("# HELP", "").split("backend_up")[-1]
+
+
+def test_registration_does_not_read_the_farm():
+    def never() -> FarmGauges:
+        raise AssertionError("read at registration")
+
+    registry = CollectorRegistry()
+    registry.register(FarmCollector(never))  # describe() answers, collect() is not called
+
+
+def test_queue_labels():
+    assert metrics.queue_labels("cpu") == ("cpu", "graph")
+    assert metrics.queue_labels("cuda.sm_90") == ("cuda", "graph")
+    assert metrics.queue_labels("kernels.rocm.gfx942") == ("rocm", "kernel")
+
+
+def test_label_values_stay_few():
+    """No metric may carry a key, a job id or a worker name as a label."""
+    for m in (metrics.REQUESTS, metrics.RPC_ERRORS, metrics.RPCS, metrics.BUILD_INFO):
+        assert not set(m._labelnames) & {"key", "job_id", "worker", "label"}
+
+
+class _Broker(Dispatcher):
+    """Depths and declared queues as a broker would report them."""
+
+    def __init__(self, depths: dict[str, int], declared: set[str]):
+        self.depths, self.declared = depths, declared
+
+    def send(self, key: str, queue: str, namespace: str = "") -> None:
+        pass
+
+    def depth(self, queue: str) -> int:
+        return self.depths.get(queue, 0)
+
+    def queues(self) -> set[str]:
+        return self.declared
+
+
+@pytest.mark.integration
+def test_read_gauges_from_redis(store):
+    store.heartbeat("w1", ["cpu"], "b", ttl_s=30)
+    store.heartbeat("w2", ["cpu", "cuda"], "b", ttl_s=30)
+    for key, queue, state in [("k1", "cpu", JobState.RUNNING), ("k2", "cpu", JobState.QUEUED),
+                              ("k3", "cuda", JobState.RUNNING), ("k4", "cpu", JobState.SUCCEEDED),
+                              ("k5", "rocm", JobState.QUEUED)]:
+        store.create_job(key, queue, "", ttl_s=60)
+        store.update_job(key, state=state)
+    broker = _Broker({"cpu": 5, "rocm": 1, "xpu": 2}, {"xpu", "cpu0@vm.celery.pidbox", "celeryev"})
+    g = read_gauges(store, broker)
+    # Served, named by a job, or declared in the broker; Celery's own queues left out.
+    assert set(g.queued) == {"cpu", "cuda", "rocm", "xpu"}
+    assert g.queued == {"cpu": 5, "cuda": 0, "rocm": 1, "xpu": 2}
+    assert g.in_flight == {"cpu": 1, "cuda": 1, "rocm": 0, "xpu": 0}
+    # rocm and xpu have jobs waiting and no worker: what TorchfarmNoWorkerForQueuedJobs catches.
+    assert g.workers == {"cpu": 2, "cuda": 1, "rocm": 0, "xpu": 0}
+    assert g.cache_used_bytes > 0
+    assert g.cache_evictions >= 0
+
+
+
+
+def _value(text: str, sample: str) -> float:
+    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    assert m, f"{sample} not in /metrics"
+    return float(m.group(1))
+
+
+@pytest.mark.integration
+def test_coordinator_serves_metrics(store, redis_url):
+    """A real server: RPC counts by method and code, errors, the farm gauges, build info."""
+    store.heartbeat("w1", ["cpu"], "b", ttl_s=30)
+    grpc_port, metrics_port = free_port(), free_port()
+    settings = CoordinatorSettings(
+        listen=f"127.0.0.1:{grpc_port}", cache_url=redis_url, broker_url=redis_url,
+        metrics_port=metrics_port, grace_s=0.5,
+    )
+
+    async def scenario() -> str:
+        stop = asyncio.Event()
+        server = asyncio.create_task(serve(settings, stop, dispatcher=_Broker({"cpu": 4}, set())))
+        async with grpc.aio.insecure_channel(settings.listen) as ch:
+            await ch.channel_ready()
+            stub = farm_pb2_grpc.CompileFarmStub(ch)
+            await stub.GetFarmStatus(farm_pb2.FarmStatusRequest(), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.GetJob(farm_pb2.JobRef(key="0" * 64), timeout=5)
+            bad = relu_request()
+            bad.target.device = "tpu"
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.Submit(bad, timeout=5)
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+            .read().decode()
+        )
+        stop.set()
+        await server
+        return text
+
+    text = asyncio.run(scenario())
+    assert _value(text, 'torchfarm_rpcs_total{code="OK",method="GetFarmStatus"}') >= 1
+    assert _value(text, 'torchfarm_rpcs_total{code="NOT_FOUND",method="GetJob"}') >= 1
+    assert _value(text, 'torchfarm_rpcs_total{code="INVALID_ARGUMENT",method="Submit"}') >= 1
+    assert _value(text, 'torchfarm_rpc_errors_total{code="NOT_FOUND"}') >= 1
+    assert _value(text, 'torchfarm_requests_total{outcome="invalid"}') >= 1
+    assert _value(text, 'torchfarm_requests_total{outcome="hit"}') >= 0
+    assert _value(text, "torchfarm_backend_up") == 1
+    assert _value(text, 'torchfarm_queue_depth{device="cpu",kind="graph",queue="cpu"}') == 4
+    assert _value(text, 'torchfarm_workers{device="cpu",kind="graph",queue="cpu"}') == 1
+    assert re.search(r'^torchfarm_build_info\{component="coordinator",.*version="[^"]+"', text, re.M)

@@ -1,0 +1,96 @@
+"""Safe worker drain, with real processes: SIGTERM to a Celery worker's main process in
+the middle of a compile.
+
+Celery's warm shutdown must let the running compile finish (the client gets a correct
+artifact, from the first delivery), take no new job (one submitted during the drain
+stays in the broker), and the job left behind must not be lost: the next worker runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import pytest
+import redis
+
+from tests.conftest import ROOT
+from tests.ops.farm import foreign_build_request, wait_for
+from torchfarm.stack import LocalStack
+from torchfarm.store import JobState
+from torchfarm.v1 import farm_pb2_grpc
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+_COMPILE = textwrap.dedent(
+    """
+    import torch, sdk
+    from examples.models import make_mlp
+    model, (x,) = make_mlp()
+    compiled = sdk.compile(model, remote={address!r}, fallback="error")
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    print("COMPILED-OK")
+    """
+)
+
+
+def test_sigterm_mid_compile_drains_the_worker(tmp_path):
+    with LocalStack(workers=1, workdir=tmp_path / "stack") as stack:
+        store = stack.store()
+        client = subprocess.Popen(
+            [sys.executable, "-c", _COMPILE.format(address=stack.address)],
+            env={**os.environ, "PYTHONPATH": str(ROOT),
+                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "client-inductor")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            job = wait_for(
+                "the compile to start",
+                lambda: next((j for j in store.recent_jobs()
+                              if j.state == JobState.RUNNING and j.stage == "compile"), None),
+                timeout_s=300,
+            )
+            worker = stack.procs["worker0"]
+            os.kill(worker.pid, signal.SIGTERM)  # the main process only, as Kubernetes does
+
+            # A job submitted during the drain: the draining worker must leave it queued.
+            with grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as ch:
+                stub = farm_pb2_grpc.CompileFarmStub(ch)
+                late = stub.Submit(foreign_build_request(store, "late"), timeout=10).key
+
+            out, err = client.communicate(timeout=600)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.communicate()
+        assert client.returncode == 0 and "COMPILED-OK" in out, err[-4000:]
+
+        assert worker.wait(timeout=120) == 0, "the worker did not stop by itself after its job"
+        log = (stack.workdir / "worker0.log").read_text(errors="replace")
+        assert "Warm shutdown" in log
+        done = store.get_job(job.key)
+        assert done.state == JobState.SUCCEEDED
+        assert done.attempts == 1, "the compile was redelivered instead of finished by the drain"
+        assert done.worker == "cpu0"
+
+        # The late job was never taken, and is still in the broker for the next worker.
+        assert store.get_job(late).state == JobState.QUEUED
+        assert store.get_job(late).attempts == 0
+        queue = store.get_job(late).queue
+        assert redis.Redis.from_url(stack.broker_url).llen(queue) == 1
+
+        stack.start_worker(1)
+        finished = wait_for(
+            "the next worker to run the late job",
+            lambda: (j := store.get_job(late)) and j.state in JobState.TERMINAL and j,
+            timeout_s=120,
+        )
+        assert finished.worker == "cpu1" and finished.attempts == 1
+        # The late request asks for another torch build, which the worker refuses at once.
+        assert finished.error_code == "BUILD_MISMATCH"

@@ -1,0 +1,30 @@
+"""`torchfarm up --metrics-port P`: the coordinator on P, worker i on P + 1 + i."""
+
+from __future__ import annotations
+
+from torchfarm.stack import LocalStack
+
+
+def test_metrics_ports_and_multiprocess_dirs(tmp_path):
+    stack = LocalStack(workers=2, metrics_port=9100, workdir=tmp_path)
+    assert stack.env()["TORCHFARM_METRICS_PORT"] == "9100"  # the coordinator's
+    assert [stack.worker_metrics_port(i) for i in range(2)] == [9101, 9102]
+    off = LocalStack(workers=2, workdir=tmp_path)
+    assert off.worker_metrics_port(1) == 0
+
+
+def test_worker_environment(tmp_path, monkeypatch):
+    stack = LocalStack(workers=2, metrics_port=9100, workdir=tmp_path)
+    seen = {}
+    monkeypatch.setattr(stack, "_spawn", lambda name, cmd, env=None: seen.setdefault(name, env))
+    stack.start_worker(1)
+    env = seen["worker1"]
+    assert env["TORCHFARM_METRICS_PORT"] == "9102"
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "worker1" / "metrics")
+
+    off = LocalStack(workers=1, workdir=tmp_path)
+    monkeypatch.setattr(off, "_spawn", lambda name, cmd, env=None: seen.__setitem__(name, env))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    off.start_worker(0)
+    assert seen["worker0"]["TORCHFARM_METRICS_PORT"] == "0"
+    assert "PROMETHEUS_MULTIPROC_DIR" not in seen["worker0"]
