@@ -1,34 +1,117 @@
-"""Which Celery queue serves which target.
+"""Which Celery queue serves which job: one queue per exact target and job kind.
 
-One queue per device kind today ("cpu", "cuda", ...). A worker that takes a job still
-checks the exact fingerprint (ISA, compiler, torch build) and refuses a mismatch, so a
-coarse queue can never produce an artifact for the wrong target.
+    graph compiles    cpu.avx512   cuda.sm_90   rocm.gfx942   mps   xpu.<name>
+    Triton kernels    kernels.cuda.sm_90        kernels.rocm.gfx942
+
+The queue name is the target's text form with ":" turned into "." (Celery and KEDA
+are happiest with dotted names), so a queue names its target and back. A worker
+consumes exactly the queues of the targets it registered (workers/serving.py), and it
+still checks the full build fingerprint (torch build, compiler) of each job, so a job
+can never produce an artifact for another machine than the one that asked.
+
+Graph compiles and kernel compiles have separate queues because a CPU-only worker can
+compile Triton kernels for a GPU (Triton takes an explicit target), but cannot lower a
+graph for one: the CPU build of torch has no CUDA device (docs/targets.md).
 """
 
 from __future__ import annotations
 
+from torchfarm import targets
+from torchfarm.targets import DEVICES, Target, TargetError
 from torchfarm.v1 import farm_pb2
 
-DEVICES = ("cpu", "cuda", "rocm", "mps", "xpu")
-"""Device kinds the farm knows. Anything else is rejected as INVALID_ARGUMENT."""
+__all__ = [
+    "COMPILE_TASK", "DEVICES", "GRAPH", "KERNEL", "KERNEL_TASK", "UnknownDevice",
+    "describe", "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "target_of",
+    "target_of_queue", "unserved_message",
+]
 
 COMPILE_TASK = "torchfarm.compile"
-"""The Celery task name the coordinator sends and workers register."""
+"""The Celery task name of a graph compile; its one argument is the cache key."""
+
+KERNEL_TASK = "torchfarm.compile_kernel"
+"""The Celery task name of a Triton kernel compile; its one argument is the kernel key."""
+
+GRAPH = "graph"
+"""Job kind: an FX graph lowered by Inductor (needs the target's torch device)."""
+
+KERNEL = "kernel"
+"""Job kind: one Triton kernel compiled to a binary (needs only Triton)."""
+
+KERNEL_QUEUE_PREFIX = "kernels."
+"""Queues of kernel jobs are the target's queue name under this prefix."""
+
+UnknownDevice = TargetError
+"""Raised for a target the farm cannot route (kept under its old name for callers)."""
 
 
-class UnknownDevice(ValueError):
-    pass
+def target_of(msg: farm_pb2.Target, what: str = "a compile") -> Target:
+    """The exact target of a `torchfarm.v1.Target` message; TargetError otherwise."""
+    return targets.require_exact(targets.from_proto(msg), what)
 
 
-def queue_for(target: farm_pb2.Target) -> str:
-    if target.device not in DEVICES:
-        raise UnknownDevice(
-            f"unknown device {target.device!r}; the farm knows {', '.join(DEVICES)}"
+def queue_name(target: Target, kind: str = GRAPH) -> str:
+    """"cuda:sm_90" → "cuda.sm_90" (graph) or "kernels.cuda.sm_90" (kernel)."""
+    if kind not in (GRAPH, KERNEL):
+        raise ValueError(f"unknown job kind {kind!r}")
+    if kind == KERNEL and target.device not in targets.KERNEL_DEVICES:
+        raise TargetError(
+            f"the farm compiles Triton kernels for {', '.join(targets.KERNEL_DEVICES)} "
+            f"targets, not {target}"
         )
-    return target.device
+    base = str(target).replace(":", ".", 1)
+    return KERNEL_QUEUE_PREFIX + base if kind == KERNEL else base
 
 
-def describe(target: farm_pb2.Target) -> str:
-    """A short human name for a target, for error messages: "cpu:avx512", "cuda:sm_90"."""
-    detail = target.arch or target.isa
-    return f"{target.device}:{detail}" if detail else target.device
+def queue_for(msg: farm_pb2.Target, kind: str = GRAPH) -> str:
+    """The queue for a request's `Target` message. Raises TargetError (INVALID_ARGUMENT)."""
+    return queue_name(target_of(msg, "a kernel compile" if kind == KERNEL else "a compile"), kind)
+
+
+def job_kind_of_queue(name: str) -> str:
+    return KERNEL if name.startswith(KERNEL_QUEUE_PREFIX) else GRAPH
+
+
+def target_of_queue(name: str) -> Target:
+    """The inverse of `queue_name`: "kernels.rocm.gfx942" → rocm:gfx942."""
+    base = name.removeprefix(KERNEL_QUEUE_PREFIX)
+    device, _, detail = base.partition(".")
+    return targets.make(device, detail)
+
+
+def served_targets(worker: dict) -> dict[str, set[str]]:
+    """Target text → job kinds, from one worker's heartbeat record.
+
+    A record without "targets" (a worker from before exact targets) is read from its
+    queue names; a queue that names no exact target ("cpu") serves nothing routable.
+    """
+    if "targets" in worker:
+        return {t: set(kinds) for t, kinds in worker["targets"].items()}
+    served: dict[str, set[str]] = {}
+    for queue in worker.get("queues", ()):
+        try:
+            target = target_of_queue(queue)
+        except TargetError:
+            continue
+        if target.exact:
+            served.setdefault(str(target), set()).add(job_kind_of_queue(queue))
+    return served
+
+
+def unserved_message(target: str, kind: str, workers: dict[str, dict]) -> str:
+    """Why `target` cannot be served, naming it and what the live workers do serve."""
+    live: dict[str, set[str]] = {}
+    for w in workers.values():
+        for t, kinds in served_targets(w).items():
+            live.setdefault(t, set()).update(kinds)
+    what = "compiles graphs" if kind == GRAPH else "compiles Triton kernels"
+    if not live:
+        return f"no live worker {what} for target {target}; no worker is live"
+    listed = ", ".join(f"{t} ({'+'.join(sorted(k))})" for t, k in sorted(live.items()))
+    return f"no live worker {what} for target {target}; live targets: {listed}"
+
+
+def describe(msg: farm_pb2.Target) -> str:
+    """A short human name for a target message, for errors: "cpu:avx512", "cuda:sm_90"."""
+    detail = msg.isa if msg.device == "cpu" else msg.arch
+    return f"{msg.device}:{detail}" if detail else msg.device

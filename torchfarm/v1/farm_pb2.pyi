@@ -158,16 +158,35 @@ class FarmStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("name", "queue", "last_seen_seconds", "build")
+    __slots__ = ("name", "queue", "last_seen_seconds", "build", "targets", "fingerprint")
+    class FingerprintEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BUILD_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     last_seen_seconds: float
     build: str
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., last_seen_seconds: _Optional[float] = ..., build: _Optional[str] = ...) -> None: ...
+    targets: _containers.RepeatedCompositeFieldContainer[ServedTarget]
+    fingerprint: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., last_seen_seconds: _Optional[float] = ..., build: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[ServedTarget, _Mapping]]] = ..., fingerprint: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ServedTarget(_message.Message):
+    __slots__ = ("target", "jobs")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, target: _Optional[str] = ..., jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
     __slots__ = ("name", "queued", "running")
@@ -194,3 +213,61 @@ class FarmStatus(_message.Message):
     coordinator_version: str
     recent_jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., artifacts: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., coordinator_version: _Optional[str] = ..., recent_jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class KernelRequest(_message.Message):
+    __slots__ = ("source", "name", "signature", "constexprs", "target", "options", "triton_version", "label")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CONSTEXPRS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    TRITON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    name: str
+    signature: _containers.RepeatedCompositeFieldContainer[KernelArg]
+    constexprs: _containers.RepeatedCompositeFieldContainer[Option]
+    target: Target
+    options: KernelOptions
+    triton_version: str
+    label: str
+    def __init__(self, source: _Optional[str] = ..., name: _Optional[str] = ..., signature: _Optional[_Iterable[_Union[KernelArg, _Mapping]]] = ..., constexprs: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., options: _Optional[_Union[KernelOptions, _Mapping]] = ..., triton_version: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
+
+class KernelArg(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class KernelOptions(_message.Message):
+    __slots__ = ("num_warps", "num_stages")
+    NUM_WARPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STAGES_FIELD_NUMBER: _ClassVar[int]
+    num_warps: int
+    num_stages: int
+    def __init__(self, num_warps: _Optional[int] = ..., num_stages: _Optional[int] = ...) -> None: ...
+
+class KernelReply(_message.Message):
+    __slots__ = ("key", "cache_hit", "kind", "binary", "assembly", "metadata_json", "triton_version", "worker", "compile_seconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
+    ASSEMBLY_FIELD_NUMBER: _ClassVar[int]
+    METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRITON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    cache_hit: bool
+    kind: str
+    binary: bytes
+    assembly: str
+    metadata_json: str
+    triton_version: str
+    worker: str
+    compile_seconds: float
+    def __init__(self, key: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., kind: _Optional[str] = ..., binary: _Optional[bytes] = ..., assembly: _Optional[str] = ..., metadata_json: _Optional[str] = ..., triton_version: _Optional[str] = ..., worker: _Optional[str] = ..., compile_seconds: _Optional[float] = ...) -> None: ...

@@ -59,6 +59,11 @@ class CompileFarmStub:
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.FarmStatusRequest.SerializeToString,
                 response_deserializer=torchfarm_dot_v1_dot_farm__pb2.FarmStatus.FromString,
                 _registered_method=True)
+        self.CompileKernel = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/CompileKernel',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
+                _registered_method=True)
 
 
 class CompileFarmServicer:
@@ -100,6 +105,15 @@ class CompileFarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompileKernel(self, request, context):
+        """Compiles one Triton kernel for an explicit GPU target and returns its binary.
+        Answered from the kernel cache, or by a worker on the target's kernel queue;
+        that worker needs no GPU (docs/targets.md). Idempotent on the kernel key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompileFarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +141,11 @@ def add_CompileFarmServicer_to_server(servicer, server):
                     servicer.GetFarmStatus,
                     request_deserializer=torchfarm_dot_v1_dot_farm__pb2.FarmStatusRequest.FromString,
                     response_serializer=torchfarm_dot_v1_dot_farm__pb2.FarmStatus.SerializeToString,
+            ),
+            'CompileKernel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileKernel,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +283,33 @@ class CompileFarm:
             '/torchfarm.v1.CompileFarm/GetFarmStatus',
             torchfarm_dot_v1_dot_farm__pb2.FarmStatusRequest.SerializeToString,
             torchfarm_dot_v1_dot_farm__pb2.FarmStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompileKernel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/CompileKernel',
+            torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
             options,
             channel_credentials,
             insecure,

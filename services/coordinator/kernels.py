@@ -1,0 +1,170 @@
+"""The coordinator's kernel path: one Triton kernel → its binary, free of gRPC and torch.
+
+compile: check the request (target, source structure, signature, options) → pick the
+Triton version → derive the kernel key → answer from the kernel cache → or join the
+in-flight job → or, if a live worker serves the target's kernel queue, create the job
+and queue it → wait for the job's record to end → read the binary from the cache.
+
+It shares the job board, the blob store and the dispatcher with graph compiles
+(services/coordinator/farm.py); a kernel job lives on `kernels.<target>` queues
+(torchfarm/routing.py) and its record under `tf:kernel:<key>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+from services.coordinator.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    NoWorker,
+    RequestTooLarge,
+)
+from services.coordinator.farm import Farm
+from torchfarm import kernelcheck, keys, routing
+from torchfarm.store import JobState, Store
+from torchfarm.targets import TargetError
+from torchfarm.v1 import farm_pb2
+
+log = logging.getLogger(__name__)
+
+KERNEL_WAIT_S = 120.0
+"""How long a CompileKernel call waits for the worker before answering UNAVAILABLE."""
+
+CLIENT_ERRORS = frozenset({"INVALID_KERNEL", "KERNEL_COMPILE_ERROR"})
+"""Failure codes caused by the kernel itself: answered INVALID_ARGUMENT, never retried."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    key: str
+    cache_hit: bool
+    record: dict
+    binary: bytes
+    assembly: str
+
+
+class KernelService:
+    def __init__(self, farm: Farm, wait_s: float = KERNEL_WAIT_S):
+        self.farm = farm
+        self.wait_s = wait_s
+
+    async def compile(
+        self, request: farm_pb2.KernelRequest, size: int, namespace: str = ""
+    ) -> CompiledKernel:
+        settings = self.farm.settings
+        if size > settings.max_request_bytes:
+            raise RequestTooLarge(
+                f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
+            )
+        try:
+            target = routing.target_of(request.target, "a kernel compile")
+            queue = routing.queue_name(target, routing.KERNEL)
+            checked = kernelcheck.check_kernel_source(request.source, request.name)
+            kernelcheck.check_signature(request, checked)
+            kernelcheck.check_options(request.options)
+        except (TargetError, kernelcheck.KernelRejected) as e:
+            raise InvalidRequest(str(e), reason="INVALID_KERNEL") from e
+        workers = await self.farm._io(self.farm.store.live_workers)
+        request = _with_triton_version(request, str(target), workers)
+        key = keys.compute_kernel_key(request, namespace)
+        store = self.farm.store.tenant(namespace)
+        hit = await self.farm._io(self._start, store, key, queue, request, namespace)
+        if not hit:
+            await self._wait(store, key)
+        record = await self.farm._io(store.get_kernel, key)
+        if record is None:
+            raise BackendUnavailable(f"kernel {keys.short(key)} was evicted before it was read")
+        binary = await self.farm._io(store.get_blob, record["binary"]["digest"])
+        assembly = b""
+        if record.get("assembly"):
+            assembly = await self.farm._io(store.get_blob, record["assembly"]["digest"]) or b""
+        if binary is None:
+            raise BackendUnavailable(f"kernel {keys.short(key)} was evicted before it was read")
+        log.info(
+            "kernel key=%s target=%s name=%s hit=%s label=%s",
+            keys.short(key), target, request.name, hit, request.label,
+        )
+        return CompiledKernel(key, hit, record, binary, assembly.decode(errors="replace"))
+
+    def _start(
+        self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, namespace: str
+    ) -> bool:
+        """True on a cache hit; otherwise makes sure a job for `key` is queued or running."""
+        if store.get_kernel(key) is not None:
+            return True
+        job = store.get_job(key)
+        if job is not None and (self.farm._is_stale(job) or job.state == JobState.SUCCEEDED):
+            store.delete_job(key)  # stuck, or done but its record was evicted
+            job = None
+        if job is not None:
+            return False  # join it; a failed one answers at once in _wait
+        store.put_kernel_request(key, request.SerializeToString(), self.farm.settings.request_ttl_s)
+        if store.create_job(key, queue, request.label, self.farm.settings.job_ttl_s):
+            try:
+                self.farm.dispatcher.send_kernel(key, queue, namespace)
+            except Exception:
+                store.delete_job(key)
+                raise
+        return False
+
+    async def _wait(self, store: Store, key: str) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            job = await self.farm._io(store.get_job, key)
+            if job is None:
+                if await self.farm._io(store.get_kernel, key) is not None:
+                    return
+                raise BackendUnavailable(f"kernel job {keys.short(key)} vanished")
+            if job.state == JobState.SUCCEEDED:
+                return
+            if job.state == JobState.FAILED:
+                message = f"{job.error_code}: {job.message}"
+                if job.error_code in CLIENT_ERRORS:
+                    raise InvalidRequest(message, reason=job.error_code)
+                raise BackendUnavailable(message, reason=job.error_code or "KERNEL_FAILED")
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    f"kernel {keys.short(key)} did not compile within {self.wait_s:.0f}s "
+                    f"(state {job.state})", reason="KERNEL_TIMEOUT",
+                )
+            await asyncio.sleep(self.farm.settings.poll_interval_s)
+
+
+def _with_triton_version(
+    request: farm_pb2.KernelRequest, target: str, workers: dict[str, dict]
+) -> farm_pb2.KernelRequest:
+    """The request, with the Triton version of a live worker that will compile it.
+
+    A client that names a version gets exactly that or UNAVAILABLE; one that names
+    none gets the newest version a live worker for the target runs. Either way the
+    version is in the key, since the binary depends on it.
+    """
+    versions = sorted(
+        {
+            w.get("fingerprint", {}).get("triton_version", "")
+            for w in workers.values()
+            if routing.KERNEL in routing.served_targets(w).get(target, ())
+        },
+        key=_version_key,
+    )
+    if not versions:
+        raise NoWorker(routing.unserved_message(target, routing.KERNEL, workers))
+    wanted = request.triton_version
+    if wanted and wanted not in versions:
+        raise NoWorker(
+            f"no live worker compiles kernels for {target} with Triton {wanted} "
+            f"(live: {', '.join(v or '?' for v in versions)})"
+        )
+    out = farm_pb2.KernelRequest()
+    out.CopyFrom(request)
+    out.triton_version = wanted or versions[-1]
+    return out
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.+-]", version))

@@ -1,0 +1,163 @@
+"""The coordinator's routing against a real redis-server: each job goes to the queue of
+its exact target, and a target no live worker serves is UNAVAILABLE at once, named.
+
+The kernel path here runs the worker's job function in a thread instead of Celery; the
+real gRPC + Celery path is in test_kernel_rpc.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from services.coordinator.errors import BackendUnavailable, InvalidRequest, NoWorker
+from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.kernels import KernelService
+from services.coordinator.settings import CoordinatorSettings
+from tests.requests import relu_request
+from torchfarm import kernelreq
+from workers.kernel_job import KernelContext, run_kernel_job
+
+pytestmark = pytest.mark.integration
+
+SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
+
+
+class InlineDispatcher(Dispatcher):
+    """Records graph jobs; runs kernel jobs with the worker's own function, in a thread."""
+
+    def __init__(self, kernel_ctx: KernelContext | None = None):
+        self.sent: list[tuple[str, str]] = []
+        self.kernel_ctx = kernel_ctx
+
+    def send(self, key: str, queue: str, namespace: str = "") -> None:
+        self.sent.append((key, queue))
+
+    def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
+        self.sent.append((key, queue))
+        if self.kernel_ctx is not None:
+            threading.Thread(target=run_kernel_job, args=(key, self.kernel_ctx, namespace)).start()
+
+    def depth(self, queue: str) -> int:
+        return 0
+
+
+def gpu_request(arch: str, device: str = "cuda"):
+    req = relu_request()
+    req.target.device, req.target.arch = device, arch
+    return req
+
+
+@pytest.fixture
+def fleet(store):
+    store.heartbeat("cpu-1", ["cpu.avx512"], "b", 30, targets={"cpu:avx512": ["graph"]})
+    store.heartbeat(
+        "h100-1", ["cuda.sm_90", "kernels.cuda.sm_90"], "b", 30,
+        targets={"cuda:sm_90": ["graph", "kernel"]}, fingerprint={"triton_version": "3.7.0"},
+    )
+    store.heartbeat(
+        "cpu-kernels", ["kernels.rocm.gfx942"], "b", 30,
+        targets={"rocm:gfx942": ["kernel"]}, fingerprint={"triton_version": "3.7.0"},
+    )
+    return store
+
+
+def test_graph_jobs_go_to_their_exact_target_queue(fleet):
+    farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
+    for req, queue in [(relu_request(isa="avx512"), "cpu.avx512"), (gpu_request("sm_90"), "cuda.sm_90")]:
+        asyncio.run(farm.submit(req, req.ByteSize()))
+        assert farm.dispatcher.sent[-1][1] == queue
+
+
+@pytest.mark.parametrize(
+    "req, named",
+    [
+        (relu_request(isa="avx2"), "cpu:avx2"),
+        (gpu_request("sm_80"), "cuda:sm_80"),
+        (gpu_request("gfx942", "rocm"), "rocm:gfx942"),  # served for kernels only
+    ],
+)
+def test_unserved_graph_target_is_unavailable_at_once(fleet, req, named):
+    farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
+    t0 = time.monotonic()
+    with pytest.raises(NoWorker, match=f"compiles graphs for target {named}") as e:
+        asyncio.run(farm.submit(req, req.ByteSize()))
+    assert time.monotonic() - t0 < 1.0
+    assert "live targets: cpu:avx512 (graph), cuda:sm_90 (graph+kernel), rocm:gfx942 (kernel)" in str(e.value)
+    assert farm.dispatcher.sent == []
+
+
+def test_inexact_target_is_invalid(fleet):
+    farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
+    req = relu_request()
+    req.target.isa = ""
+    with pytest.raises(InvalidRequest, match="not exact"):
+        asyncio.run(farm.submit(req, req.ByteSize()))
+
+
+def _kernel(target: str, triton_version: str | None = "3.7.0"):
+    return kernelreq.build_kernel_request(
+        SOURCE, "add_kernel", target=target, signature="*fp32,*fp32,*fp32,i32,constexpr",
+        constexprs={"BLOCK": 64}, triton_version=triton_version,
+    )
+
+
+def test_kernel_jobs_route_compile_and_hit(fleet):
+    ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
+                        triton_version="3.7.0")
+    farm = Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx))
+    service = KernelService(farm, wait_s=60)
+    req = _kernel("rocm:gfx942", triton_version="")  # "": the farm's version
+    first = asyncio.run(service.compile(req, req.ByteSize()))
+    assert farm.dispatcher.sent == [(first.key, "kernels.rocm.gfx942")]
+    assert not first.cache_hit and first.binary[:4] == b"\x7fELF"
+    assert first.record["triton_version"] == "3.7.0" and first.record["target"] == "rocm:gfx942"
+    again = asyncio.run(service.compile(req, req.ByteSize()))
+    assert again.cache_hit and again.key == first.key and again.binary == first.binary
+    assert len(farm.dispatcher.sent) == 1
+
+
+def test_unserved_kernel_target_or_version_is_unavailable_at_once(fleet):
+    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    for req, message in [
+        (_kernel("cuda:sm_80"), "compiles Triton kernels for target cuda:sm_80"),
+        (_kernel("rocm:gfx90a"), "compiles Triton kernels for target rocm:gfx90a"),
+        (_kernel("cuda:sm_90", "3.6.0"), "cuda:sm_90 with Triton 3.6.0 \\(live: 3.7.0\\)"),
+    ]:
+        t0 = time.monotonic()
+        with pytest.raises(NoWorker, match=message):
+            asyncio.run(service.compile(req, req.ByteSize()))
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_bad_kernels_are_invalid_on_the_coordinator(fleet):
+    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    req = _kernel("rocm:gfx942")
+    req.source = "import os\n" + req.source
+    with pytest.raises(InvalidRequest, match="import of 'os'"):
+        asyncio.run(service.compile(req, req.ByteSize()))
+    req = _kernel("rocm:gfx942")
+    req.target.device = "cpu"
+    with pytest.raises(InvalidRequest, match="not exact|Triton kernels for cuda, rocm"):
+        asyncio.run(service.compile(req, req.ByteSize()))
+
+
+def test_kernel_compile_errors_come_back_as_invalid(fleet):
+    ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
+                        triton_version="3.7.0")
+    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx)))
+    req = _kernel("rocm:gfx942")
+    req.source = req.source.replace("tl.store(", "tl.no_such_builtin(")
+    with pytest.raises(InvalidRequest, match="INVALID_KERNEL: .*no attribute 'no_such_builtin'"):
+        asyncio.run(service.compile(req, req.ByteSize()))
+
+
+def test_a_kernel_job_nobody_takes_times_out(fleet):
+    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher()), wait_s=0.3)
+    req = _kernel("cuda:sm_90")
+    with pytest.raises(BackendUnavailable, match="did not compile within"):
+        asyncio.run(service.compile(req, req.ByteSize()))

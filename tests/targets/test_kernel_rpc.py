@@ -1,0 +1,134 @@
+"""Through the real parts: redis-server, the gRPC coordinator and a Celery worker started
+as `--targets local,cuda:sm_90,cuda:sm_80,rocm:gfx942` on this CPU-only machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import sdk
+from sdk.target import local_target
+from tests.requests import relu_request
+from torchfarm import elf, kernelreq
+from torchfarm.stack import LocalStack
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+KERNEL_FILE = Path(__file__).parent / "kernels" / "add_kernel.py"
+SOURCE = KERNEL_FILE.read_text()
+SIGNATURE = "*fp32,*fp32,*fp32,i32,constexpr"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpu_kernel_stack(tmp_path_factory):
+    env = {"TORCHFARM_TARGETS": "local,cuda:sm_90,cuda:sm_80,rocm:gfx942"}
+    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env) as s:
+        yield s
+
+
+@pytest.fixture
+def stub(gpu_kernel_stack):
+    with grpc.insecure_channel(gpu_kernel_stack.address.removeprefix("grpc://")) as channel:
+        yield farm_pb2_grpc.CompileFarmStub(channel)
+
+
+def test_worker_registers_its_targets_and_queues(gpu_kernel_stack, stub):
+    cpu = str(local_target("cpu"))
+    (worker,) = stub.GetFarmStatus(farm_pb2.FarmStatusRequest(), timeout=5).workers
+    served = {t.target: list(t.jobs) for t in worker.targets}
+    assert served == {cpu: ["graph"], "cuda:sm_90": ["kernel"], "cuda:sm_80": ["kernel"], "rocm:gfx942": ["kernel"]}
+    assert worker.queue.split(",") == [
+        cpu.replace(":", "."), "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942",
+    ]
+    assert worker.fingerprint["triton_version"] and worker.fingerprint["isa"] == local_target("cpu").isa
+
+
+@pytest.mark.parametrize("target, machine, mach", [
+    ("cuda:sm_90", elf.EM_CUDA, 90), ("cuda:sm_80", elf.EM_CUDA, 80), ("rocm:gfx942", elf.EM_AMDGPU, 0x04C),
+])
+def test_kernel_rpc_returns_a_binary_for_the_arch(gpu_kernel_stack, target, machine, mach):
+    k = sdk.compile_kernel(
+        SOURCE, "add_kernel", target=target, signature=SIGNATURE, constexprs={"BLOCK": 1024},
+        remote=gpu_kernel_stack.address,
+    )
+    info = elf.inspect_binary(k.binary)
+    assert info.machine == machine
+    assert (info.flags & 0xFF) == mach or (info.flags >> 8) & 0xFF == mach
+    assert k.target == target and k.worker == "cpu0" and not k.cache_hit
+    again = sdk.compile_kernel(
+        SOURCE, "add_kernel", target=target, signature=SIGNATURE, constexprs={"BLOCK": 1024},
+        remote=gpu_kernel_stack.address,
+    )
+    assert again.cache_hit and again.binary == k.binary and again.key == k.key
+
+
+def _elapsed_error(call) -> tuple[grpc.RpcError, float]:
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value, time.monotonic() - t0
+
+
+def test_unserved_targets_are_unavailable_within_a_second(stub):
+    gpu_graph = relu_request()
+    gpu_graph.target.device, gpu_graph.target.arch = "cuda", "sm_90"  # kernels only here
+    err, seconds = _elapsed_error(lambda: stub.Submit(gpu_graph, timeout=5))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and seconds < 1.0
+    assert "compiles graphs for target cuda:sm_90" in err.details()
+
+    kernel = kernelreq.build_kernel_request(
+        SOURCE, "add_kernel", target="cuda:sm_100", signature=SIGNATURE, constexprs={"BLOCK": 64},
+    )
+    err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and seconds < 1.0
+    assert "Triton kernels for target cuda:sm_100" in err.details()
+
+
+def test_rejected_kernels_never_reach_a_worker(stub):
+    kernel = kernelreq.build_kernel_request(
+        SOURCE, "add_kernel", target="cuda:sm_90", signature=SIGNATURE, constexprs={"BLOCK": 64},
+    )
+    kernel.source = kernel.source.replace("pid = tl.program_id(0)", "pid = getattr(tl, 'core')")
+    err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'getattr'" in err.details()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchfarm.cli", *args], capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_cli_kernel_compile_and_status(gpu_kernel_stack, tmp_path):
+    out = tmp_path / "add.hsaco"
+    meta = tmp_path / "add.json"
+    p = _cli(
+        "kernel", "compile", f"{KERNEL_FILE}::add_kernel", "--target", "rocm:gfx942",
+        "--signature", "x_ptr=*fp16,y_ptr=*fp16,out_ptr=*fp16,n=i32,BLOCK=constexpr",
+        "--constexpr", "BLOCK=256", "--num-warps", "4", "-o", str(out), "--metadata", str(meta),
+        "--remote", gpu_kernel_stack.address,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "hsaco for rocm:gfx942 (gfx942)" in p.stdout
+    assert elf.check_binary(out.read_bytes(), "rocm", "gfx942").arch == "gfx942"
+    assert json.loads(meta.read_text())["num_warps"] == 4
+
+    p = _cli("kernel", "compile", f"{KERNEL_FILE}::add_kernel", "--target", "cpu:avx2",
+             "--signature", SIGNATURE, "--constexpr", "BLOCK=256", "--remote", gpu_kernel_stack.address)
+    assert p.returncode == 2 and "kernels compile for cuda, rocm targets" in p.stderr
+
+    p = _cli("status", "--remote", gpu_kernel_stack.address)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines() if line.startswith(("cpu:", "cuda:", "rocm:"))}
+    assert rows["cuda:sm_90"] == ["-", "cpu0"] and rows["rocm:gfx942"] == ["-", "cpu0"]
+    assert rows[str(local_target("cpu"))] == ["cpu0", "-"]
