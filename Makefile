@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast proto proto-check bench clean
+.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-load fuzz clean
 
 setup:
 	@./scripts/setup.sh
@@ -25,6 +25,19 @@ proto-check: setup
 
 bench: setup
 	$(PY) bench/compile_bench.py
+
+# N client processes against a local farm with tokens and signed artifacts (bench/load.py).
+bench-load: setup
+	$(PY) bench/load.py $(LOAD_ARGS)
+
+# Workers, Redis and the coordinator killed on purpose; figures printed at the end.
+test-faults: setup
+	$(PY) -m pytest -q -p no:cacheprovider -s tests/faults
+
+# Coverage-guided fuzzing of the graph validator and decoder (atheris), FUZZ_SECONDS long.
+FUZZ_SECONDS ?= 300
+fuzz: setup
+	$(PY) tests/fuzz/atheris_graph.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .fuzz-corpus
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

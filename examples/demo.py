@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +38,8 @@ def main() -> None:
         tmp = Path(tmp)
         with LocalStack(workers=1, workdir=tmp / "stack") as stack:
             print(f"local stack up at {stack.address}", flush=True)
+            # The farm processes pin the stack's signing key: every load verifies a signature.
+            os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = stack.client_env()["TORCHFARM_TRUSTED_KEYS_FILE"]
             print("1/4 local cold ...", flush=True)
             local_cold = run_case(args.model, "local", tmp / "local")
             print("2/4 farm cold ...", flush=True)

@@ -26,8 +26,11 @@ def run_case(
     check: bool = False,
     env: dict[str, str] | None = None,
     python: str = sys.executable,
+    device: str = "cpu",
 ) -> dict:
     cmd = [python, str(TRAIN), "--model", model, "--backend", backend, "--steps", str(steps)]
+    if device != "cpu":
+        cmd += ["--device", device]
     if remote:
         cmd += ["--remote", remote]
     if check:

@@ -52,11 +52,15 @@ def main() -> None:
     ap.add_argument("--fallback", choices=["local", "error"], default="error")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare loss and grads with eager")
+    ap.add_argument("--device", default="cpu", help='"cpu" or "cuda" (scripts/gpu_check.sh)')
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     model, inputs = MODELS[args.model]()
+    model = model.to(args.device)
+    inputs = tuple(x.to(args.device) for x in inputs)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     eager = copy.deepcopy(model) if args.check else None
 
     t0 = time.perf_counter()
@@ -75,12 +79,14 @@ def main() -> None:
         if step == 0:
             first_grads = grads(model)
         opt.step()
+        sync()  # GPU work is asynchronous: time it to its end
         step_times.append(time.perf_counter() - (t0 if step == 0 else s))
         losses.append(loss.item())
 
     report = {
         "model": args.model,
         "backend": args.backend,
+        "device": args.device,
         "first_step_s": step_times[0],
         "later_step_s": sorted(step_times[1:])[len(step_times[1:]) // 2] if args.steps > 1 else None,
         "loss": losses[0],

@@ -9,6 +9,8 @@ need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v g++ >/dev/null || need+=(g++)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# WITH_PROMETHEUS=1 (CI sets it): Prometheus' server and promtool, for tests/ops; without
+# them those tests skip.
 if [ "${WITH_PROMETHEUS:-0}" = 1 ] && ! command -v promtool >/dev/null; then need+=(prometheus); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -1,19 +1,26 @@
 """torchfarm SDK: `sdk.compile(model, remote="grpc://farm:50051")` where you wrote
 `torch.compile(model)`.
 
-This package imports nothing from services/ or workers/.
+This package imports nothing from services/ or workers/. `sdk.compile` is imported
+on first use, so the gRPC layer (`sdk.client`, `sdk.errors`) loads without torch.
 """
 
-from sdk.api import compile
+from typing import Any
+
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
     FarmError,
     FarmUnavailable,
     GraphRejected,
+    JobLost,
+    KernelRejected,
+    QuotaExceeded,
     RemoteCompileError,
     RequestTooLarge,
+    Unauthenticated,
 )
+from sdk.kernels import compile_kernel
 
 __all__ = [
     "ArtifactRejected",
@@ -21,7 +28,20 @@ __all__ = [
     "FarmError",
     "FarmUnavailable",
     "GraphRejected",
+    "JobLost",
+    "KernelRejected",
+    "QuotaExceeded",
     "RemoteCompileError",
     "RequestTooLarge",
+    "Unauthenticated",
     "compile",
+    "compile_kernel",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compile":
+        from sdk.api import compile
+
+        return compile
+    raise AttributeError(f"module 'sdk' has no attribute {name!r}")

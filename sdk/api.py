@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
+from sdk import target as sdk_target
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
 from torchfarm.settings import from_env
+from torchfarm.targets import TargetError
 
 _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
 
@@ -28,8 +30,13 @@ def compile(
     `remote` ("grpc://host:port", default `TORCHFARM_REMOTE`).
 
     `fallback="local"` compiles a graph locally when the farm cannot, with a warning;
-    `fallback="error"` raises `sdk.errors.FarmError` instead. `target` names the
-    target to compile for; today only the local machine ("cpu" or None) is supported.
+    `fallback="error"` raises `sdk.errors.FarmError` instead.
+
+    `target` is what to compile for (docs/targets.md): None, or an inexact kind such as
+    "cpu" or "cuda", means this machine's own (detected: CPU ISA, CUDA capability, HIP
+    gcnArchName, MPS, XPU name). An exact target this process is not, such as
+    "cuda:sm_90" on a laptop, fills the farm's cache for that fleet and runs the graphs
+    eagerly here: what the farm builds for another target cannot be loaded here.
     Used without a model, it returns a decorator, as `torch.compile` does.
     """
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
@@ -40,8 +47,10 @@ def compile(
     backend = torch_compile_kwargs.pop("backend", "inductor")
     if backend != "inductor":
         raise ConfigError(f"the farm compiles with Inductor; backend={backend!r} is not supported")
-    if target not in (None, "cpu"):
-        raise ConfigError(f"target {target!r}: this SDK compiles for the local machine only")
+    try:
+        wanted = None if target is None else sdk_target.resolve(target)
+    except TargetError as e:
+        raise ConfigError(str(e)) from e
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if mode is not None and options is not None:
@@ -58,6 +67,7 @@ def compile(
             options=options,
             dynamic=torch_compile_kwargs.get("dynamic"),
             name=name,
+            target=wanted,
         )
         return torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
 

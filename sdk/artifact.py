@@ -1,10 +1,18 @@
-"""Verify an artifact against this machine, then load it.
+"""Verify an artifact against this machine and the farm's pinned keys, then load it.
 
 An artifact is code: Inductor's loader unpickles its payload and imports generated
-modules. So nothing is deserialized until the manifest names the requested key and
-this machine's exact build fingerprint (torch build, Triton, ISA, compiler), and every
-blob matches its digest. Anything else raises ArtifactRejected and the backend falls
-back.
+modules. So nothing is deserialized until, in this order:
+
+1. the manifest parses (JSON, never pickle);
+2. its signature verifies (sdk/trust.py says when one is required): a pinned key id,
+   in date, and an Ed25519 signature over the requested key, this client's namespace,
+   the content digest, this machine's fingerprint and the manifest's other fields;
+3. it names the requested key and this client's namespace;
+4. it was built for this machine's exact fingerprint (torch build, Triton, ISA, compiler);
+5. every blob matches its digest.
+
+Anything else raises ArtifactRejected, is counted in
+`torchfarm_sdk_artifacts_rejected_total{reason}`, and the backend falls back.
 """
 
 from __future__ import annotations
@@ -13,30 +21,65 @@ from collections.abc import Callable
 
 from sdk import loader
 from sdk.errors import ArtifactRejected
+from sdk.metrics import ARTIFACTS_REJECTED
 from sdk.target import Fingerprint
+from sdk.trust import Trust
 from torchfarm.manifest import Manifest, ManifestError, check_blobs
+from torchfarm.signing import SignatureError, TrustedKeys
+
+_NO_KEYS = TrustedKeys({})
+
+
+def rejected(reason: str, message: str) -> ArtifactRejected:
+    ARTIFACTS_REJECTED.labels(reason=reason).inc()
+    return ArtifactRejected(message, reason)
 
 
 def verify(
-    manifest_bytes: bytes, blobs: dict[str, bytes], key: str, local: Fingerprint
+    manifest_bytes: bytes,
+    blobs: dict[str, bytes],
+    key: str,
+    local: Fingerprint,
+    trust: Trust | None = None,
 ) -> Manifest:
+    """The manifest, once everything above holds; ArtifactRejected otherwise.
+
+    `trust=None` means a loopback farm with no pinned keys (the unit tests' case)."""
+    trust = trust or Trust(keys=_NO_KEYS, namespace="", loopback=True)
+    if not trust.loads_anything:
+        raise rejected("untrusted_farm", "no signing keys are pinned and the farm is not on loopback")
     try:
         manifest = Manifest.from_json(manifest_bytes)
-        check_blobs(manifest, blobs)
     except ManifestError as e:
-        raise ArtifactRejected(f"artifact {key[:12]} refused: {e}") from e
-    if manifest.key != key:
-        raise ArtifactRejected(f"artifact refused: it is for key {manifest.key[:12]}, not {key[:12]}")
+        raise rejected("malformed", f"artifact {key[:12]} refused: {e}") from e
     mine = local.to_dict()
+    if trust.verifies_signatures:
+        try:
+            trust.keys.verify(manifest, key=key, tenant=trust.namespace, fingerprint=mine)
+        except SignatureError as e:
+            raise rejected(e.reason, f"artifact {key[:12]} refused: {e}") from e
+    if manifest.key != key:
+        raise rejected("mismatch", f"artifact refused: it is for key {manifest.key[:12]}, not {key[:12]}")
+    if manifest.tenant != trust.namespace:
+        raise rejected(
+            "mismatch",
+            f"artifact {key[:12]} refused: it belongs to namespace {manifest.tenant!r}, this "
+            f"client to {trust.namespace!r} (is the token right, and authentication on?)",
+        )
     diff = [
         f"{k} {manifest.fingerprint.get(k)!r} != local {v!r}"
         for k, v in mine.items()
         if manifest.fingerprint.get(k) != v
     ]
     if diff or set(manifest.fingerprint) != set(mine):
-        raise ArtifactRejected(
-            f"artifact {key[:12]} was built for another machine: {'; '.join(diff) or 'fields differ'}"
+        raise rejected(
+            "fingerprint",
+            f"artifact {key[:12]} was built for another machine: {'; '.join(diff) or 'fields differ'}",
         )
+    try:
+        check_blobs(manifest, blobs)
+    except ManifestError as e:
+        raise rejected("digest", f"artifact {key[:12]} refused: {e}") from e
     return manifest
 
 

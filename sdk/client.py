@@ -1,7 +1,13 @@
 """The SDK's thin gRPC layer: one channel per farm, deadlines, retries, status mapping.
 
-Nothing here knows about torch. Every call has a deadline; a status code becomes one
-`sdk.errors` class, so the backend decides on fallback from the class alone.
+Nothing here knows about torch. Every call has a deadline; a status code (and the
+farm's `torchfarm-reason` trailing metadata) becomes one `sdk.errors` class, so the
+backend decides on fallback from the class alone.
+
+Credentials: the tenant token goes on every call as `authorization: Bearer <token>`,
+as gRPC call credentials on a TLS channel ("grpcs://host:port", or any address with
+TORCHFARM_TLS_CA_FILE), and as plain call metadata on a plaintext one. A token sent in
+plaintext to another machine can be read on the wire: the SDK warns once.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable
 
 import grpc
@@ -19,10 +26,15 @@ from sdk.errors import (
     FarmError,
     FarmUnavailable,
     GraphRejected,
+    JobLost,
+    KernelRejected,
+    QuotaExceeded,
     RemoteCompileError,
     RequestTooLarge,
+    Unauthenticated,
 )
 from sdk.settings import SDKSettings
+from sdk.trust import is_loopback
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,51 +59,118 @@ _SERVICE_CONFIG = json.dumps(
 )
 
 
-def parse_address(remote: str) -> str:
-    """"grpc://host:port" or "host:port" → "host:port"."""
-    address = remote.removeprefix("grpc://")
+REASON_KEY = "torchfarm-reason"
+"""Trailing metadata with the farm's stable reason for an error."""
+
+
+def parse_remote(remote: str) -> tuple[str, bool]:
+    """"grpc://host:port", "grpcs://host:port" or "host:port" → ("host:port", tls)."""
+    tls = remote.startswith("grpcs://")
+    address = remote.removeprefix("grpcs://").removeprefix("grpc://")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or "/" in address:
-        raise ConfigError(f"farm address {remote!r} is not grpc://host:port")
-    return address
+        raise ConfigError(f"farm address {remote!r} is not grpc://host:port or grpcs://host:port")
+    return address, tls
+
+
+def parse_address(remote: str) -> str:
+    """"grpc://host:port", "grpcs://host:port" or "host:port" → "host:port"."""
+    return parse_remote(remote)[0]
+
+
+def _reason(e: grpc.RpcError) -> str:
+    try:
+        for k, v in e.trailing_metadata() or ():
+            if k == REASON_KEY:
+                return str(v)
+    except Exception:  # a locally generated error may carry no metadata at all
+        pass
+    return ""
 
 
 def _map_error(e: grpc.RpcError, what: str) -> FarmError:
     code = e.code()
+    reason = _reason(e) or code.name
     detail = f"{what}: {e.details()}"
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return GraphRejected(detail, code.name)
+        return GraphRejected(detail, reason)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return RequestTooLarge(detail, code.name)
+        if reason == "TENANT_QUEUE_FULL":
+            return QuotaExceeded(detail, reason)
+        return RequestTooLarge(detail, reason)
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return Unauthenticated(f"{detail} (check TORCHFARM_TOKEN)", reason)
+    if code == grpc.StatusCode.DATA_LOSS:
+        return ArtifactRejected(detail, "corrupt")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return FarmUnavailable(detail, code.name)
+        return FarmUnavailable(detail, reason)
     if code == grpc.StatusCode.NOT_FOUND:
-        return RemoteCompileError(detail, code.name)
-    return FarmUnavailable(detail, code.name)
+        return RemoteCompileError(detail, reason)
+    return FarmUnavailable(detail, reason)
+
+
+def _read(path: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+
+
+def make_channel(remote: str, settings: SDKSettings, options: list) -> tuple[grpc.Channel, tuple]:
+    """The channel to the farm, and the metadata each call must add (the token, when it
+    cannot travel as call credentials)."""
+    address, tls = parse_remote(remote)
+    tls = tls or bool(settings.tls_ca_file)
+    if tls:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(settings.tls_ca_file),
+            private_key=_read(settings.tls_key_file),
+            certificate_chain=_read(settings.tls_cert_file),
+        )
+        if settings.token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(settings.token)
+            )
+        return grpc.secure_channel(address, creds, options=options), ()
+    if settings.token and not is_loopback(address):
+        log.warning(
+            "torchfarm: sending the token to %s in plaintext; use grpcs:// or "
+            "TORCHFARM_TLS_CA_FILE on any network you do not trust", address,
+        )
+    metadata = (("authorization", f"Bearer {settings.token}"),) if settings.token else ()
+    return grpc.insecure_channel(address, options=options), metadata
 
 
 class FarmClient:
     def __init__(self, remote: str, settings: SDKSettings):
         self.address = parse_address(remote)
         self.settings = settings
-        opts = [
+        opts: list = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.service_config", _SERVICE_CONFIG),
             ("grpc.enable_retries", 1),
         ]
-        self.channel = grpc.insecure_channel(self.address, options=opts)
+        self.channel, self.metadata = make_channel(remote, settings, opts)
+        self._ready = False
         self.stub = farm_pb2_grpc.CompileFarmStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
 
     def connect(self) -> None:
-        """Fails fast with FarmUnavailable when the farm does not answer."""
+        """Fails fast with FarmUnavailable when the farm does not answer. Once connected,
+        later outages surface from the calls themselves (UNAVAILABLE after the channel's
+        retries), so the readiness wait, which costs a thread, runs until it first succeeds."""
+        if self._ready:
+            return
         try:
             grpc.channel_ready_future(self.channel).result(
                 timeout=self.settings.connect_timeout_s
             )
+            self._ready = True
         except grpc.FutureTimeoutError as e:
             raise FarmUnavailable(
                 f"farm at {self.address} did not answer within "
@@ -101,7 +180,9 @@ class FarmClient:
     def submit(self, request: farm_pb2.CompileRequest) -> farm_pb2.SubmitReply:
         self.connect()
         try:
-            return self.stub.Submit(request, timeout=self.settings.rpc_timeout_s)
+            return self.stub.Submit(
+                request, timeout=self.settings.rpc_timeout_s, metadata=self.metadata
+            )
         except grpc.RpcError as e:
             raise _map_error(e, "submit") from e
 
@@ -118,7 +199,9 @@ class FarmClient:
                     f"{self.settings.compile_timeout_s:.0f}s"
                 )
             try:
-                for status in self.stub.Watch(farm_pb2.JobRef(key=key), timeout=remaining):
+                for status in self.stub.Watch(
+                    farm_pb2.JobRef(key=key), timeout=remaining, metadata=self.metadata
+                ):
                     if on_status is not None:
                         on_status(status)
                     if status.state == farm_pb2.SUCCEEDED:
@@ -130,6 +213,10 @@ class FarmClient:
                             status.error_code,
                         )
             except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    # The job record is gone: Redis lost it (a restart). Submitting again
+                    # is idempotent, so the backend does that.
+                    raise JobLost(f"watch: the farm lost the job {key[:12]}", "NOT_FOUND") from e
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch") from e
                 # The coordinator went away mid-watch; the job lives on in Redis.
@@ -143,7 +230,8 @@ class FarmClient:
         received = 0
         try:
             for chunk in self.stub.FetchArtifact(
-                farm_pb2.ArtifactRef(key=key), timeout=self.settings.fetch_timeout_s
+                farm_pb2.ArtifactRef(key=key), timeout=self.settings.fetch_timeout_s,
+                metadata=self.metadata,
             ):
                 if chunk.WhichOneof("kind") == "manifest":
                     manifest = chunk.manifest
@@ -152,7 +240,8 @@ class FarmClient:
                 received += len(blob.data)
                 if received > self.settings.max_artifact_bytes:
                     raise ArtifactRejected(
-                        f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes"
+                        f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes",
+                        "too_large",
                     )
                 pieces = parts.setdefault(blob.digest, [])
                 if blob.offset != sum(len(p) for p in pieces):
@@ -163,3 +252,27 @@ class FarmClient:
         if manifest is None:
             raise ArtifactRejected(f"artifact {key[:12]} came without a manifest")
         return manifest, {d: b"".join(p) for d, p in parts.items()}
+
+    def compile_kernel(self, request: farm_pb2.KernelRequest) -> farm_pb2.KernelReply:
+        """One Triton kernel, compiled (or found) by the farm; KernelRejected when the farm
+        refuses the source or Triton cannot compile it."""
+        self.connect()
+        try:
+            return self.stub.CompileKernel(
+                request, timeout=self.settings.kernel_timeout_s, metadata=self.metadata
+            )
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise KernelRejected(f"kernel: {e.details()}", _reason(e) or e.code().name) from e
+            raise _map_error(e, "kernel") from e
+
+    def status(self) -> farm_pb2.FarmStatus:
+        """The farm's workers (with the targets they serve and their builds), queues, cache."""
+        self.connect()
+        try:
+            return self.stub.GetFarmStatus(
+                farm_pb2.FarmStatusRequest(), timeout=self.settings.rpc_timeout_s,
+                metadata=self.metadata,
+            )
+        except grpc.RpcError as e:
+            raise _map_error(e, "status") from e

@@ -2,11 +2,22 @@
 
     FarmError                  .fallback
     ├── FarmUnavailable        True    farm unreachable, no worker for the target, deadline
-    ├── GraphRejected          True    the farm cannot take this graph (op not allowed, ...)
-    ├── RequestTooLarge        True    over the farm's size limits
-    ├── RemoteCompileError     True    the compile failed on the farm; carries its message
+    │   └── JobLost            True    the job vanished (Redis restarted); resubmitted first
+    ├── Unauthenticated        True    the farm refused the token (or none was set)
+    ├── GraphRejected          True    the farm cannot take this graph (op or option not
+    │                                  allowed, over the node or rank limit, ...)
+    ├── RequestTooLarge        True    over the farm's request size limit
+    ├── QuotaExceeded          True    the tenant has its quota of compiles in flight
+    ├── RemoteCompileError     True    the compile failed on the farm (compile error,
+    │                                  timeout, artifact too large); carries its code
     ├── ArtifactRejected       True    the artifact failed verification; never loaded
-    └── ConfigError            False   bad arguments to sdk.compile; always raised
+    ├── KernelRejected         True    the farm refused or could not compile a Triton kernel
+    │                                  (source not allowed, Triton's compile error)
+    └── ConfigError            False   bad arguments or settings; always raised
+
+`code` is the farm's stable reason when it gave one (`torchfarm-reason` trailing
+metadata, or the job's error code: COMPILE_TIMEOUT, ARTIFACT_TOO_LARGE, ...), else the
+gRPC status name.
 
 With `fallback="local"` the backend compiles a graph locally on any error whose
 `fallback` is True, with one warning; with `fallback="error"` every error is raised.
@@ -27,7 +38,19 @@ class FarmUnavailable(FarmError):
     pass
 
 
+class JobLost(FarmUnavailable):
+    pass
+
+
+class Unauthenticated(FarmError):
+    pass
+
+
 class GraphRejected(FarmError):
+    pass
+
+
+class QuotaExceeded(FarmError):
     pass
 
 
@@ -40,6 +63,10 @@ class RemoteCompileError(FarmError):
 
 
 class ArtifactRejected(FarmError):
+    pass
+
+
+class KernelRejected(FarmError):
     pass
 
 

@@ -23,3 +23,23 @@ class SDKSettings:
     """gRPC send and receive limit, matching the coordinator's."""
     max_artifact_bytes: int = 2 * 1024 * 1024 * 1024
     """Largest artifact the SDK accepts; a bigger manifest is refused before streaming."""
+    kernel_timeout_s: float = 180.0
+    """Deadline of one CompileKernel call (queueing and the Triton compile included)."""
+    token: str = ""
+    """This tenant's token (`tf1.<namespace>.<secret>`), sent on every call as
+    `authorization: Bearer`. Empty on a farm without authentication."""
+    tls_ca_file: str = ""
+    """PEM CA bundle that signed the farm's certificate. Set it, or use a "grpcs://"
+    address (system roots), to talk TLS."""
+    tls_cert_file: str = ""
+    """PEM client certificate, for a farm that requires mutual TLS."""
+    tls_key_file: str = ""
+    """PEM private key of tls_cert_file."""
+    trusted_keys_file: str = ""
+    """The farm's artifact signing keys, JSON {key id: base64 public key}. With any key
+    pinned (here or in trusted_keys), only artifacts signed by one of them are loaded."""
+    trusted_keys: str = ""
+    """More pinned keys, inline: "id=base64,id=base64"."""
+    max_resubmits: int = 2
+    """Times a graph is submitted again when its job vanished from the farm (a Redis
+    restart); each submit is idempotent on the key."""

@@ -26,6 +26,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from torchfarm import targets
+from torchfarm.targets import Target, TargetError
+
 log = logging.getLogger(__name__)
 
 _COMPILER_PROBE_TIMEOUT_S = 30.0
@@ -45,11 +48,12 @@ class Fingerprint:
     platform: str
     """`sys.platform` and machine, e.g. "linux-x86_64"."""
     device: str
-    """"cpu", "cuda", ..."""
+    """The target's device kind: "cpu", "cuda", "rocm", "mps" or "xpu" (torchfarm/targets.py)."""
     arch: str
-    """GPU architecture ("sm_90"); "" on cpu."""
+    """GPU architecture ("sm_90", "gfx942") or Intel GPU name; "" on cpu and mps."""
     isa: str
-    """ATen's CPU vector ISA, lower case ("avx512", "avx2", "default")."""
+    """ATen's CPU vector ISA, lower case ("avx512", "avx2", "default"); the host's, on GPU
+    targets too, since a GPU graph may still hold CPU kernels."""
     compiler: str
     """The C++ compiler Inductor would invoke: its version line and resolved -march."""
 
@@ -69,7 +73,16 @@ class Fingerprint:
 
 @functools.cache
 def local_fingerprint(device: str = "cpu") -> Fingerprint:
-    """This process's fingerprint. Cached: ATen reads ATEN_CPU_CAPABILITY once at start."""
+    """This process's fingerprint for its own `device` kind ("cpu", "cuda", "rocm", "mps",
+    "xpu"; "cuda" on a ROCm build of torch means "rocm"). Cached: ATen reads
+    ATEN_CPU_CAPABILITY once at start."""
+    return fingerprint_for(local_target(device))
+
+
+@functools.cache
+def fingerprint_for(target: Target) -> Fingerprint:
+    """This machine's build (torch, Triton, Python, ISA, compiler) with `target`'s device
+    and architecture: what a worker serving `target` stamps on its artifacts."""
     import torch
 
     return Fingerprint(
@@ -78,11 +91,87 @@ def local_fingerprint(device: str = "cpu") -> Fingerprint:
         triton_version=_distribution_version("triton"),
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
-        device=device,
-        arch=_device_arch(device),
-        isa=torch.backends.cpu.get_cpu_capability().lower(),
+        device=target.device,
+        arch=target.arch,
+        isa=local_isa(),
         compiler=_compiler_identity(),
     )
+
+
+def local_isa() -> str:
+    """ATen's CPU vector ISA as a target ISA ("avx512", "avx2", "default", "sve256")."""
+    import torch
+
+    return targets.normalize_isa(torch.backends.cpu.get_cpu_capability())
+
+
+def build_fields(fp: Fingerprint) -> dict[str, str]:
+    """The fingerprint without device and arch: one worker's build, whatever it serves."""
+    return {k: v for k, v in fp.to_dict().items() if k not in ("device", "arch")}
+
+
+def local_target(device: str | None = None) -> Target:
+    """The exact target this machine runs for a device kind (a torch device type works
+    too: "cuda" on a ROCm build is "rocm"). None picks the accelerator if there is one,
+    else the CPU. Raises TargetError when the machine has no such device."""
+    if device is None:
+        found = local_targets()
+        return found[-1]
+    if device == "cpu":
+        return targets.make("cpu", local_isa())
+    import torch
+
+    if device in ("cuda", "rocm"):
+        if not torch.cuda.is_available():
+            raise TargetError(f"this machine has no {device} device (torch.cuda.is_available() is False)")
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if torch.version.hip:
+            return targets.make("rocm", str(props.gcnArchName))
+        if device == "rocm":
+            raise TargetError("this torch is a CUDA build, not a ROCm one")
+        return targets.make("cuda", f"sm_{props.major}{props.minor}")
+    if device == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise TargetError("this machine has no mps device")
+        return targets.make("mps")
+    if device == "xpu":
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            raise TargetError("this machine has no xpu device")
+        name = torch.xpu.get_device_properties(torch.xpu.current_device()).name
+        return targets.make("xpu", targets.normalize_xpu_name(str(name)))
+    raise TargetError(f"unknown device {device!r}; the farm knows {', '.join(targets.DEVICES)}")
+
+
+def local_targets() -> list[Target]:
+    """Every target this machine can run: the CPU first, then its accelerator, if any."""
+    import torch
+
+    found = [local_target("cpu")]
+    if torch.cuda.is_available():
+        found.append(local_target("cuda"))
+    elif hasattr(torch, "xpu") and torch.xpu.is_available():
+        found.append(local_target("xpu"))
+    elif hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        found.append(local_target("mps"))
+    return found
+
+
+def device_kind(example_inputs: object) -> str:
+    """The device kind a graph runs on, from its inputs: the first accelerator tensor's
+    ("cuda" on a ROCm build is "rocm"), else "cpu"."""
+    import torch
+
+    for x in example_inputs if isinstance(example_inputs, (list, tuple)) else ():
+        if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "meta"):
+            kind = x.device.type
+            return "rocm" if kind == "cuda" and torch.version.hip else kind
+    return "cpu"
+
+
+def resolve(text: str | Target) -> Target:
+    """A user's target: "cuda:sm_90" as given; "cuda" or "cpu" (inexact) as this machine's."""
+    target = targets.parse(text) if isinstance(text, str) else text
+    return target if target.exact else local_target(target.device)
 
 
 def _distribution_version(name: str) -> str:
@@ -91,19 +180,6 @@ def _distribution_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return ""
-
-
-def _device_arch(device: str) -> str:
-    if device == "cpu":
-        return ""
-    import torch
-
-    if device == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        if torch.version.hip:
-            return str(props.gcnArchName).split(":")[0]
-        return f"sm_{props.major}{props.minor}"
-    return ""
 
 
 def _compiler_identity() -> str:

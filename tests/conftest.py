@@ -58,7 +58,17 @@ def stack(tmp_path_factory):
     """The embedded local stack with one CPU worker, shared by the integration tests."""
     workdir = tmp_path_factory.mktemp("stack")
     with LocalStack(workers=1, workdir=workdir) as s:
-        yield s
+        # SDK calls in this process and in the processes tests start pin the stack's
+        # signing key, so every end-to-end load verifies a signature.
+        saved = os.environ.get("TORCHFARM_TRUSTED_KEYS_FILE")
+        os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = str(s.trusted_keys_file)
+        try:
+            yield s
+        finally:
+            if saved is None:
+                os.environ.pop("TORCHFARM_TRUSTED_KEYS_FILE", None)
+            else:
+                os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = saved
 
 
 @pytest.fixture
@@ -75,3 +85,18 @@ def run_python(code: str, env: dict[str, str], python: str = sys.executable, tim
     return subprocess.run(
         [python, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where torch sees a CUDA (or ROCm) device; elsewhere
+    they are skipped with the reason, before any fixture starts."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

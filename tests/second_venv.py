@@ -29,6 +29,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+CONSTRAINTS = ROOT / "constraints.txt"
 
 CACHE_ENV = "TORCHFARM_TEST_VENVS"
 """Overrides where the venvs live (default: <system temp>/torchfarm-test-venvs)."""
@@ -71,8 +72,11 @@ def second_venv(requirements: Sequence[str] | None = None) -> Path:
             return python
         shutil.rmtree(venv, ignore_errors=True)
         _run([sys.executable, "-m", "venv", str(venv)], "python -m venv")
+        # The project's constraints pin what a range would float (triton==3.7.* → the
+        # newest 3.7.x), so both environments have the same build fingerprint.
         _run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reqs],
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "-c", str(CONSTRAINTS), *reqs],
             "pip install",
         )
         (venv / _COMPLETE).write_text("\n".join(reqs) + "\n")
@@ -85,7 +89,8 @@ def _cache_root() -> Path:
 
 def _cache_name(reqs: Sequence[str]) -> str:
     torch_req = next((r for r in reqs if _name(r) == "torch"), "torch")
-    digest = hashlib.sha256("\n".join([sys.version, *reqs]).encode()).hexdigest()[:12]
+    pins = CONSTRAINTS.read_text() if CONSTRAINTS.exists() else ""
+    digest = hashlib.sha256("\n".join([sys.version, pins, *reqs]).encode()).hexdigest()[:12]
     python = f"py{sys.version_info[0]}{sys.version_info[1]}"
     return f"{torch_req.replace('==', '-').replace(' ', '')}-{python}-{digest}"
 

@@ -28,7 +28,27 @@ MAX_TASKS_PER_CHILD = 50
 """Recycle a worker process after this many compiles."""
 
 
-def make_celery(broker_url: str, name: str = "torchfarm") -> Celery:
+RESTORE_INTERVAL_S = 10
+"""How often a worker sweeps for unacknowledged jobs past the visibility timeout (kombu's
+default), when the timeout is long; a short timeout gets a sweep as often as a tenth of it."""
+
+
+def make_celery(
+    broker_url: str,
+    name: str = "torchfarm",
+    *,
+    soft_time_limit_s: int = SOFT_TIME_LIMIT_S,
+    hard_time_limit_s: int = HARD_TIME_LIMIT_S,
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
+) -> Celery:
+    """The Celery app. A worker passes its own limits; the coordinator only sends."""
+    if not soft_time_limit_s < hard_time_limit_s < visibility_timeout_s:
+        raise ValueError(
+            "want soft time limit < hard time limit < visibility timeout, got "
+            f"{soft_time_limit_s} / {hard_time_limit_s} / {visibility_timeout_s}: a job "
+            "running past the visibility timeout is delivered twice"
+        )
+    restore_s = max(1, min(RESTORE_INTERVAL_S, visibility_timeout_s // 10))
     app = Celery(name, broker=broker_url)
     app.conf.update(
         task_serializer="json",
@@ -38,9 +58,15 @@ def make_celery(broker_url: str, name: str = "torchfarm") -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_soft_time_limit=SOFT_TIME_LIMIT_S,
-        task_time_limit=HARD_TIME_LIMIT_S,
-        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        task_soft_time_limit=soft_time_limit_s,
+        task_time_limit=hard_time_limit_s,
+        broker_transport_options={
+            "visibility_timeout": visibility_timeout_s,
+            # A job whose worker died whole (no pool parent left to hand it back) waits
+            # for the timeout, then for the next sweep of a live worker.
+            "unacked_restore_interval": restore_s,
+            "unacked_restore_throttle": 1 if restore_s < RESTORE_INTERVAL_S else 10,
+        },
         broker_connection_retry_on_startup=True,
         worker_max_tasks_per_child=MAX_TASKS_PER_CHILD,
         task_default_queue="cpu",

@@ -5,10 +5,16 @@ artifact (the payload) and, for every kernel, its source and its compiled binary
 The manifest is canonical JSON; it names each blob by digest and size and records the
 build fingerprint the artifact was compiled under, so a client can refuse an artifact
 for another ISA, compiler or torch build before it deserializes a single byte.
+
+A worker with a signing key adds a `Signature` (torchfarm/signing.py): an Ed25519
+signature over a statement that names the key, the tenant's namespace, the content
+digest and the fingerprint, and the hash of the manifest's other fields. The signature
+lives inside the manifest's JSON, so the two are written, evicted and fetched together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -41,6 +47,21 @@ class KernelRef:
 
 
 @dataclass(frozen=True)
+class Signature:
+    """An Ed25519 signature of a manifest (see torchfarm/signing.py for what it covers)."""
+
+    key_id: str
+    """Which of the farm's signing keys made it; clients pin public keys by this id."""
+    signed_at: int
+    """Unix seconds."""
+    expires_at: int
+    """Unix seconds; clients refuse the artifact after this."""
+    value: str
+    """The 64-byte signature, base64."""
+    alg: str = "ed25519"
+
+
+@dataclass(frozen=True)
 class Manifest:
     key: str
     fingerprint: dict[str, str]
@@ -50,6 +71,9 @@ class Manifest:
     worker: str = ""
     created: float = 0.0
     format: str = MANIFEST_FORMAT
+    tenant: str = ""
+    """The cache namespace the artifact was compiled for; "" on a farm without tokens."""
+    signature: Signature | None = None
 
     def blobs(self) -> list[BlobRef]:
         """Every blob the artifact needs, payload first, without repeats."""
@@ -62,10 +86,24 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(b.size for b in self.blobs())
 
+    def content_digest(self) -> str:
+        """One digest over every blob the artifact names, by role: what it is made of."""
+        body = {
+            "payload": asdict(self.payload),
+            "kernels": [asdict(k) for k in self.kernels],
+        }
+        return blob_digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
     def to_json(self) -> bytes:
         body = asdict(self)
         body["kernels"] = [asdict(k) for k in self.kernels]
+        if self.signature is None:
+            del body["signature"]  # unsigned manifests read as they did before signing
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def signing_bytes(self) -> bytes:
+        """The canonical JSON of every field but the signature: what a signature covers."""
+        return dataclasses.replace(self, signature=None).to_json()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
@@ -89,11 +127,27 @@ class Manifest:
                 timings={str(k): float(v) for k, v in body["timings"].items()},
                 worker=str(body["worker"]),
                 created=float(body["created"]),
+                tenant=str(body.get("tenant", "")),
+                signature=_signature(body.get("signature")),
             )
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"malformed manifest: {e}") from e
+
+
+def _signature(body: Any) -> Signature | None:
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise ManifestError("malformed signature")
+    return Signature(
+        key_id=str(body["key_id"]),
+        signed_at=int(body["signed_at"]),
+        expires_at=int(body["expires_at"]),
+        value=str(body["value"]),
+        alg=str(body.get("alg", "ed25519")),
+    )
 
 
 def check_blobs(manifest: Manifest, blobs: dict[str, bytes]) -> None:

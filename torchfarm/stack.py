@@ -8,6 +8,7 @@ nothing is left behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -29,6 +30,15 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 20.0
 """How long each process gets to exit after SIGTERM before it is killed."""
+
+
+def _die_with_parent() -> None:
+    """Runs in each child before exec: SIGTERM it if the stack's process dies, even by
+    SIGKILL, so a killed `torchfarm up` or test run leaves no orphan farm behind."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -54,7 +64,12 @@ class LocalStack:
     python: str = sys.executable
     pin_cores: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    sign: bool = True
+    """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
+    tenants: tuple[str, ...] = ()
+    """With names here, the coordinator requires tokens: one is made per tenant (`tokens`)."""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
+    tokens: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.grpc_port = self.grpc_port or free_port()
@@ -64,6 +79,41 @@ class LocalStack:
             self._tmp = tempfile.TemporaryDirectory(prefix="torchfarm-stack-")
             self.workdir = Path(self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.signing_key_file = self.workdir / "signing-key.pem"
+        self.trusted_keys_file = self.workdir / "trusted-keys.json"
+        self.tokens_file = self.workdir / "tokens.json"
+        if self.sign and not self.signing_key_file.exists():
+            self._make_signing_key()
+        if self.tenants:
+            self._make_tokens()
+
+    def _make_signing_key(self) -> None:
+        from torchfarm.signing import Signer
+
+        signer = Signer.generate()
+        signer.save(self.signing_key_file)
+        self.trusted_keys_file.write_text(json.dumps(signer.trusted_entry(), indent=2) + "\n")
+
+    def _make_tokens(self) -> None:
+        from torchfarm import tokens
+
+        table: dict[str, object] = {}
+        for tenant in self.tenants:
+            self.tokens[tenant] = tokens.new_token(tenant)
+            table.update(tokens.table_entry(self.tokens[tenant], tenant))
+        fd = os.open(self.tokens_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, indent=2)
+
+    def client_env(self, tenant: str = "") -> dict[str, str]:
+        """What an SDK process sets to use this farm: its address, the pinned signing
+        key, and the tenant's token when the farm requires one."""
+        env = {"TORCHFARM_REMOTE": self.address}
+        if self.sign:
+            env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
+        if self.tenants:
+            env["TORCHFARM_TOKEN"] = self.tokens[tenant or self.tenants[0]]
+        return env
 
     @property
     def address(self) -> str:
@@ -89,6 +139,11 @@ class LocalStack:
             TORCHFARM_METRICS_PORT=str(self.metrics_port),
             PYTHONUNBUFFERED="1",
         )
+        if self.sign:
+            env["TORCHFARM_SIGNING_KEY_FILE"] = str(self.signing_key_file)
+            env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
+        if self.tenants:
+            env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
         env.update(self.extra_env)
         return env
 
@@ -101,6 +156,7 @@ class LocalStack:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         logfile.close()
 
@@ -139,12 +195,18 @@ class LocalStack:
     def worker_cmd(self, i: int) -> list[str]:
         cmd = [
             self.python, "-m", "celery", "-A", "workers.app", "worker",
-            "-Q", "cpu", "-n", f"cpu{i}@%h", "--concurrency", "1", "--pool", "prefork",
+            # No -Q: the worker consumes the queues of its targets (TORCHFARM_TARGETS,
+            # default "local": this machine's own, e.g. "cpu.avx512"; workers/serving.py).
+            "-n", f"cpu{i}@%h", "--concurrency", "1", "--pool", "prefork",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
         if self.pin_cores:
             cmd = ["taskset", "-c", str(i % (os.cpu_count() or 1))] + cmd
         return cmd
+
+    def worker_metrics_port(self, i: int) -> int:
+        """Where worker i serves /metrics: metrics_port + 1 + i, or 0 (off) with metrics off."""
+        return self.metrics_port + 1 + i if self.metrics_port else 0
 
     def start_worker(self, i: int) -> None:
         env = self.env()
@@ -152,6 +214,11 @@ class LocalStack:
         # Each worker has a cache dir of its own, as a worker on its own machine would.
         env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "inductor")
         env["TRITON_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "triton")
+        # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
+        # prometheus-client multiprocess directory of its own.
+        env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))
+        if self.metrics_port:
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.workdir / f"worker{i}" / "metrics")
         self._spawn(f"worker{i}", self.worker_cmd(i), env)
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -189,7 +256,10 @@ class LocalStack:
             return
         try:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
+                # The leader only: a Celery worker then drains (finishes its compile and
+                # takes no new one) and stops its own pool; a SIGTERM to the whole group
+                # would kill the pool process mid-compile instead.
+                os.kill(p.pid, signal.SIGTERM)
                 try:
                     p.wait(timeout_s)
                 except subprocess.TimeoutExpired:

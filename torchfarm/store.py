@@ -7,8 +7,18 @@ Layout, under a configurable prefix (default "tf"):
   that sees a manifest can fetch every blob it names;
 - `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle);
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error;
-- `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating;
-- `tf:recent`: the latest job keys, for `torchfarm status`.
+- `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
+  queues, the targets it serves with the job kinds it takes for each, and its build;
+- `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the record
+  of its compiled binary, whose bytes are blobs like any other;
+- `tf:recent`: the latest job keys, for `torchfarm status`;
+- `tf:inflight:<tenant>`: the tenant's jobs not yet seen to finish, for its queue quota.
+
+Tenants: `Store.tenant(namespace)` is a view in which every per-key entry (artifact,
+req, job) is named `<namespace>:<key>`, as `tf:artifact:alice:<key>`. The unnamed
+namespace of a farm without tokens keeps the plain `tf:artifact:<key>`. Blobs are
+content-addressed and shared: a blob is reachable only through a manifest, and
+manifests are per namespace.
 
 The cache may live on a Redis with LRU eviction. A manifest whose blobs were evicted
 counts as a miss, so eviction costs a recompile and never a broken artifact.
@@ -78,9 +88,10 @@ class JobRecord:
 class Store:
     """Typed access to the farm's Redis keys. Safe to share between threads."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tf"):
+    def __init__(self, client: redis.Redis, prefix: str = "tf", namespace: str = ""):
         self.r = client
         self.prefix = prefix
+        self.namespace = namespace
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "tf") -> Store:
@@ -88,6 +99,17 @@ class Store:
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def tenant(self, namespace: str) -> Store:
+        """The same Redis, seen from one tenant namespace ("" is the farm without tokens)."""
+        return Store(self.r, self.prefix, namespace)
+
+    def ref(self, key: str) -> str:
+        """How this namespace names `key` in Redis keys and in `tf:recent`."""
+        return f"{self.namespace}:{key}" if self.namespace else key
+
+    def _j(self, kind: str, key: str) -> str:
+        return self._k(kind, self.ref(key))
 
     # Blobs and manifests.
 
@@ -101,15 +123,18 @@ class Store:
         """Bytes [start, end] inclusive, so large blobs stream without one big read."""
         return self.r.getrange(self._k("blob", digest), start, end)
 
+    def delete_blob(self, digest: str) -> None:
+        self.r.delete(self._k("blob", digest))
+
     def has_blobs(self, digests: Iterable[str]) -> bool:
         keys = [self._k("blob", d) for d in digests]
         return not keys or self.r.exists(*keys) == len(keys)
 
     def put_manifest(self, manifest: Manifest) -> None:
-        self.r.set(self._k("artifact", manifest.key), manifest.to_json())
+        self.r.set(self._j("artifact", manifest.key), manifest.to_json())
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
-        return self.r.get(self._k("artifact", key))
+        return self.r.get(self._j("artifact", key))
 
     def get_manifest(self, key: str) -> Manifest | None:
         """The manifest, if it and every blob it names are in the cache."""
@@ -119,12 +144,12 @@ class Store:
         manifest = Manifest.from_json(data)
         if not self.has_blobs(b.digest for b in manifest.blobs()):
             # Evicted under memory pressure: drop the index entry so the key recompiles.
-            self.r.delete(self._k("artifact", key))
+            self.r.delete(self._j("artifact", key))
             return None
         return manifest
 
     def delete_artifact(self, key: str) -> bool:
-        return bool(self.r.delete(self._k("artifact", key)))
+        return bool(self.r.delete(self._j("artifact", key)))
 
     def artifact_keys(self) -> list[str]:
         pre = self._k("artifact", "")
@@ -133,10 +158,10 @@ class Store:
     # Requests and jobs.
 
     def put_request(self, key: str, data: bytes, ttl_s: int) -> None:
-        self.r.set(self._k("req", key), data, ex=ttl_s)
+        self.r.set(self._j("req", key), data, ex=ttl_s)
 
     def get_request(self, key: str) -> bytes | None:
-        return self.r.get(self._k("req", key))
+        return self.r.get(self._j("req", key))
 
     def create_job(self, key: str, queue: str, label: str, ttl_s: int) -> bool:
         """Creates the job record unless one exists; True when this call created it.
@@ -144,7 +169,7 @@ class Store:
         HSETNX on one field is the lease: of concurrent identical submits exactly one
         creates the job and enqueues it, the others join it.
         """
-        jk = self._k("job", key)
+        jk = self._j("job", key)
         now = time.time()
         if not self.r.hsetnx(jk, "created", now):
             return False
@@ -154,13 +179,13 @@ class Store:
             mapping={"state": JobState.QUEUED, "queue": queue, "label": label, "updated": now},
         )
         pipe.expire(jk, ttl_s)
-        pipe.lpush(self._k("recent"), key)
+        pipe.lpush(self._k("recent"), self.ref(key))
         pipe.ltrim(self._k("recent"), 0, RECENT_JOBS - 1)
         pipe.execute()
         return True
 
     def get_job(self, key: str) -> JobRecord | None:
-        h = self.r.hgetall(self._k("job", key))
+        h = self.r.hgetall(self._j("job", key))
         return JobRecord.from_hash(key, h) if h and b"state" in h else None
 
     def update_job(self, key: str, **fields: object) -> None:
@@ -168,30 +193,92 @@ class Store:
             k: json.dumps(v) if isinstance(v, dict) else v for k, v in fields.items() if v is not None
         }
         mapping["updated"] = time.time()
-        self.r.hset(self._k("job", key), mapping=mapping)
+        self.r.hset(self._j("job", key), mapping=mapping)
 
     def incr_attempts(self, key: str) -> int:
-        return int(self.r.hincrby(self._k("job", key), "attempts", 1))
+        return int(self.r.hincrby(self._j("job", key), "attempts", 1))
 
     def expire_job(self, key: str, ttl_s: int) -> None:
-        self.r.expire(self._k("job", key), ttl_s)
+        self.r.expire(self._j("job", key), ttl_s)
 
     def delete_job(self, key: str) -> None:
-        self.r.delete(self._k("job", key))
+        self.r.delete(self._j("job", key))
 
     def recent_jobs(self) -> list[JobRecord]:
-        keys = [k.decode() for k in self.r.lrange(self._k("recent"), 0, RECENT_JOBS - 1)]
-        jobs = (self.get_job(k) for k in dict.fromkeys(keys))
+        """The latest jobs: in a tenant view only its own, in the root view all (keyed by ref)."""
+        refs = [k.decode() for k in self.r.lrange(self._k("recent"), 0, RECENT_JOBS - 1)]
+        if self.namespace:
+            mine = self.namespace + ":"
+            refs = [r[len(mine) :] for r in refs if r.startswith(mine)]
+        jobs = (self.get_job(k) for k in dict.fromkeys(refs))
         return [j for j in jobs if j is not None]
+
+    # Per-tenant quota of queued and running jobs.
+
+    def note_job(self, tenant: str, key: str, ttl_s: int) -> int:
+        """Counts the job against the tenant; returns how many it now has in flight."""
+        zk = self._k("inflight", tenant or "-")
+        pipe = self.r.pipeline()
+        pipe.zadd(zk, {self.ref(key): time.time()})
+        pipe.expire(zk, ttl_s)
+        pipe.execute()
+        return self.jobs_in_flight(tenant)
+
+    def forget_job(self, tenant: str, key: str) -> None:
+        self.r.zrem(self._k("inflight", tenant or "-"), self.ref(key))
+
+    def jobs_in_flight(self, tenant: str) -> int:
+        """The tenant's jobs still queued or running. Entries whose record finished or
+        expired (a lost worker, a Redis restart) are dropped as they are found."""
+        zk = self._k("inflight", tenant or "-")
+        refs = [r.decode() for r in self.r.zrange(zk, 0, -1)]
+        if not refs:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for ref in refs:
+            pipe.hget(self._k("job", ref), "state")
+        states = pipe.execute()
+        done = [r for r, st in zip(refs, states) if st is None or st.decode() in JobState.TERMINAL]
+        if done:
+            self.r.zrem(zk, *done)
+        return len(refs) - len(done)
+
+    def job_states(self) -> list[tuple[str, str]]:
+        """(queue, state) of every job record, for the metrics: one SCAN, one pipelined read.
+
+        Records expire (finished ones after an hour), so this stays proportional to the
+        recent load, not to the cache's size.
+        """
+        names = list(self.r.scan_iter(match=self._k("job", "*"), count=1000))
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(name, "queue", "state")
+        return [(q.decode(), s.decode()) for q, s in pipe.execute() if q and s]
 
     # Workers.
 
-    def heartbeat(self, name: str, queues: list[str], build: str, ttl_s: int) -> None:
-        self.r.set(
-            self._k("worker", name),
-            json.dumps({"queues": queues, "build": build, "seen": time.time()}),
-            ex=ttl_s,
-        )
+    def heartbeat(
+        self,
+        name: str,
+        queues: list[str],
+        build: str,
+        ttl_s: int,
+        targets: dict[str, list[str]] | None = None,
+        fingerprint: dict[str, str] | None = None,
+    ) -> None:
+        """Registers (or renews) a worker until `ttl_s` passes without another beat.
+
+        `targets` maps each target it serves ("cuda:sm_90") to the job kinds it takes
+        there ("graph", "kernel"); `fingerprint` is its build (torch, Triton, Python,
+        platform, ISA, compiler), so a client compiling for a fleet it is not on can
+        ask for exactly what that fleet's workers build (docs/targets.md).
+        """
+        record: dict[str, object] = {"queues": queues, "build": build, "seen": time.time()}
+        if targets is not None:
+            record["targets"] = targets
+        if fingerprint is not None:
+            record["fingerprint"] = fingerprint
+        self.r.set(self._k("worker", name), json.dumps(record), ex=ttl_s)
 
     def forget_worker(self, name: str) -> None:
         self.r.delete(self._k("worker", name))
@@ -201,6 +288,32 @@ class Store:
         names = [k.decode() for k in self.r.scan_iter(match=pre + "*", count=500)]
         values = self.r.mget(names) if names else []
         return {n[len(pre) :]: json.loads(v) for n, v in zip(names, values) if v is not None}
+
+    # Triton kernels: request, then blobs, then the kernel record (last, as artifacts).
+    # Per namespace, like artifacts; the blobs are shared by content.
+
+    def put_kernel_request(self, key: str, data: bytes, ttl_s: int) -> None:
+        self.r.set(self._j("kreq", key), data, ex=ttl_s)
+
+    def get_kernel_request(self, key: str) -> bytes | None:
+        return self.r.get(self._j("kreq", key))
+
+    def put_kernel(self, key: str, record: dict) -> None:
+        self.r.set(self._j("kernel", key), json.dumps(record, sort_keys=True))
+
+    def get_kernel(self, key: str) -> dict | None:
+        """The kernel's record, if it and the blobs it names are in the cache."""
+        data = self.r.get(self._j("kernel", key))
+        if data is None:
+            return None
+        record = json.loads(data)
+        digests = [record["binary"]["digest"]] + (
+            [record["assembly"]["digest"]] if record.get("assembly") else []
+        )
+        if not self.has_blobs(digests):
+            self.r.delete(self._j("kernel", key))  # evicted: recompile
+            return None
+        return record
 
     def cache_bytes(self) -> int:
         """Bytes used by the Redis that holds the cache (all of it, as Redis reports)."""

@@ -1,4 +1,7 @@
-"""The Celery app a worker runs: `celery -A workers.app worker -Q cpu` (or `torchfarm worker`).
+"""The Celery app a worker runs: `celery -A workers.app worker` (or `torchfarm worker`).
+
+The queues it consumes follow from the targets it serves (TORCHFARM_TARGETS,
+workers/serving.py): "cpu.avx512", "cuda.sm_90", "kernels.cuda.sm_90", ...
 
 Settings come from TORCHFARM_* variables, read here, at the entry point. The main
 worker process registers the worker in Redis and keeps a heartbeat, so the coordinator
@@ -16,12 +19,29 @@ from celery import signals
 from torchfarm.celeryconf import make_celery
 from torchfarm.settings import from_env
 from torchfarm.store import Store
+from workers import metrics as worker_metrics
+from workers import serving
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 settings = from_env(WorkerSettings)
-app = make_celery(settings.broker_url, name="torchfarm-worker")
+plan = serving.plan_for(settings)
+"""What this worker serves: its targets, their job kinds, and the queues that follow."""
+if settings.metrics_port:
+    worker_metrics.install(settings.metrics_port, tuple(plan.queues))  # before prometheus_client loads
+app = make_celery(
+    settings.broker_url,
+    name="torchfarm-worker",
+    soft_time_limit_s=settings.soft_time_limit_s,
+    hard_time_limit_s=settings.hard_time_limit_s,
+    visibility_timeout_s=settings.visibility_timeout_s,
+)
+if not settings.signing_key_file:
+    log.warning(
+        "no TORCHFARM_SIGNING_KEY_FILE: this worker's artifacts are UNSIGNED, and clients "
+        "that pin the farm's keys will refuse them"
+    )
 app.conf.include = ["workers.tasks"]
 app.conf.task_queues = None
 app.conf.task_create_missing_queues = True
@@ -36,9 +56,15 @@ def _build_label() -> str:
 
 
 def _heartbeat(store: Store, name: str, build: str) -> None:
+    from sdk.target import build_fields, fingerprint_for
+
+    fingerprint = build_fields(fingerprint_for(plan.graph[0] if plan.graph else plan.kernel[0]))
     while not _stop_heartbeat.is_set():
         try:
-            store.heartbeat(name, list(settings.queues), build, settings.worker_ttl_s)
+            store.heartbeat(
+                name, plan.queues, build, settings.worker_ttl_s,
+                targets=plan.registration(), fingerprint=fingerprint,
+            )
         except Exception as e:  # keep beating through a Redis restart
             log.warning("heartbeat failed: %s", e)
         _stop_heartbeat.wait(settings.heartbeat_s)
@@ -51,7 +77,20 @@ def _register(sender, **_: object) -> None:
     threading.Thread(
         target=_heartbeat, args=(store, name, _build_label()), name="heartbeat", daemon=True
     ).start()
-    log.info("worker %s registered for queues %s", name, ",".join(settings.queues))
+    log.info(
+        "worker %s registered: %s (queues %s)", name,
+        ", ".join(f"{t} [{'+'.join(k)}]" for t, k in plan.registration().items()),
+        ",".join(plan.queues),
+    )
+
+
+@signals.celeryd_after_setup.connect
+def _consume_target_queues(sender, instance, **_: object) -> None:
+    """Consumes exactly the queues of this worker's targets (plus any named with -Q)."""
+    queues = instance.app.amqp.queues
+    default = instance.app.conf.task_default_queue  # consumed when -Q is absent; not a target's
+    named = [q for q in queues.consume_from if q != default]
+    queues.select(list(dict.fromkeys([*plan.queues, *named])))
 
 
 @signals.worker_shutdown.connect

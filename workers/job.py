@@ -2,12 +2,16 @@
 
 `run_job` is idempotent: Celery delivers at least once, so a redelivered job that
 already has its artifact finishes at once, and blobs are written by content digest.
+
+Each job belongs to a tenant namespace; everything it reads and writes goes through
+`Store.tenant(namespace)`, and the manifest names the namespace. With a signing key the
+worker signs the manifest for its key, namespace, content and fingerprint
+(torchfarm/signing.py) before it is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -15,13 +19,15 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from sdk.target import Fingerprint
-from torchfarm import keys
+from torchfarm import keys, options
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
+from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
 from workers.compiler import CompileFailed, CompileResult, compile_graph
 from workers.graph_build import decode_graph
+from workers.limits import cpu_time_limit
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,11 @@ class WorkerContext:
     store: Store
     fingerprint: Fingerprint
     name: str
+    signer: Signer | None = None
+    """Signs every manifest; None leaves artifacts unsigned (clients pinning keys refuse them)."""
+    timeout_errors: tuple[type[BaseException], ...] = ()
+    """The task runner's time-limit exceptions (Celery's soft limit): a compile that
+    failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
 
 
 def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
@@ -62,8 +73,10 @@ def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
     }
 
 
-def run_job(key: str, ctx: WorkerContext) -> None:
-    """Runs one delivery of the job for `key`, recording the outcome in its job record."""
+def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
+    """Runs one delivery of the job for `key` in the tenant `namespace`, recording the
+    outcome in its job record."""
+    ctx = dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
     store = ctx.store
     attempt = store.incr_attempts(key)
     try:
@@ -97,9 +110,9 @@ def run_job(key: str, ctx: WorkerContext) -> None:
     )
 
 
-def fail_job(key: str, ctx: WorkerContext, code: str, message: str) -> None:
+def fail_job(key: str, ctx: WorkerContext, code: str, message: str, namespace: str = "") -> None:
     """Marks a job FAILED from outside `run_job` (a time limit hit, say)."""
-    _fail(key, ctx, code, message)
+    _fail(key, dataclasses.replace(ctx, store=ctx.store.tenant(namespace)), code, message)
 
 
 def _fail(key: str, ctx: WorkerContext, code: str, message: str) -> None:
@@ -111,6 +124,7 @@ def _fail(key: str, ctx: WorkerContext, code: str, message: str) -> None:
 
 
 def _load_request(key: str, store: Store) -> farm_pb2.CompileRequest:
+    """The stored request, which must hash to `key` in the store's namespace."""
     data = store.get_request(key)
     if data is None:
         raise JobFailed("REQUEST_EXPIRED", "the compile request is no longer in the cache")
@@ -119,7 +133,7 @@ def _load_request(key: str, store: Store) -> farm_pb2.CompileRequest:
         request.ParseFromString(data)
     except DecodeError as e:
         raise JobFailed("MALFORMED_REQUEST", f"cannot parse the compile request: {e}") from e
-    if keys.compute_key(request) != key:
+    if keys.compute_key(request, store.namespace) != key:
         raise JobFailed("MALFORMED_REQUEST", "the stored request does not match its key")
     return request
 
@@ -147,19 +161,33 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
     except GraphError as e:
         raise JobFailed("INVALID_GRAPH", str(e)) from e
     t_decode = time.perf_counter() - t0
-    ctx.store.update_job(key, stage="compile")
-    options = {o.name: json.loads(o.json_value) for o in request.options.inductor}
     try:
-        result = compile_graph(
-            decoded.gm,
-            decoded.example_inputs,
-            fake_mode=decoded.fake_mode,
-            dynamic=request.options.dynamic,
-            mode=request.options.mode,
-            inductor_options=options,
+        inductor_options = options.check_options(
+            request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
         )
+    except options.OptionNotAllowed as e:
+        raise JobFailed("OPTION_NOT_ALLOWED", str(e)) from e
+    ctx.store.update_job(key, stage="compile")
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+            result = compile_graph(
+                decoded.gm,
+                decoded.example_inputs,
+                fake_mode=decoded.fake_mode,
+                dynamic=request.options.dynamic,
+                mode=request.options.mode,
+                inductor_options=inductor_options,
+            )
     except CompileFailed as e:
+        if _caused_by(e, ctx.timeout_errors):
+            raise JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit") from e
         raise JobFailed("COMPILE_ERROR", str(e)) from e
+    size = len(result.payload) + sum(len(k.source) + len(k.binary) for k in result.kernels)
+    if size > ctx.settings.max_artifact_bytes:
+        raise JobFailed(
+            "ARTIFACT_TOO_LARGE",
+            f"the artifact is {size} bytes; the farm stores at most {ctx.settings.max_artifact_bytes}",
+        )
     ctx.store.update_job(key, stage="store")
     t1 = time.perf_counter()
     manifest = _store(key, ctx, result, {"decode": t_decode, **result.timings})
@@ -169,8 +197,21 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
         "total": time.perf_counter() - t0,
     }
     manifest = dataclasses.replace(manifest, timings=timings)
+    if ctx.signer is not None:
+        manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds every blob
     return manifest
+
+
+def _caused_by(e: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen and kinds:
+        if isinstance(cur, kinds):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _put(store: Store, data: bytes) -> BlobRef:
@@ -199,4 +240,5 @@ def _store(
         timings=timings,
         worker=ctx.name,
         created=time.time(),
+        tenant=ctx.store.namespace,
     )

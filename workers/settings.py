@@ -6,6 +6,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from torchfarm import celeryconf
+
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -15,8 +17,20 @@ class WorkerSettings:
     """The Redis that holds artifacts, requests and job records."""
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache Redis."""
-    queues: tuple[str, ...] = ("cpu",)
-    """Celery queues this worker consumes: the device kinds it compiles for."""
+    targets: tuple[str, ...] = ("local",)
+    """Targets to serve (workers/serving.py): "local" (this machine's accelerator, else
+    its CPU), "cpu", "cuda", or exact ones such as "cuda:sm_90,rocm:gfx942". A GPU target
+    this machine lacks gets Triton kernel jobs only. The queues follow from the targets."""
+    queues: tuple[str, ...] = ()
+    """Extra Celery queues to consume besides the targets' own; normally none."""
+    lower_without_gpu: bool = False
+    """Experimental: also lower graphs for one CUDA target this machine lacks, with its
+    device properties faked (workers/gpuless.py). Needs a CUDA build of torch."""
+    gpu_properties_file: str = ""
+    """JSON device properties for lower_without_gpu (name, multi_processor_count, ...);
+    empty uses the built-in table for the arch."""
+    kernel_soft_time_limit_s: int = 60
+    """Wall seconds before a Triton kernel compile fails with KERNEL_TIMEOUT."""
     name: str = ""
     """The name it registers under; defaults to host and process id."""
     heartbeat_s: float = 5.0
@@ -29,6 +43,26 @@ class WorkerSettings:
     """A failed job's record is kept this long; submits meanwhile get the failure at once."""
     done_ttl_s: int = 3600
     """A finished job's record is kept this long; the artifact itself stays in the cache."""
+    metrics_port: int = 0
+    """Port where the worker's main process serves Prometheus /metrics; 0 turns it off."""
+    signing_key_file: str = ""
+    """Ed25519 private key (PEM) that signs every manifest (torchfarm/signing.py). Empty:
+    artifacts go unsigned, and clients that pin keys refuse them."""
+    signing_key_id: str = ""
+    """The id clients pin the key under; empty derives it from the public key."""
+    signature_ttl_s: int = 30 * 24 * 3600
+    """How long a signature stays valid; the coordinator recompiles an expired artifact."""
+    max_artifact_bytes: int = 1024 * 1024 * 1024
+    """A compile whose artifact (payload and kernels) is larger fails ARTIFACT_TOO_LARGE."""
+    compile_cpu_limit_s: int = 0
+    """CPU seconds one compile may use in the pool process (RLIMIT_CPU) before the kernel
+    kills it; the job is redelivered up to max_attempts. 0: no limit."""
+    soft_time_limit_s: int = celeryconf.SOFT_TIME_LIMIT_S
+    """Wall seconds before a compile fails with COMPILE_TIMEOUT."""
+    hard_time_limit_s: int = celeryconf.HARD_TIME_LIMIT_S
+    """Wall seconds before Celery kills a compile that ignored the soft limit."""
+    visibility_timeout_s: int = celeryconf.VISIBILITY_TIMEOUT_S
+    """Seconds before the broker hands a job taken by a worker that died whole to another."""
 
     def worker_name(self) -> str:
         return self.name or f"{socket.gethostname()}-{os.getpid()}"

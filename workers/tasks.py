@@ -8,14 +8,18 @@ compile itself are deterministic and are never retried.
 from __future__ import annotations
 
 import functools
+import time
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from sdk.target import local_fingerprint
-from torchfarm.routing import COMPILE_TASK
+from sdk.target import fingerprint_for, local_fingerprint
+from torchfarm.routing import COMPILE_TASK, KERNEL_TASK
+from torchfarm.signing import Signer
 from torchfarm.store import Store
-from workers.app import app, settings
+from workers import metrics as worker_metrics
+from workers.app import app, plan, settings
 from workers.job import WorkerContext, fail_job, run_job
+from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
 
 
 @functools.cache
@@ -24,14 +28,72 @@ def _context() -> WorkerContext:
     return WorkerContext(
         settings=settings,
         store=Store.from_url(settings.cache_url, settings.redis_prefix),
-        fingerprint=local_fingerprint(),
+        fingerprint=_graph_fingerprint(),
         name=settings.worker_name(),
+        signer=(
+            Signer.from_file(settings.signing_key_file, settings.signing_key_id)
+            if settings.signing_key_file
+            else None
+        ),
+        timeout_errors=(SoftTimeLimitExceeded,),
     )
 
 
 @app.task(name=COMPILE_TASK)
-def compile_task(key: str) -> None:
+def compile_task(key: str, namespace: str = "") -> None:
+    """Compiles the job `key` of the tenant namespace `namespace` ("" on an open farm)."""
+    began = time.time()
     try:
-        run_job(key, _context())
+        run_job(key, _context(), namespace)
     except SoftTimeLimitExceeded:
-        fail_job(key, _context(), "COMPILE_TIMEOUT", "the compile ran past the farm's time limit")
+        fail_job(
+            key, _context(), "COMPILE_TIMEOUT", "the compile ran past the farm's time limit",
+            namespace,
+        )
+    finally:
+        if settings.metrics_port:
+            worker_metrics.record_job(_context().store.tenant(namespace), key, began)
+
+
+def _graph_fingerprint():
+    """The fingerprint of the one target this worker lowers graphs for (workers/serving.py).
+
+    A GPU target lowered without its GPU gets its device properties faked here, in the
+    pool process that compiles (workers/gpuless.py).
+    """
+    if plan.fake_gpu is not None:
+        from workers import gpuless
+
+        gpuless.install(plan.fake_gpu, settings.gpu_properties_file)
+    return fingerprint_for(plan.graph[0]) if plan.graph else local_fingerprint()
+
+
+@functools.cache
+def _kernel_context() -> KernelContext:
+    import importlib.metadata
+
+    return KernelContext(
+        store=Store.from_url(settings.cache_url, settings.redis_prefix),
+        name=settings.worker_name(),
+        targets=frozenset(str(t) for t in plan.kernel),
+        triton_version=importlib.metadata.version("triton"),
+        max_attempts=settings.max_attempts,
+        failed_ttl_s=settings.failed_ttl_s,
+        done_ttl_s=settings.done_ttl_s,
+    )
+
+
+@app.task(
+    name=KERNEL_TASK,
+    soft_time_limit=settings.kernel_soft_time_limit_s,
+    time_limit=settings.kernel_soft_time_limit_s + 30,
+)
+def compile_kernel_task(key: str, namespace: str = "") -> None:
+    """Compiles the Triton kernel job `key` (workers/kernel_job.py)."""
+    try:
+        run_kernel_job(key, _kernel_context(), namespace)
+    except SoftTimeLimitExceeded:
+        fail_kernel_job(
+            key, _kernel_context(), "KERNEL_TIMEOUT",
+            f"the kernel compile ran past {settings.kernel_soft_time_limit_s}s", namespace,
+        )

@@ -1,9 +1,13 @@
 """The coordinator's request path, free of gRPC and of torch.
 
-submit: validate the graph → derive the key → answer from the cache → or join the
-in-flight job for that key → or create the job and queue it on the target's queue.
+submit: validate the graph and options → derive the key in the caller's namespace →
+answer from the cache → or join the in-flight job for that key → or, within the
+tenant's quota, create the job and queue it on the target's queue.
 watch/job: read the job record the workers keep up to date.
-fetch: stream the manifest, then every blob, in chunks.
+fetch: stream the manifest, then every blob, in chunks, checking each blob's digest.
+
+Every call names its tenant (torchfarm/tokens.py); all it reads and writes goes through
+`Store.tenant(namespace)`, so a tenant can neither see nor fetch another's jobs.
 
 Redis and Celery clients are synchronous; their calls run in worker threads so the
 asyncio loop that serves gRPC never blocks on them.
@@ -12,6 +16,7 @@ asyncio loop that serves gRPC never blocks on them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,18 +28,23 @@ from kombu.exceptions import OperationalError
 
 from services.coordinator import metrics
 from services.coordinator.errors import (
+    ArtifactCorrupt,
     BackendUnavailable,
     InvalidRequest,
     NoWorker,
     NotFound,
     RequestTooLarge,
+    TenantQueueFull,
 )
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import graphcheck, keys, routing
+from torchfarm import graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
 from torchfarm.graph_errors import GraphError
-from torchfarm.manifest import ManifestError
+from torchfarm.graph_errors import DisallowedOp, GraphTooLarge
+from torchfarm.manifest import Manifest, ManifestError
+from torchfarm.signing import SignatureError, TrustedKeys
 from torchfarm.store import JobRecord, JobState, Store
+from torchfarm.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
 
 log = logging.getLogger(__name__)
@@ -77,11 +87,20 @@ class FarmState:
 class Dispatcher:
     """Sends compile jobs to a queue. The real one is Celery; unit tests pass another."""
 
-    def send(self, key: str, queue: str) -> None:
+    def send(self, key: str, queue: str, namespace: str = "") -> None:
+        """Queues the compile of `key` in the tenant `namespace` ("" on an open farm)."""
+        raise NotImplementedError
+
+    def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
+        """Queues the Triton kernel compile of `key` (services/coordinator/kernels.py)."""
         raise NotImplementedError
 
     def depth(self, queue: str) -> int:
         raise NotImplementedError
+
+    def queues(self) -> set[str]:
+        """Every queue the broker has seen declared (for the metrics); empty if unknown."""
+        return set()
 
 
 class CeleryDispatcher(Dispatcher):
@@ -89,12 +108,28 @@ class CeleryDispatcher(Dispatcher):
         self.app = make_celery(broker_url)
         self.broker = redis.Redis.from_url(broker_url, socket_timeout=10)
 
-    def send(self, key: str, queue: str) -> None:
-        self.app.send_task(routing.COMPILE_TASK, args=[key], queue=queue)
+    def send(self, key: str, queue: str, namespace: str = "") -> None:
+        self.app.send_task(
+            routing.COMPILE_TASK, args=[key], kwargs={"namespace": namespace}, queue=queue
+        )
+
+    def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
+        self.app.send_task(
+            routing.KERNEL_TASK, args=[key], kwargs={"namespace": namespace}, queue=queue
+        )
 
     def depth(self, queue: str) -> int:
         # Celery's Redis transport keeps each queue as a list named after it.
         return int(self.broker.llen(queue))
+
+    def queues(self) -> set[str]:
+        # Kombu records each queue binding in a set `_kombu.binding.<exchange>` whose
+        # members are "routing_key\x06\x16pattern\x06\x16queue"; they outlive the workers.
+        names: set[str] = set()
+        for binding in self.broker.scan_iter(match="_kombu.binding.*", count=500):
+            for member in self.broker.smembers(binding):
+                names.add(member.decode(errors="replace").split("\x06\x16")[-1])
+        return names
 
 
 class Farm:
@@ -102,7 +137,8 @@ class Farm:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
-        self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes)
+        self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
+        self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         try:
@@ -110,7 +146,9 @@ class Farm:
         except (redis.RedisError, OperationalError, OSError) as e:
             raise BackendUnavailable(f"farm backend unavailable: {e}") from e
 
-    async def submit(self, request: farm_pb2.CompileRequest, size: int) -> Submitted:
+    async def submit(
+        self, request: farm_pb2.CompileRequest, size: int, tenant: Tenant = OPEN
+    ) -> Submitted:
         if size > self.settings.max_request_bytes:
             raise RequestTooLarge(
                 f"request is {size} bytes; the farm accepts at most "
@@ -119,11 +157,17 @@ class Farm:
         try:
             queue = routing.queue_for(request.target)
             graphcheck.validate_graph(request.graph, self.limits)
-        except (routing.UnknownDevice, GraphError) as e:
+            options.check_options(
+                request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
+            )
+        except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
-            raise InvalidRequest(str(e)) from e
-        key = keys.compute_key(request)
-        result = await self._io(self._submit_sync, key, queue, request)
+            raise InvalidRequest(str(e), "UNKNOWN_TARGET") from e
+        except GraphError as e:
+            metrics.REQUESTS.labels(outcome="invalid").inc()
+            raise InvalidRequest(str(e), _graph_reason(e)) from e
+        key = keys.compute_key(request, tenant.namespace)
+        result = await self._io(self._submit_sync, key, queue, request, tenant)
         metrics.REQUESTS.labels(outcome=_outcome(result)).inc()
         log.info(
             "submit key=%s queue=%s state=%s hit=%s dedup=%s label=%s",
@@ -132,31 +176,90 @@ class Farm:
         )
         return result
 
-    def _submit_sync(self, key: str, queue: str, request: farm_pb2.CompileRequest) -> Submitted:
+    def _submit_sync(
+        self, key: str, queue: str, request: farm_pb2.CompileRequest, tenant: Tenant = OPEN
+    ) -> Submitted:
+        store = self.store.tenant(tenant.namespace)
         try:
-            if self.store.get_manifest(key) is not None:
+            if self._servable(store, key):
                 return Submitted(key, JobState.SUCCEEDED, cache_hit=True)
         except ManifestError:
             log.warning("key=%s has a corrupt manifest; recompiling", keys.short(key))
-            self.store.delete_artifact(key)
-        job = self.store.get_job(key)
+            store.delete_artifact(key)
+        job = store.get_job(key)
         if job is not None and self._is_stale(job):
             log.warning("key=%s job stuck in %s; requeueing", keys.short(key), job.state)
-            self.store.delete_job(key)
+            store.delete_job(key)
+            metrics.REQUEUED.inc()
+            job = None
+        if job is not None and job.state == JobState.SUCCEEDED:
+            # Its artifact is gone (evicted, corrupt, or refused above): compile again.
+            store.delete_job(key)
             job = None
         if job is not None:
             return Submitted(key, job.state, deduplicated=job.state not in JobState.TERMINAL)
-        if not any(queue in w.get("queues", ()) for w in self.store.live_workers().values()):
-            raise NoWorker(f"no live worker serves target {routing.describe(request.target)}")
-        self.store.put_request(key, request.SerializeToString(), self.settings.request_ttl_s)
-        if not self.store.create_job(key, queue, request.label, self.settings.job_ttl_s):
+        # The queue names the exact target and the job kind (torchfarm/routing.py).
+        workers = store.live_workers()
+        if not any(queue in w.get("queues", ()) for w in workers.values()):
+            target = routing.describe(request.target)
+            raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+        store.put_request(key, request.SerializeToString(), self.settings.request_ttl_s)
+        if not store.create_job(key, queue, request.label, self.settings.job_ttl_s):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
+        self._charge(store, key, tenant)
         try:
-            self.dispatcher.send(key, queue)
+            self.dispatcher.send(key, queue, tenant.namespace)
         except Exception:
-            self.store.delete_job(key)  # let the next submit try again
+            store.delete_job(key)  # let the next submit try again
+            store.forget_job(tenant.name, key)
             raise
         return Submitted(key, JobState.QUEUED)
+
+    def _charge(self, store: Store, key: str, tenant: Tenant) -> None:
+        """Counts a new job against the tenant's quota, or undoes it and refuses.
+
+        Counting after the job exists, and undoing when over, never lets a burst of
+        concurrent submits past the quota (at worst one of them is refused early)."""
+        limit = self.settings.max_jobs_per_tenant
+        if not limit:
+            return
+        in_flight = store.note_job(tenant.name, key, self.settings.job_ttl_s)
+        if in_flight > limit:
+            store.forget_job(tenant.name, key)
+            store.delete_job(key)
+            metrics.QUOTA_REFUSALS.inc()
+            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
+            raise TenantQueueFull(
+                f"{who} has {in_flight - 1} compiles queued or running, the most the farm "
+                f"allows per tenant ({limit}); retry when some finish"
+            )
+
+    def _servable(self, store: Store, key: str) -> bool:
+        """True when the cache holds a complete artifact for `key` whose signature (if
+        the coordinator pins keys) verifies and has not expired. A refused one is
+        dropped from the index, so the key compiles again."""
+        manifest = store.get_manifest(key)
+        if manifest is None:
+            return False
+        reason = self._refusal(manifest, key, store.namespace)
+        if reason is None:
+            return True
+        log.warning("key=%s cached artifact refused (%s); recompiling", keys.short(key), reason)
+        metrics.ARTIFACTS_REFUSED.labels(reason=reason).inc()
+        store.delete_artifact(key)
+        return False
+
+    def _refusal(self, manifest: Manifest, key: str, namespace: str) -> str | None:
+        sig = manifest.signature
+        if sig is not None and sig.expires_at <= time.time() + self.settings.poll_interval_s + 60:
+            return "expired"  # about to: a client fetching now would refuse it
+        if self.trusted is None:
+            return None
+        try:
+            self.trusted.verify(manifest, key=key, tenant=namespace, fingerprint=manifest.fingerprint)
+        except SignatureError as e:
+            return e.reason
+        return None
 
     def _is_stale(self, job: JobRecord) -> bool:
         return (
@@ -164,11 +267,12 @@ class Farm:
             and time.time() - job.updated > self.settings.stale_job_s
         )
 
-    async def job(self, key: str) -> JobRecord:
-        job = await self._io(self.store.get_job, key)
+    async def job(self, key: str, tenant: Tenant = OPEN) -> JobRecord:
+        store = self.store.tenant(tenant.namespace)
+        job = await self._io(store.get_job, key)
         if job is not None:
             return job
-        manifest = await self._io(self.store.get_manifest, key)
+        manifest = await self._io(store.get_manifest, key)
         if manifest is not None:
             return JobRecord(
                 key=key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
@@ -176,11 +280,11 @@ class Farm:
             )
         raise NotFound(f"no job or artifact for key {keys.short(key)}")
 
-    async def watch(self, key: str) -> AsyncIterator[JobRecord]:
+    async def watch(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[JobRecord]:
         """Yields the job's record whenever it changes, until a terminal state."""
         last = None
         while True:
-            job = await self.job(key)
+            job = await self.job(key, tenant)
             seen = (job.state, job.stage, job.attempts)
             if seen != last:
                 last = seen
@@ -189,28 +293,45 @@ class Farm:
                 return
             await asyncio.sleep(self.settings.poll_interval_s)
 
-    async def fetch(self, key: str) -> AsyncIterator[ArtifactPiece]:
-        manifest_bytes = await self._io(self.store.get_manifest_bytes, key)
-        manifest = await self._io(self.store.get_manifest, key)
+    async def fetch(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[ArtifactPiece]:
+        """Streams the manifest, then each blob in chunks. A blob whose bytes no longer
+        match its digest (tampered with, or damaged, in Redis) ends the stream with
+        ArtifactCorrupt and drops the manifest, so the next submit recompiles."""
+        store = self.store.tenant(tenant.namespace)
+        manifest_bytes = await self._io(store.get_manifest_bytes, key)
+        manifest = await self._io(store.get_manifest, key)
         if manifest is None or manifest_bytes is None:
             raise NotFound(f"no artifact for key {keys.short(key)}")
         yield ArtifactPiece("", 0, manifest_bytes)
         step = self.settings.chunk_bytes
         for ref in manifest.blobs():
+            digest = hashlib.sha256()
             for offset in range(0, max(ref.size, 1), step):
                 end = min(offset + step, ref.size) - 1
-                data = await self._io(self.store.get_blob_range, ref.digest, offset, end)
+                data = await self._io(store.get_blob_range, ref.digest, offset, end)
                 if len(data) != end - offset + 1:
                     raise NotFound(f"artifact {keys.short(key)} was evicted while streaming")
+                digest.update(data)
                 yield ArtifactPiece(ref.digest, offset, data)
+            if "sha256:" + digest.hexdigest() != ref.digest:
+                metrics.ARTIFACTS_REFUSED.labels(reason="corrupt").inc()
+                log.error("key=%s blob %s does not match its digest; dropping the artifact",
+                          keys.short(key), ref.digest[:19])
+                # The blob is keyed by the digest it no longer has: drop it too, or the
+                # recompile's SET NX would keep the bad bytes.
+                await self._io(store.delete_artifact, key)
+                await self._io(store.delete_blob, ref.digest)
+                raise ArtifactCorrupt(
+                    f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
+                )
         metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
 
-    async def status(self) -> FarmState:
-        return await self._io(self._status_sync)
+    async def status(self, tenant: Tenant = OPEN) -> FarmState:
+        return await self._io(self._status_sync, tenant)
 
-    def _status_sync(self) -> FarmState:
+    def _status_sync(self, tenant: Tenant = OPEN) -> FarmState:
         workers = self.store.live_workers()
-        jobs = self.store.recent_jobs()
+        jobs = self.store.tenant(tenant.namespace).recent_jobs()
         served = {q for w in workers.values() for q in w.get("queues", ())}
         names = sorted(served | {j.queue for j in jobs if j.queue})
         queues = [
@@ -228,6 +349,14 @@ class Farm:
             artifacts=len(self.store.artifact_keys()),
             cache_bytes=self.store.cache_bytes(),
         )
+
+
+def _graph_reason(e: GraphError) -> str:
+    if isinstance(e, options.OptionNotAllowed):
+        return "OPTION_NOT_ALLOWED"
+    if isinstance(e, GraphTooLarge):
+        return "GRAPH_TOO_LARGE"
+    return "DISALLOWED_OP" if isinstance(e, DisallowedOp) else "INVALID_GRAPH"
 
 
 def _outcome(s: Submitted) -> str:

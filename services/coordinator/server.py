@@ -9,6 +9,7 @@ stop sending new calls, then in-flight calls get `grace_s` to finish.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 
@@ -16,7 +17,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from services.coordinator import auth, metrics
 from services.coordinator.farm import CeleryDispatcher, Dispatcher, Farm
+from services.coordinator.gauges import read_gauges
 from services.coordinator.servicer import CompileFarmServicer
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.settings import from_env
@@ -44,23 +47,37 @@ async def serve(
     """Serves until `stop` is set, then drains and returns."""
     store = Store.from_url(settings.cache_url, settings.redis_prefix)
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url))
-    server = grpc.aio.server(options=grpc_options(settings.max_message_bytes))
+    server = grpc.aio.server(
+        options=grpc_options(settings.max_message_bytes),
+        interceptors=[metrics.RpcMetricsInterceptor(), auth.AuthInterceptor(auth.load_tokens(settings))],
+    )
     farm_pb2_grpc.add_CompileFarmServicer_to_server(CompileFarmServicer(farm, settings), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(settings.listen) == 0:
+    credentials = auth.server_credentials(settings)
+    if credentials is None:
+        bound = server.add_insecure_port(settings.listen)
+    else:
+        bound = server.add_secure_port(settings.listen, credentials)
+    if bound == 0:
         raise OSError(f"cannot bind {settings.listen}")
+    http = None
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="0.0.0.0")
+        metrics.set_build_info()
+        metrics.install_farm_collector(functools.partial(read_gauges, store, farm.dispatcher))
+        http, _ = start_http_server(settings.metrics_port, addr="0.0.0.0")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("coordinator serving on %s", settings.listen)
+    log.info("coordinator serving on %s (%s)", settings.listen, "TLS" if credentials else "plaintext")
     await stop.wait()
     log.info("coordinator stopping; draining for up to %.0fs", settings.grace_s)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_s)
+    if http is not None:
+        http.shutdown()
+        http.server_close()
     log.info("coordinator stopped")
 
 

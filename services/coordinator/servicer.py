@@ -1,17 +1,23 @@
-"""gRPC servicer: translates protobuf to the Farm's domain calls, and errors to codes."""
+"""gRPC servicer: translates protobuf to the Farm's domain calls, and errors to codes.
+
+Each call runs as the tenant the auth interceptor admitted (`auth.caller()`). Each
+error's stable reason travels in the `torchfarm-reason` trailing metadata.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 
-from services.coordinator import errors, metrics
+from services.coordinator import auth, errors, metrics
 from services.coordinator.farm import Farm
+from services.coordinator.kernels import KernelService
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import __version__
+from torchfarm import __version__, routing
 from torchfarm.store import JobRecord
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
@@ -20,6 +26,8 @@ log = logging.getLogger(__name__)
 _CODES: dict[type[errors.CoordinatorError], grpc.StatusCode] = {
     errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.TenantQueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.ArtifactCorrupt: grpc.StatusCode.DATA_LOSS,
     errors.NoWorker: grpc.StatusCode.UNAVAILABLE,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
@@ -54,14 +62,14 @@ class _ErrorMapping:
         if exc is None or isinstance(exc, (grpc.aio.AbortError, GeneratorExit)):
             return False
         if isinstance(exc, errors.CoordinatorError):
-            code = _CODES[type(exc)]
+            code, reason = _CODES[type(exc)], exc.reason
         elif isinstance(exc, Exception):
             log.exception("internal error")
-            code = grpc.StatusCode.INTERNAL
+            code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
         else:
             return False
         metrics.RPC_ERRORS.labels(code=code.name).inc()
-        await self.context.abort(code, str(exc))
+        await self.context.abort(code, str(exc), trailing_metadata=((auth.REASON_KEY, reason),))
         return True  # abort raised already; not reached
 
 
@@ -69,10 +77,11 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
     def __init__(self, farm: Farm, settings: CoordinatorSettings):
         self.farm = farm
         self.settings = settings
+        self.kernels = KernelService(farm)
 
     async def Submit(self, request, context):
         async with _ErrorMapping(context):
-            s = await self.farm.submit(request, request.ByteSize())
+            s = await self.farm.submit(request, request.ByteSize(), auth.caller())
             return farm_pb2.SubmitReply(
                 key=s.key,
                 state=farm_pb2.JobState.Value(s.state),
@@ -82,16 +91,16 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
 
     async def GetJob(self, request, context):
         async with _ErrorMapping(context):
-            return job_status(await self.farm.job(request.key))
+            return job_status(await self.farm.job(request.key, auth.caller()))
 
     async def Watch(self, request, context) -> AsyncIterator[farm_pb2.JobStatus]:
         async with _ErrorMapping(context):
-            async for job in self.farm.watch(request.key):
+            async for job in self.farm.watch(request.key, auth.caller()):
                 yield job_status(job)
 
     async def FetchArtifact(self, request, context) -> AsyncIterator[farm_pb2.ArtifactChunk]:
         async with _ErrorMapping(context):
-            async for piece in self.farm.fetch(request.key):
+            async for piece in self.farm.fetch(request.key, auth.caller()):
                 if not piece.digest:
                     yield farm_pb2.ArtifactChunk(manifest=piece.data)
                 else:
@@ -103,7 +112,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
 
     async def GetFarmStatus(self, request, context):
         async with _ErrorMapping(context):
-            st = await self.farm.status()
+            st = await self.farm.status(auth.caller())
             now = time.time()
             return farm_pb2.FarmStatus(
                 workers=[
@@ -112,6 +121,11 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                         queue=",".join(w.get("queues", [])),
                         last_seen_seconds=max(0.0, now - float(w.get("seen", now))),
                         build=w.get("build", ""),
+                        targets=[
+                            farm_pb2.ServedTarget(target=t, jobs=sorted(kinds))
+                            for t, kinds in sorted(routing.served_targets(w).items())
+                        ],
+                        fingerprint=w.get("fingerprint", {}),
                     )
                     for name, w in sorted(st.workers.items())
                 ],
@@ -125,3 +139,17 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 recent_jobs=[job_status(j) for j in st.recent_jobs],
             )
 
+    async def CompileKernel(self, request, context):
+        async with _ErrorMapping(context):
+            k = await self.kernels.compile(request, request.ByteSize(), auth.caller().namespace)
+            return farm_pb2.KernelReply(
+                key=k.key,
+                cache_hit=k.cache_hit,
+                kind=k.record["kind"],
+                binary=k.binary,
+                assembly=k.assembly,
+                metadata_json=json.dumps(k.record.get("metadata", {}), sort_keys=True),
+                triton_version=k.record.get("triton_version", ""),
+                worker=k.record.get("worker", ""),
+                compile_seconds=float(k.record.get("seconds", 0.0)),
+            )

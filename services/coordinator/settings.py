@@ -37,3 +37,21 @@ class CoordinatorSettings:
     """Port for Prometheus /metrics; 0 turns the endpoint off."""
     max_nodes: int = 50_000
     """Largest graph, in nodes, the coordinator accepts."""
+    max_rank: int = 16
+    """Most dimensions of any input or constant tensor the coordinator accepts."""
+    max_jobs_per_tenant: int = 64
+    """Compiles one tenant may have queued or running at once (RESOURCE_EXHAUSTED past
+    it); 0 turns the quota off. Cache hits and joins of running jobs never count."""
+    tokens_file: str = ""
+    """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
+    open, every caller shares the unnamed namespace, and the log says so at start."""
+    tls_cert_file: str = ""
+    """PEM certificate chain for TLS; with tls_key_file, the port serves TLS only."""
+    tls_key_file: str = ""
+    """PEM private key of tls_cert_file."""
+    tls_client_ca_file: str = ""
+    """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
+    trusted_keys_file: str = ""
+    """Worker public keys (torchfarm/signing.py). When set, a cached artifact whose
+    signature fails against them is treated as a miss and compiled again, so retiring a
+    signing key recompiles what it signed on demand. Expired signatures are misses always."""

@@ -67,7 +67,9 @@ def test_up_prints_address_serves_status_and_stops_clean():
             capture_output=True, text=True, check=True,
         )
         status = json.loads(out.stdout)
-        assert [w["queue"] for w in status["workers"]] == ["cpu"]
+        # The worker serves this machine's own exact target (torchfarm/routing.py).
+        assert [w["queue"].split(".")[0] for w in status["workers"]] == ["cpu"]
+        assert [t["jobs"] for t in status["workers"][0]["targets"]] == [["graph"]]
         table = subprocess.run(
             [*TORCHFARM, "status", "--remote", remote], capture_output=True, text=True, check=True
         ).stdout

@@ -1,0 +1,199 @@
+"""Load test (`make bench-load`): N client processes against a real local farm.
+
+The farm is the embedded stack (redis-server, the coordinator, CPU workers) with tokens
+and signed artifacts, as a shared farm runs. The parent builds D distinct small real
+graphs (captured by Dynamo, as the SDK would) and hands their CompileRequests to N
+client processes. For a bounded time each client loops: pick a graph (all start on the
+same one, then mostly a small hot set, sometimes any), submit, wait if it was not a
+hit, fetch, and verify the signature, namespace, fingerprint and every blob digest,
+as the SDK does before loading. The clients never import torch.
+
+It reports throughput, p50/p99 latency of hits (submit + fetch + verify), how many
+submits joined an in-flight compile, how many compiles the workers actually ran (the
+job records' delivery counts), errors, and the coordinator's resident memory at the
+start and the end. Targets: zero errors and exactly one compile per distinct graph;
+the exit status is 1 when either is missed.
+
+    .venv/bin/python bench/load.py [--clients 8] [--graphs 6] [--seconds 60] [--workers 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def build_requests(count: int) -> list[bytes]:
+    """`count` distinct small graphs as serialized CompileRequests (imports torch)."""
+    import torch
+
+    from sdk.backend import build_request
+    from sdk.codec import encode_graph
+    from sdk.target import local_fingerprint
+
+    out = []
+    for i in range(count):
+        captured: dict = {}
+
+        def backend(gm, example_inputs):
+            captured["gm"], captured["inputs"] = gm, example_inputs
+            return gm.forward
+
+        def fn(x, w):
+            return (torch.tanh(x @ w) + x.sin()).sum()
+
+        n = 8 + 4 * i
+        torch._dynamo.reset()
+        torch.compile(fn, backend=backend, fullgraph=True)(torch.randn(n, n), torch.randn(n, n))
+        graph = encode_graph(captured["gm"], captured["inputs"])
+        out.append(build_request(graph, local_fingerprint(), "", {}, f"load graph {i}").SerializeToString())
+    torch._dynamo.reset()
+    return out
+
+
+def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict, deadline: float,
+                hot: int, results) -> None:
+    """One client process: loops until the deadline, then puts its records on `results`."""
+    from sdk.client import FarmClient
+    from sdk.errors import FarmError
+    from sdk.settings import SDKSettings
+    from sdk.trust import Trust
+    from torchfarm.manifest import Manifest, check_blobs
+    from torchfarm.v1 import farm_pb2
+
+    settings = SDKSettings(
+        remote=env["TORCHFARM_REMOTE"], token=env["TORCHFARM_TOKEN"],
+        trusted_keys_file=env["TORCHFARM_TRUSTED_KEYS_FILE"], connect_timeout_s=10,
+    )
+    client = FarmClient(settings.remote, settings)
+    trust = Trust.from_settings(settings, client.address)
+    rng = random.Random(index)
+    parsed = [farm_pb2.CompileRequest.FromString(r) for r in requests]
+    records = []
+    first = True
+    while time.time() < deadline:
+        i = 0 if first else (rng.randrange(hot) if rng.random() < 0.8 else rng.randrange(len(parsed)))
+        first = False
+        t0 = time.perf_counter()
+        try:
+            reply = client.submit(parsed[i])
+            if not reply.cache_hit:
+                client.wait(reply.key)
+            manifest_bytes, blobs = client.fetch(reply.key)
+            manifest = Manifest.from_json(manifest_bytes)
+            trust.keys.verify(manifest, key=reply.key, tenant=trust.namespace, fingerprint=fingerprint)
+            check_blobs(manifest, blobs)
+            outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
+            records.append((i, outcome, time.perf_counter() - t0, ""))
+        except (FarmError, ValueError) as e:
+            records.append((i, "error", time.perf_counter() - t0, f"{type(e).__name__}: {e}"))
+    client.close()
+    results.put(records)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def run(args: argparse.Namespace) -> dict:
+    from sdk.target import local_fingerprint
+    from torchfarm.stack import LocalStack
+
+    requests = build_requests(args.graphs)
+    fingerprint = local_fingerprint().to_dict()
+    with LocalStack(workers=args.workers, tenants=("load",)) as stack:
+        coordinator = stack.procs["coordinator"].pid
+        rss_start = rss_kb(coordinator)
+        env = stack.client_env("load")
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        t0 = time.time()
+        deadline = t0 + args.seconds
+        procs = [
+            ctx.Process(target=client_main, args=(i, env, requests, fingerprint, deadline, args.hot, results))
+            for i in range(args.clients)
+        ]
+        for p in procs:
+            p.start()
+        records = []
+        for _ in procs:
+            records.extend(results.get(timeout=args.seconds + 900))
+        for p in procs:
+            p.join(60)
+        elapsed = time.time() - t0
+        rss_end = rss_kb(coordinator)
+        store = stack.store().tenant("load")
+        from torchfarm import keys
+        from torchfarm.v1 import farm_pb2
+
+        requested = sorted({i for i, *_ in records})
+        compiles = {}
+        for i in requested:
+            key = keys.compute_key(farm_pb2.CompileRequest.FromString(requests[i]), "load")
+            job = store.get_job(key)
+            compiles[i] = job.attempts if job else 0
+    hits = [t for _, o, t, _ in records if o == "hit"]
+    errors = [r[3] for r in records if r[1] == "error"]
+    report = {
+        "clients": args.clients,
+        "workers": args.workers,
+        "seconds": round(elapsed, 1),
+        "requests": len(records),
+        "throughput_per_s": round(len(records) / elapsed, 1),
+        "hits": len(hits),
+        "hit_latency_p50_ms": round(1000 * percentile(hits, 0.50), 2),
+        "hit_latency_p99_ms": round(1000 * percentile(hits, 0.99), 2),
+        "misses": sum(1 for r in records if r[1] == "miss"),
+        "joined_in_flight": sum(1 for r in records if r[1] == "joined"),
+        "distinct_graphs": len(requested),
+        "compiles_run": sum(compiles.values()),
+        "compiles_per_graph": compiles,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "coordinator_rss_start_mb": round(rss_start / 1024, 1),
+        "coordinator_rss_end_mb": round(rss_end / 1024, 1),
+    }
+    if hits:
+        report["hit_latency_mean_ms"] = round(1000 * statistics.mean(hits), 2)
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--graphs", type=int, default=6, help="distinct graphs")
+    ap.add_argument("--hot", type=int, default=2, help="graphs most requests go to")
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="also write the report here")
+    args = ap.parse_args()
+    report = run(args)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    ok = report["errors"] == 0 and report["compiles_run"] == report["distinct_graphs"]
+    print("target met: zero errors, one compile per distinct graph" if ok else "TARGET MISSED", flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

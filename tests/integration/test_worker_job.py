@@ -1,0 +1,120 @@
+"""The worker's job path around the compile, against a real redis-server, with the
+compile itself replaced: namespaces, signing, the artifact size limit, the option
+allow-list, and a time limit that Inductor wrapped in its own exception."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk.target import local_fingerprint
+from torchfarm import keys
+from torchfarm.signing import Signer, TrustedKeys
+from torchfarm.store import JobState
+from tests.requests import relu_request
+from workers import job as job_module
+from workers.compiler import CompileFailed, CompileResult, Kernel
+from workers.job import WorkerContext, run_job
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+
+class FakeTimeLimit(Exception):
+    pass
+
+
+@pytest.fixture
+def ctx(store, monkeypatch):
+    monkeypatch.setattr(job_module, "decode_graph", lambda graph: _Decoded())
+    monkeypatch.setattr(job_module, "_check_build", lambda request, local: None)
+    return WorkerContext(
+        settings=WorkerSettings(max_artifact_bytes=1000),
+        store=store,
+        fingerprint=local_fingerprint(),
+        name="w-test",
+        signer=Signer.generate(),
+        timeout_errors=(FakeTimeLimit,),
+    )
+
+
+class _Decoded:
+    gm = None
+    example_inputs: list = []
+    fake_mode = None
+
+
+def _submit(store, namespace: str, **changes) -> str:
+    request = relu_request(**changes)
+    key = keys.compute_key(request, namespace)
+    view = store.tenant(namespace)
+    view.put_request(key, request.SerializeToString(), 60)
+    view.create_job(key, "cpu", "test", 60)
+    return key
+
+
+def _compile_returning(payload: bytes):
+    def compile_graph(*args, **kwargs):
+        kernel = Kernel(name="k", kind="cpp", source=b"src", binary=b"bin")
+        return CompileResult(payload=payload, kernels=[kernel], timings={"compile": 0.1})
+
+    return compile_graph
+
+
+def test_signed_artifact_in_the_tenants_namespace(ctx, store, monkeypatch):
+    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"payload"))
+    key = _submit(store, "alice")
+    run_job(key, ctx, "alice")
+    alice = store.tenant("alice")
+    assert alice.get_job(key).state == JobState.SUCCEEDED
+    assert store.get_manifest(key) is None  # not in the unnamed namespace
+    manifest = alice.get_manifest(key)
+    assert manifest.tenant == "alice"
+    TrustedKeys.parse(ctx.signer.trusted_entry()).verify(
+        manifest, key=key, tenant="alice", fingerprint=ctx.fingerprint.to_dict()
+    )
+
+
+def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
+    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"payload"))
+    key = _submit(store, "alice")
+    bob = store.tenant("bob")
+    bob.put_request(key, store.tenant("alice").get_request(key), 60)  # Alice's request under Bob
+    run_job(key, ctx, "bob")
+    assert bob.get_job(key).error_code == "MALFORMED_REQUEST"
+
+
+def test_artifact_over_the_limit_fails_artifact_too_large(ctx, store, monkeypatch):
+    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"x" * 2000))
+    key = _submit(store, "")
+    run_job(key, ctx)
+    record = store.get_job(key)
+    assert (record.state, record.error_code) == (JobState.FAILED, "ARTIFACT_TOO_LARGE")
+    assert "2000" in record.message or "2006" in record.message
+    assert store.get_manifest(key) is None
+
+
+def test_disallowed_option_never_reaches_the_compiler(ctx, store, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(job_module, "compile_graph", boom)
+    key = _submit(store, "", options={"cpp.cxx": '[null, "/bin/sh"]'})
+    run_job(key, ctx)
+    assert store.get_job(key).error_code == "OPTION_NOT_ALLOWED"
+
+
+def test_time_limit_wrapped_by_inductor_is_compile_timeout(ctx, store, monkeypatch):
+    def wrapped(*a, **k):
+        # Celery's exception, wrapped by Inductor's, wrapped by compile_graph's.
+        try:
+            try:
+                raise FakeTimeLimit()
+            except FakeTimeLimit as inner:
+                raise RuntimeError("InductorError: lowering failed") from inner
+        except RuntimeError as inductor:
+            raise CompileFailed("RuntimeError: InductorError") from inductor
+
+    monkeypatch.setattr(job_module, "compile_graph", wrapped)
+    key = _submit(store, "")
+    run_job(key, ctx)
+    assert store.get_job(key).error_code == "COMPILE_TIMEOUT"

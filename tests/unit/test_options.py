@@ -1,0 +1,33 @@
+"""The compile-option allow-list: what reaches a worker's Inductor config."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchfarm.options import OptionNotAllowed, check_options
+
+
+def test_modes_and_tuning_options_pass():
+    assert check_options("max-autotune", [("max_autotune", "true"), ("max_fusion_size", "32")]) == {
+        "max_autotune": True, "max_fusion_size": 32,
+    }
+    assert check_options("", [("cpp.simdlen", "null")]) == {"cpp.simdlen": None}
+
+
+@pytest.mark.parametrize(
+    "mode, opts, match",
+    [
+        ("", [("cpp.cxx", '[null, "/bin/sh"]')], "allow-list"),  # the compiler binary: RCE
+        ("", [("trace.debug_dir", '"/etc"')], "allow-list"),
+        ("", [("post_grad_custom_post_pass", "null")], "allow-list"),
+        ("", [("max_autotune", "1")], "not allowed"),  # int for a bool
+        ("", [("max_fusion_size", "true")], "not allowed"),  # bool for an int
+        ("", [("max_fusion_size", str(10**9))], "not allowed"),
+        ("", [("max_autotune", "tru")], "not JSON"),
+        ("", [("max_autotune", "true"), ("max_autotune", "false")], "twice"),
+        ("turbo", [], "mode"),
+    ],
+)
+def test_everything_else_is_refused(mode, opts, match):
+    with pytest.raises(OptionNotAllowed, match=match):
+        check_options(mode, opts)

@@ -1,0 +1,142 @@
+"""Tenant tokens: their format, their hashes, and the table the coordinator checks them against.
+
+A token is `tf1.<namespace>.<secret>`: the cache namespace it opens, then 32 random
+bytes in unpadded base64url. The namespace travels in clear so the SDK knows, without
+asking the farm, which namespace an artifact's signature must name. It grants nothing by
+itself: the coordinator accepts a token only if the SHA-256 of the whole token is in
+its table, and only for the namespace the table gives that hash.
+
+The table is a JSON file the operator writes (`TORCHFARM_TOKENS_FILE`)::
+
+    {"<sha256 hex of the token>": "alice",
+     "<sha256 hex>": {"tenant": "bob", "namespace": "shared"}}
+
+A string value names a tenant whose namespace is its own name; an object may put
+several tenants in one shared namespace. Only hashes are stored, and a presented
+token is compared against every stored hash in constant time.
+
+This module imports neither grpc nor torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKEN_PREFIX = "tf1"
+"""The token format's version tag, the first dot-separated field."""
+
+SECRET_BYTES = 32
+"""Random bytes in a token's secret: 256 bits, so guessing is out of the question."""
+
+_NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}\Z")
+_SECRET_RE = re.compile(r"[A-Za-z0-9_-]{43}\Z")
+
+
+class TokenError(ValueError):
+    """A token, a namespace name or a token table is malformed."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who a call comes from: the tenant's name (logs, quotas) and its cache namespace."""
+
+    name: str
+    namespace: str
+
+
+OPEN = Tenant(name="", namespace="")
+"""Every caller of a farm that runs without tokens: one tenant, the unnamed namespace."""
+
+
+def check_namespace(namespace: str) -> str:
+    if not _NAMESPACE_RE.match(namespace):
+        raise TokenError(
+            f"namespace {namespace!r}: use 1-63 of a-z, 0-9, '_' and '-', starting with a letter or digit"
+        )
+    return namespace
+
+
+def new_token(namespace: str) -> str:
+    """A fresh token for `namespace`."""
+    secret = base64.urlsafe_b64encode(secrets.token_bytes(SECRET_BYTES)).rstrip(b"=").decode()
+    return f"{TOKEN_PREFIX}.{check_namespace(namespace)}.{secret}"
+
+
+def namespace_of(token: str) -> str:
+    """The namespace a well-formed token names; TokenError otherwise."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not _SECRET_RE.match(parts[2]):
+        raise TokenError(f"not a torchfarm token (expected {TOKEN_PREFIX}.<namespace>.<secret>)")
+    return check_namespace(parts[1])
+
+
+def token_hash(token: str) -> str:
+    """What the table stores for a token: the hex SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenTable:
+    """Hashes of the valid tokens, each with its tenant. Empty means nobody gets in."""
+
+    def __init__(self, entries: dict[str, Tenant]):
+        for h, tenant in entries.items():
+            if not re.fullmatch(r"[0-9a-f]{64}", h):
+                raise TokenError(f"token table: {h[:16]!r}... is not a hex SHA-256")
+            check_namespace(tenant.namespace)
+        self._entries = [(h.encode(), t) for h, t in entries.items()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> TokenTable:
+        try:
+            body = json.loads(data)
+        except ValueError as e:
+            raise TokenError(f"token table is not JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise TokenError("token table must be a JSON object of sha256 → tenant")
+        entries: dict[str, Tenant] = {}
+        for h, value in body.items():
+            if isinstance(value, str):
+                entries[h] = Tenant(name=value, namespace=value)
+            elif isinstance(value, dict) and isinstance(value.get("tenant"), str):
+                entries[h] = Tenant(
+                    name=value["tenant"], namespace=str(value.get("namespace", value["tenant"]))
+                )
+            else:
+                raise TokenError(f"token table entry {h[:16]}...: want a tenant name or an object")
+        return cls(entries)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TokenTable:
+        return cls.from_json(Path(path).read_text())
+
+    def lookup(self, token: str) -> Tenant | None:
+        """The token's tenant, or None. Every entry is compared, in constant time each."""
+        try:
+            claimed = namespace_of(token)
+        except TokenError:
+            claimed = None
+        candidate = token_hash(token).encode()
+        found: Tenant | None = None
+        for h, tenant in self._entries:
+            if hmac.compare_digest(candidate, h):
+                found = tenant
+        if found is None or claimed != found.namespace:
+            return None
+        return found
+
+
+def table_entry(token: str, tenant: str) -> dict[str, object]:
+    """The table line for a new token: {hash: tenant} or {hash: {tenant, namespace}}."""
+    namespace = namespace_of(token)
+    value: object = tenant if tenant == namespace else {"tenant": tenant, "namespace": namespace}
+    return {token_hash(token): value}
