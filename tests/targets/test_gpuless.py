@@ -19,7 +19,7 @@ from torchfarm import elf
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-CANDIDATES = [os.environ.get("TORCHFARM_CUDA_PYTHON", ""), "/tmp/cuda-venv/bin/python"]
+CANDIDATES = [os.environ.get("TORCHFARM_CUDA_PYTHON", "")]
 
 SCRIPT = r"""
 import glob, json, os, sys
