@@ -39,8 +39,7 @@ from services.coordinator.errors import (
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
-from torchfarm.graph_errors import GraphError
-from torchfarm.graph_errors import DisallowedOp, GraphTooLarge
+from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
 from torchfarm.signing import SignatureError, TrustedKeys
 from torchfarm.store import JobRecord, JobState, Store
