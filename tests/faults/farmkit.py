@@ -20,7 +20,7 @@ from sdk.target import local_fingerprint
 from torchfarm import keys
 from torchfarm.manifest import Manifest
 from torchfarm.stack import LocalStack
-from torchfarm.store import JobRecord, Store
+from torchfarm.store import JobRecord, JobState, Store
 from torchfarm.v1 import farm_pb2
 
 FIGURES: dict[str, dict] = {}
@@ -98,6 +98,21 @@ def wait_for(pred: Callable[[], object], timeout_s: float, what: str, every_s: f
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
         time.sleep(every_s)
+
+
+def join_client(t, box: dict, timeout_s: float = 300):
+    """Joins a client thread that put its "result" (or "error") into `box`."""
+    t.join(timeout_s)
+    assert not t.is_alive(), "the client did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def compiling(store: Store, key: str) -> bool:
+    """True while a worker is inside the compile stage of `key`'s job."""
+    j = job(store, key)
+    return j is not None and j.state == JobState.RUNNING and j.stage == "compile"
 
 
 def job(store: Store, key: str) -> JobRecord | None:

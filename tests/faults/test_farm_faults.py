@@ -17,7 +17,16 @@ import sdk
 from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected, FarmUnavailable
 from sdk.settings import SDKSettings
-from tests.faults.farmkit import FIGURES, Client, graph_request, job, kill_group, wait_for
+from tests.faults.farmkit import (
+    FIGURES,
+    Client,
+    compiling,
+    graph_request,
+    job,
+    join_client,
+    kill_group,
+    wait_for,
+)
 from torchfarm.manifest import Manifest
 from torchfarm.signing import Signer
 from torchfarm.stack import LocalStack, free_port
@@ -49,17 +58,6 @@ def _bg(fn):
     return t, box
 
 
-def _join(t, box, timeout_s=300):
-    t.join(timeout_s)
-    assert not t.is_alive()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def _compiling(store, key):
-    j = job(store, key)
-    return j is not None and j.state == JobState.RUNNING and j.stage == "compile"
 
 
 def test_tenants_are_isolated_end_to_end(stack):
@@ -147,14 +145,14 @@ def test_coordinator_restart_mid_compile_client_resumes_and_gets_its_artifact(st
     request = graph_request(20, depth=2, label="coordinator-restart")
     key = client.key(request)
     t, box = _bg(lambda: client.compile(request))
-    wait_for(lambda: _compiling(store, key), 120, "the compile")
+    wait_for(lambda: compiling(store, key), 120, "the compile")
     kill_group(stack, "coordinator")
     down = time.monotonic()
     time.sleep(1.0)
     stack.start_coordinator()
     stack.wait_ready(60)
     back = time.monotonic() - down
-    out = _join(t, box)
+    out = join_client(t, box)
     record = store.get_job(key)
     assert out.manifest.key == key and record.state == JobState.SUCCEEDED and record.attempts == 1
     # Submitting the same request again is idempotent: a hit on the same key.
@@ -173,7 +171,7 @@ def test_redis_restart_coordinator_recovers_without_restart(stack):
     request = graph_request(22, depth=2, label="redis-restart")
     key = client.key(request)
     t, box = _bg(lambda: client.compile(request))
-    wait_for(lambda: _compiling(stack.store().tenant("alice"), key), 120, "the compile")
+    wait_for(lambda: compiling(stack.store().tenant("alice"), key), 120, "the compile")
     stack.stop_process("redis")  # no persistence: it comes back empty
     down = time.monotonic()
     # While Redis is down, a submit fails fast and the SDK would fall back.
@@ -187,7 +185,7 @@ def test_redis_restart_coordinator_recovers_without_restart(stack):
     # The client watching the lost job resubmits (JobLost) and gets an artifact, or, if
     # no worker has re-registered yet, falls back: both are allowed outcomes.
     try:
-        out = _join(t, box)
+        out = join_client(t, box)
         in_flight = "artifact after resubmit" if out.manifest.key == key else "wrong artifact"
     except FarmUnavailable as e:
         in_flight = f"fell back: {e.code}"

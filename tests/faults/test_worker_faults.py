@@ -12,7 +12,17 @@ import pytest
 import redis
 
 from sdk.errors import RemoteCompileError
-from tests.faults.farmkit import FIGURES, Client, graph_request, job, kill_group, pool_child, wait_for
+from tests.faults.farmkit import (
+    FIGURES,
+    Client,
+    compiling,
+    graph_request,
+    job,
+    join_client,
+    kill_group,
+    pool_child,
+    wait_for,
+)
 from torchfarm.stack import LocalStack
 from torchfarm.store import JobState
 
@@ -48,17 +58,6 @@ def _in_background(fn):
     return t, box
 
 
-def _result(t, box, timeout_s: float):
-    t.join(timeout_s)
-    assert not t.is_alive(), "the client did not finish"
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def _compiling(store, key):
-    j = job(store, key)
-    return j is not None and j.state == JobState.RUNNING and j.stage == "compile"
 
 
 def test_pool_process_killed_mid_compile_completes_once(stack):
@@ -67,10 +66,10 @@ def test_pool_process_killed_mid_compile_completes_once(stack):
     key = client.key(request)
     t0 = time.monotonic()
     t, box = _in_background(lambda: client.compile(request))
-    wait_for(lambda: _compiling(store, key), 120, "the compile")
+    wait_for(lambda: compiling(store, key), 120, "the compile")
     os.kill(pool_child(stack), signal.SIGKILL)
     killed = time.monotonic()
-    out = _result(t, box, 300)
+    out = join_client(t, box, 300)
     record = store.get_job(key)
     assert out.status is not None and out.status.state == 3  # SUCCEEDED
     assert out.manifest.key == key and out.manifest.signature is not None
@@ -89,14 +88,14 @@ def test_whole_worker_killed_mid_compile_is_redelivered_to_a_new_worker(stack):
     request = graph_request(28, label="worker-kill")
     key = client.key(request)
     t, box = _in_background(lambda: client.compile(request))
-    wait_for(lambda: _compiling(store, key), 120, "the compile")
+    wait_for(lambda: compiling(store, key), 120, "the compile")
     kill_group(stack, "worker0")  # the main process, its pool and compile subprocesses
     killed = time.monotonic()
     stack.start_worker(1)
     wait_for(lambda: (j := job(store, key)) is not None and j.attempts >= 2, VISIBILITY_S + 60,
              "the redelivery", every_s=0.2)
     redelivered = time.monotonic() - killed
-    out = _result(t, box, 300)
+    out = join_client(t, box, 300)
     record = store.get_job(key)
     assert record.state == JobState.SUCCEEDED and record.attempts == 2
     assert out.manifest.key == key and out.manifest.worker == "cpu1"
