@@ -54,21 +54,20 @@ def store(redis_url):
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
+def session_stack(tmp_path_factory):
     """The embedded local stack with one CPU worker, shared by the integration tests."""
     workdir = tmp_path_factory.mktemp("stack")
     with LocalStack(workers=1, workdir=workdir) as s:
-        # SDK calls in this process and in the processes tests start pin the stack's
-        # signing key, so every end-to-end load verifies a signature.
-        saved = os.environ.get("TORCHFARM_TRUSTED_KEYS_FILE")
-        os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = str(s.trusted_keys_file)
-        try:
-            yield s
-        finally:
-            if saved is None:
-                os.environ.pop("TORCHFARM_TRUSTED_KEYS_FILE", None)
-            else:
-                os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = saved
+        yield s
+
+
+@pytest.fixture
+def stack(session_stack, monkeypatch):
+    """The shared stack, with its signing key pinned in this test's environment, so SDK
+    calls here and in the processes the test starts verify every artifact's signature.
+    Set per test, not for the session: other stacks sign with keys of their own."""
+    monkeypatch.setenv("TORCHFARM_TRUSTED_KEYS_FILE", str(session_stack.trusted_keys_file))
+    return session_stack
 
 
 @pytest.fixture

@@ -32,13 +32,15 @@ STOP_TIMEOUT_S = 20.0
 """How long each process gets to exit after SIGTERM before it is killed."""
 
 
-def _die_with_parent() -> None:
-    """Runs in each child before exec: SIGTERM it if the stack's process dies, even by
-    SIGKILL, so a killed `torchfarm up` or test run leaves no orphan farm behind."""
-    import ctypes
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    """`cmd` run so that it gets SIGTERM if the stack's process dies, even by SIGKILL,
+    and a killed `torchfarm up` or test run leaves no orphan farm behind.
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    util-linux's setpriv sets the parent-death signal and execs the command in place
+    (same pid). Doing it in a preexec_fn instead is unsafe: the parent has gRPC threads,
+    and Python code between fork and exec can then crash the child."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd
 
 
 def free_port() -> int:
@@ -150,13 +152,12 @@ class LocalStack:
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         logfile = open(self.workdir / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
-            cmd,
+            _die_with_parent(cmd),
             env=env or self.env(),
             stdout=logfile,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         logfile.close()
 

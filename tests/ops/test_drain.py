@@ -45,7 +45,7 @@ def test_sigterm_mid_compile_drains_the_worker(tmp_path):
         store = stack.store()
         client = subprocess.Popen(
             [sys.executable, "-c", _COMPILE.format(address=stack.address)],
-            env={**os.environ, "PYTHONPATH": str(ROOT),
+            env={**os.environ, **stack.client_env(), "PYTHONPATH": str(ROOT),
                  "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "client-inductor")},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )

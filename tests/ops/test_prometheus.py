@@ -140,7 +140,7 @@ def prom(tmp_path_factory):
             wait_for("prometheus to be ready", lambda: _ready(p.url), timeout_s=30)
             wait_for("both targets up", lambda: len(p.query("up == 1")) == 2)
 
-            out = run_python(_COMPILE.format(address=stack.address), {}, timeout=600)
+            out = run_python(_COMPILE.format(address=stack.address), stack.client_env(), timeout=600)
             assert out.returncode == 0 and "COMPILED-OK" in out.stdout, out.stderr[-4000:]
             _refused_job_and_missing_key(stack)
 
