@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import redis
@@ -29,7 +27,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.harness import run_case  # noqa: E402
-from torchfarm.stack import LocalStack, _redis_server, free_port  # noqa: E402
+from torchfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 CASES = ("local cold", "local warm", "pt-remote hit", "farm cold", "farm hit")
@@ -99,13 +97,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="torchfarm-bench-") as tmp:
         tmp = Path(tmp)
         pt_port = free_port()
-        pt_redis = subprocess.Popen(
-            [_redis_server(), "--port", str(pt_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL,
-        )
+        pt_redis = start_redis_server(pt_port, tmp)
         try:
-            time.sleep(0.3)
             with LocalStack(workers=1, workdir=tmp / "stack") as stack:
                 for model in args.models.split(","):
                     print(f"benchmarking {model} ...", flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchfarm.stack import LocalStack, free_port, _redis_server  # noqa: E402
+from torchfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
 
 
@@ -25,22 +24,8 @@ from torchfarm.store import Store  # noqa: E402
 def redis_url(tmp_path_factory):
     """A real redis-server on a free loopback port, for the whole session."""
     port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/1"
-    store = Store.from_url(url)
-    for _ in range(200):
-        try:
-            store.r.ping()
-            break
-        except Exception:
-            time.sleep(0.05)
-    yield url
+    proc = start_redis_server(port, tmp_path_factory.mktemp("redis"))
+    yield f"redis://127.0.0.1:{port}/1"
     proc.terminate()
     proc.wait(10)
 

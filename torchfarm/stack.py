@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from torchfarm.store import Store
@@ -49,11 +50,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _redis_server() -> str:
+def redis_command(port: int, workdir: Path) -> list[str]:
+    """redis-server on 127.0.0.1:`port`, persisting nothing, with `workdir` as its dir."""
     path = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not os.path.exists(path):
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
-    return path
+    return [
+        path, "--port", str(port), "--bind", "127.0.0.1",
+        "--save", "", "--appendonly", "no", "--dir", str(workdir),
+    ]
+
+
+def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.ping():
+                return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def start_redis_server(port: int, workdir: Path) -> subprocess.Popen:
+    """A standalone redis-server for tests and benchmarks, answering PING on return."""
+    proc = subprocess.Popen(
+        redis_command(port, workdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for_redis(f"redis://127.0.0.1:{port}/0")
+    return proc
 
 
 @dataclass
@@ -174,21 +201,11 @@ class LocalStack:
         return self
 
     def start_redis(self) -> None:
-        self._spawn(
-            "redis",
-            [
-                _redis_server(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-            ],
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if self.store().r.ping():
-                    return
-            except Exception:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start; see {self.workdir}/redis.log")
+        self._spawn("redis", redis_command(self.redis_port, self.workdir))
+        try:
+            wait_for_redis(self.cache_url)
+        except redis.RedisError as e:
+            raise RuntimeError(f"redis-server did not start; see {self.workdir}/redis.log") from e
 
     def start_coordinator(self) -> None:
         self._spawn("coordinator", [self.python, "-m", "services.coordinator.server"])

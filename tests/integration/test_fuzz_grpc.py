@@ -8,7 +8,6 @@ coverage guidance where atheris is installed."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import grpc
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
 from tests.requests import relu_request
-from torchfarm.stack import _redis_server, free_port
+from torchfarm.stack import free_port, start_redis_server
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2, graph_pb2
 
@@ -58,19 +57,8 @@ EXPRS = ["s0", "s9", "2*s0", "(s0//0)", "Mod(s0, 0)", "s0**64", "9" * 25, "__imp
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
     redis_port = free_port()
-    workdir = tmp_path_factory.mktemp("fuzz-redis")
-    redis = subprocess.Popen(
-        [_redis_server(), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    redis = start_redis_server(redis_port, tmp_path_factory.mktemp("fuzz-redis"))
     store = Store.from_url(f"redis://127.0.0.1:{redis_port}/1")
-    for _ in range(100):
-        try:
-            store.r.ping()
-            break
-        except Exception:
-            time.sleep(0.05)
     store.heartbeat("w1", ["cpu.avx512", "cpu"], "test", ttl_s=3600)
     port = free_port()
     settings_ = CoordinatorSettings(
