@@ -38,6 +38,9 @@ from torchfarm.manifest import Manifest
 RECENT_JOBS = 50
 """How many job keys `tf:recent` keeps."""
 
+MAX_JOB_MESSAGE_CHARS = 16_000
+"""A failed job keeps this many characters of its message: the tail, where the error is."""
+
 
 class JobState:
     QUEUED = "QUEUED"
@@ -200,6 +203,13 @@ class Store:
 
     def expire_job(self, key: str, ttl_s: int) -> None:
         self.r.expire(self._j("job", key), ttl_s)
+
+    def fail_job(self, key: str, code: str, message: str, ttl_s: int) -> None:
+        """Ends a job as FAILED with the stable `code`; the record is kept `ttl_s` more."""
+        self.update_job(
+            key, state=JobState.FAILED, error_code=code, message=message[-MAX_JOB_MESSAGE_CHARS:]
+        )
+        self.expire_job(key, ttl_s)
 
     def delete_job(self, key: str) -> None:
         self.r.delete(self._j("job", key))

@@ -32,9 +32,6 @@ from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_CHARS = 16_000
-"""Compiler messages are cut to this many characters (the tail, where the error is)."""
-
 
 class JobFailed(Exception):
     """Ends a job as FAILED without a retry; `code` is the stable name clients see."""
@@ -117,10 +114,7 @@ def fail_job(key: str, ctx: WorkerContext, code: str, message: str, namespace: s
 
 def _fail(key: str, ctx: WorkerContext, code: str, message: str) -> None:
     log.warning("job key=%s failed: %s: %s", keys.short(key), code, message[-500:])
-    ctx.store.update_job(
-        key, state=JobState.FAILED, error_code=code, message=message[-MAX_MESSAGE_CHARS:]
-    )
-    ctx.store.expire_job(key, ctx.settings.failed_ttl_s)
+    ctx.store.fail_job(key, code, message, ctx.settings.failed_ttl_s)
 
 
 def _load_request(key: str, store: Store) -> farm_pb2.CompileRequest:

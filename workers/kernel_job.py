@@ -23,9 +23,6 @@ from workers.kernels import KernelCompileError, compile_kernel
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_CHARS = 16_000
-"""Triton's messages are cut to this many characters (the tail, where the error is)."""
-
 
 @dataclass(frozen=True)
 class KernelContext:
@@ -93,8 +90,7 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
         store.put_kernel(key, record)  # last: a reader that sees it finds both blobs
     except _Failed as e:
         log.warning("kernel key=%s failed: %s: %s", keys.short(key), e.code, str(e)[-500:])
-        store.update_job(key, state=JobState.FAILED, error_code=e.code, message=str(e)[-MAX_MESSAGE_CHARS:])
-        store.expire_job(key, ctx.failed_ttl_s)
+        store.fail_job(key, e.code, str(e), ctx.failed_ttl_s)
         return
     total = time.perf_counter() - t0
     store.update_job(
@@ -109,9 +105,7 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
 
 
 def fail_kernel_job(key: str, ctx: KernelContext, code: str, message: str, namespace: str = "") -> None:
-    store = ctx.store.tenant(namespace)
-    store.update_job(key, state=JobState.FAILED, error_code=code, message=message)
-    store.expire_job(key, ctx.failed_ttl_s)
+    ctx.store.tenant(namespace).fail_job(key, code, message, ctx.failed_ttl_s)
 
 
 def _load(key: str, store: Store, namespace: str) -> farm_pb2.KernelRequest:

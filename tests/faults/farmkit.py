@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,6 +99,21 @@ def wait_for(pred: Callable[[], object], timeout_s: float, what: str, every_s: f
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
         time.sleep(every_s)
+
+
+def in_background(fn: Callable[[], object]) -> tuple[threading.Thread, dict]:
+    """Runs `fn` in a thread; its "result" (or the "error" it raised) lands in the box."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # re-raised by join_client
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
 
 
 def join_client(t, box: dict, timeout_s: float = 300):

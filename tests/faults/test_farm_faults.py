@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import threading
 import time
 
 import pytest
@@ -22,7 +21,7 @@ from tests.faults.farmkit import (
     Client,
     compiling,
     graph_request,
-    job,
+    in_background,
     join_client,
     kill_group,
     wait_for,
@@ -43,19 +42,6 @@ def stack(tmp_path_factory):
                     tenants=("alice", "bob"), extra_env=env) as s:
         yield s
 
-
-def _bg(fn):
-    box: dict = {}
-
-    def run():
-        try:
-            box["result"] = fn()
-        except BaseException as e:
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
 
 
 
@@ -144,7 +130,7 @@ def test_coordinator_restart_mid_compile_client_resumes_and_gets_its_artifact(st
     store = stack.store().tenant("alice")
     request = graph_request(20, depth=2, label="coordinator-restart")
     key = client.key(request)
-    t, box = _bg(lambda: client.compile(request))
+    t, box = in_background(lambda: client.compile(request))
     wait_for(lambda: compiling(store, key), 120, "the compile")
     kill_group(stack, "coordinator")
     down = time.monotonic()
@@ -170,7 +156,7 @@ def test_redis_restart_coordinator_recovers_without_restart(stack):
     coordinator = stack.procs["coordinator"]
     request = graph_request(22, depth=2, label="redis-restart")
     key = client.key(request)
-    t, box = _bg(lambda: client.compile(request))
+    t, box = in_background(lambda: client.compile(request))
     wait_for(lambda: compiling(stack.store().tenant("alice"), key), 120, "the compile")
     stack.stop_process("redis")  # no persistence: it comes back empty
     down = time.monotonic()

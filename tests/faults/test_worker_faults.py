@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from tests.faults.farmkit import (
     Client,
     compiling,
     graph_request,
+    in_background,
     job,
     join_client,
     kill_group,
@@ -44,19 +44,6 @@ def stack(tmp_path_factory):
         yield s
 
 
-def _in_background(fn):
-    box: dict = {}
-
-    def run():
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # re-raised by the test
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
-
 
 
 
@@ -65,7 +52,7 @@ def test_pool_process_killed_mid_compile_completes_once(stack):
     request = graph_request(24, label="pool-kill")
     key = client.key(request)
     t0 = time.monotonic()
-    t, box = _in_background(lambda: client.compile(request))
+    t, box = in_background(lambda: client.compile(request))
     wait_for(lambda: compiling(store, key), 120, "the compile")
     os.kill(pool_child(stack), signal.SIGKILL)
     killed = time.monotonic()
@@ -87,7 +74,7 @@ def test_whole_worker_killed_mid_compile_is_redelivered_to_a_new_worker(stack):
     client, store = Client(stack), stack.store()
     request = graph_request(28, label="worker-kill")
     key = client.key(request)
-    t, box = _in_background(lambda: client.compile(request))
+    t, box = in_background(lambda: client.compile(request))
     wait_for(lambda: compiling(store, key), 120, "the compile")
     kill_group(stack, "worker0")  # the main process, its pool and compile subprocesses
     killed = time.monotonic()

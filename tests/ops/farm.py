@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 from tests.requests import relu_request
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2
+
+
+MLP_COMPILE_SCRIPT = textwrap.dedent(
+    """
+    import torch, sdk
+    from examples.models import make_mlp
+    model, (x,) = make_mlp()
+    compiled = sdk.compile(model, remote={address!r}, fallback="error")
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    print("COMPILED-OK")
+    """
+)
+"""A client script (format it with `address`): one MLP compile through the farm,
+checked against eager; prints COMPILED-OK."""
 
 
 def wait_for(what: str, ok, timeout_s: float = 60.0, every_s: float = 0.2):

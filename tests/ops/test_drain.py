@@ -12,39 +12,26 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 
 import grpc
 import pytest
 import redis
 
 from tests.conftest import ROOT
-from tests.ops.farm import foreign_build_request, wait_for
+from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
 from torchfarm.stack import LocalStack
 from torchfarm.store import JobState
 from torchfarm.v1 import farm_pb2_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-_COMPILE = textwrap.dedent(
-    """
-    import torch, sdk
-    from examples.models import make_mlp
-    model, (x,) = make_mlp()
-    compiled = sdk.compile(model, remote={address!r}, fallback="error")
-    with torch.no_grad():
-        got, want = compiled(x), model(x)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    print("COMPILED-OK")
-    """
-)
 
 
 def test_sigterm_mid_compile_drains_the_worker(tmp_path):
     with LocalStack(workers=1, workdir=tmp_path / "stack") as stack:
         store = stack.store()
         client = subprocess.Popen(
-            [sys.executable, "-c", _COMPILE.format(address=stack.address)],
+            [sys.executable, "-c", MLP_COMPILE_SCRIPT.format(address=stack.address)],
             env={**os.environ, **stack.client_env(), "PYTHONPATH": str(ROOT),
                  "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "client-inductor")},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -19,7 +19,6 @@ import re
 import shutil
 import socket
 import subprocess
-import textwrap
 import time
 import urllib.parse
 import urllib.request
@@ -32,7 +31,7 @@ import yaml
 
 from tests.conftest import run_python
 from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
-from tests.ops.farm import foreign_build_request, wait_for
+from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
 from torchfarm import routing
 from torchfarm.stack import LocalStack, free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
@@ -77,21 +76,6 @@ class Prom:
         body = self.get("/api/v1/query", query=expr)
         assert body["status"] == "success", f"{expr}\n→ {body.get('errorType')}: {body.get('error')}"
         return body["data"]["result"]
-
-
-
-_COMPILE = textwrap.dedent(
-    """
-    import torch, sdk
-    from examples.models import make_mlp
-    model, (x,) = make_mlp()
-    compiled = sdk.compile(model, remote={address!r}, fallback="error")
-    with torch.no_grad():
-        got, want = compiled(x), model(x)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    print("COMPILED-OK")
-    """
-)
 
 
 def _refused_job_and_missing_key(stack: LocalStack) -> None:
@@ -140,7 +124,7 @@ def prom(tmp_path_factory):
             wait_for("prometheus to be ready", lambda: _ready(p.url), timeout_s=30)
             wait_for("both targets up", lambda: len(p.query("up == 1")) == 2)
 
-            out = run_python(_COMPILE.format(address=stack.address), stack.client_env(), timeout=600)
+            out = run_python(MLP_COMPILE_SCRIPT.format(address=stack.address), stack.client_env(), timeout=600)
             assert out.returncode == 0 and "COMPILED-OK" in out.stdout, out.stderr[-4000:]
             _refused_job_and_missing_key(stack)
 
