@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from torchfarm.v1 import graph_pb2 as torchfarm_dot_v1_dot_graph__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17torchfarm/v1/farm.proto\x12\x0ctorchfarm.v1\x1a\x18torchfarm/v1/graph.proto\"E\n\x06Target\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x0b\n\x03isa\x18\x03 \x01(\t\x12\x10\n\x08\x63ompiler\x18\x04 \x01(\t\"k\n\x05\x42uild\x12\x15\n\rtorch_version\x18\x01 \x01(\t\x12\x11\n\ttorch_git\x18\x02 \x01(\t\x12\x16\n\x0etriton_version\x18\x03 \x01(\t\x12\x0e\n\x06python\x18\x04 \x01(\t\x12\x10\n\x08platform\x18\x05 \x01(\t\"W\n\x0e\x43ompileOptions\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12&\n\x08inductor\x18\x02 \x03(\x0b\x32\x14.torchfarm.v1.Option\x12\x0f\n\x07\x64ynamic\x18\x03 \x01(\x08\"*\n\x06Option\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\njson_value\x18\x02 \x01(\t\"\xbc\x01\n\x0e\x43ompileRequest\x12\"\n\x05graph\x18\x01 \x01(\x0b\x32\x13.torchfarm.v1.Graph\x12$\n\x06target\x18\x02 \x01(\x0b\x32\x14.torchfarm.v1.Target\x12\"\n\x05\x62uild\x18\x03 \x01(\x0b\x32\x13.torchfarm.v1.Build\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.torchfarm.v1.CompileOptions\x12\r\n\x05label\x18\x05 \x01(\t\"j\n\x0bSubmitReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.torchfarm.v1.JobState\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x04 \x01(\x08\"\x15\n\x06JobRef\x12\x0b\n\x03key\x18\x01 \x01(\t\"-\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"\xf1\x01\n\tJobStatus\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.torchfarm.v1.JobState\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x16\n\x0equeued_seconds\x18\x07 \x01(\x01\x12*\n\x07timings\x18\x08 \x03(\x0b\x32\x19.torchfarm.v1.StageTiming\x12\x16\n\x0e\x61rtifact_bytes\x18\t \x01(\x04\x12\x0e\n\x06worker\x18\n \x01(\t\"\x1a\n\x0b\x41rtifactRef\x12\x0b\n\x03key\x18\x01 \x01(\t\"T\n\rArtifactChunk\x12\x12\n\x08manifest\x18\x01 \x01(\x0cH\x00\x12\'\n\x04\x62lob\x18\x02 \x01(\x0b\x32\x17.torchfarm.v1.BlobChunkH\x00\x42\x06\n\x04kind\"9\n\tBlobChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x13\n\x11\x46\x61rmStatusRequest\"\xf4\x01\n\nWorkerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x19\n\x11last_seen_seconds\x18\x03 \x01(\x01\x12\r\n\x05\x62uild\x18\x04 \x01(\t\x12+\n\x07targets\x18\x05 \x03(\x0b\x32\x1a.torchfarm.v1.ServedTarget\x12>\n\x0b\x66ingerprint\x18\x06 \x03(\x0b\x32).torchfarm.v1.WorkerInfo.FingerprintEntry\x1a\x32\n\x10\x46ingerprintEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x0cServedTarget\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0c\n\x04jobs\x18\x02 \x03(\t\":\n\tQueueInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x04\x12\x0f\n\x07running\x18\x03 \x01(\x04\"\xd3\x01\n\nFarmStatus\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.torchfarm.v1.WorkerInfo\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.torchfarm.v1.QueueInfo\x12\x11\n\tartifacts\x18\x03 \x01(\x04\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13\x63oordinator_version\x18\x05 \x01(\t\x12,\n\x0brecent_jobs\x18\x06 \x03(\x0b\x32\x17.torchfarm.v1.JobStatus\"\xfe\x01\n\rKernelRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\tsignature\x18\x03 \x03(\x0b\x32\x17.torchfarm.v1.KernelArg\x12(\n\nconstexprs\x18\x04 \x03(\x0b\x32\x14.torchfarm.v1.Option\x12$\n\x06target\x18\x05 \x01(\x0b\x32\x14.torchfarm.v1.Target\x12,\n\x07options\x18\x06 \x01(\x0b\x32\x1b.torchfarm.v1.KernelOptions\x12\x16\n\x0etriton_version\x18\x07 \x01(\t\x12\r\n\x05label\x18\x08 \x01(\t\"\'\n\tKernelArg\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"6\n\rKernelOptions\x12\x11\n\tnum_warps\x18\x01 \x01(\r\x12\x12\n\nnum_stages\x18\x02 \x01(\r\"\xb5\x01\n\x0bKernelReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06\x62inary\x18\x04 \x01(\x0c\x12\x10\n\x08\x61ssembly\x18\x05 \x01(\t\x12\x15\n\rmetadata_json\x18\x06 \x01(\t\x12\x16\n\x0etriton_version\x18\x07 \x01(\t\x12\x0e\n\x06worker\x18\x08 \x01(\t\x12\x17\n\x0f\x63ompile_seconds\x18\t \x01(\x01*Y\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x32\xa3\x03\n\x0b\x43ompileFarm\x12\x41\n\x06Submit\x12\x1c.torchfarm.v1.CompileRequest\x1a\x19.torchfarm.v1.SubmitReply\x12\x38\n\x05Watch\x12\x14.torchfarm.v1.JobRef\x1a\x17.torchfarm.v1.JobStatus0\x01\x12\x37\n\x06GetJob\x12\x14.torchfarm.v1.JobRef\x1a\x17.torchfarm.v1.JobStatus\x12I\n\rFetchArtifact\x12\x19.torchfarm.v1.ArtifactRef\x1a\x1b.torchfarm.v1.ArtifactChunk0\x01\x12J\n\rGetFarmStatus\x12\x1f.torchfarm.v1.FarmStatusRequest\x1a\x18.torchfarm.v1.FarmStatus\x12G\n\rCompileKernel\x12\x1b.torchfarm.v1.KernelRequest\x1a\x19.torchfarm.v1.KernelReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17torchfarm/v1/farm.proto\x12\x0ctorchfarm.v1\x1a\x18torchfarm/v1/graph.proto\"E\n\x06Target\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x0b\n\x03isa\x18\x03 \x01(\t\x12\x10\n\x08\x63ompiler\x18\x04 \x01(\t\"k\n\x05\x42uild\x12\x15\n\rtorch_version\x18\x01 \x01(\t\x12\x11\n\ttorch_git\x18\x02 \x01(\t\x12\x16\n\x0etriton_version\x18\x03 \x01(\t\x12\x0e\n\x06python\x18\x04 \x01(\t\x12\x10\n\x08platform\x18\x05 \x01(\t\"W\n\x0e\x43ompileOptions\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12&\n\x08inductor\x18\x02 \x03(\x0b\x32\x14.torchfarm.v1.Option\x12\x0f\n\x07\x64ynamic\x18\x03 \x01(\x08\"*\n\x06Option\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\njson_value\x18\x02 \x01(\t\"\xbc\x01\n\x0e\x43ompileRequest\x12\"\n\x05graph\x18\x01 \x01(\x0b\x32\x13.torchfarm.v1.Graph\x12$\n\x06target\x18\x02 \x01(\x0b\x32\x14.torchfarm.v1.Target\x12\"\n\x05\x62uild\x18\x03 \x01(\x0b\x32\x13.torchfarm.v1.Build\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.torchfarm.v1.CompileOptions\x12\r\n\x05label\x18\x05 \x01(\t\"j\n\x0bSubmitReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.torchfarm.v1.JobState\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x04 \x01(\x08\"\x15\n\x06JobRef\x12\x0b\n\x03key\x18\x01 \x01(\t\"{\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x16\n\x0equeued_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07kernels\x18\x04 \x01(\r\x12\x13\n\x0bkernels_hit\x18\x05 \x01(\r\x12\x0e\n\x06worker\x18\x06 \x01(\t\"\xb3\x02\n\tJobStatus\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.torchfarm.v1.JobState\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x16\n\x0equeued_seconds\x18\x07 \x01(\x01\x12*\n\x07timings\x18\x08 \x03(\x0b\x32\x19.torchfarm.v1.StageTiming\x12\x16\n\x0e\x61rtifact_bytes\x18\t \x01(\x04\x12\x0e\n\x06worker\x18\n \x01(\t\x12\x15\n\rkernels_total\x18\x14 \x01(\r\x12\x14\n\x0ckernels_done\x18\x15 \x01(\r\x12\x13\n\x0bkernels_hit\x18\x16 \x01(\r\"\x1a\n\x0b\x41rtifactRef\x12\x0b\n\x03key\x18\x01 \x01(\t\"T\n\rArtifactChunk\x12\x12\n\x08manifest\x18\x01 \x01(\x0cH\x00\x12\'\n\x04\x62lob\x18\x02 \x01(\x0b\x32\x17.torchfarm.v1.BlobChunkH\x00\x42\x06\n\x04kind\"9\n\tBlobChunk\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x13\n\x11\x46\x61rmStatusRequest\"\xf4\x01\n\nWorkerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x19\n\x11last_seen_seconds\x18\x03 \x01(\x01\x12\r\n\x05\x62uild\x18\x04 \x01(\t\x12+\n\x07targets\x18\x05 \x03(\x0b\x32\x1a.torchfarm.v1.ServedTarget\x12>\n\x0b\x66ingerprint\x18\x06 \x03(\x0b\x32).torchfarm.v1.WorkerInfo.FingerprintEntry\x1a\x32\n\x10\x46ingerprintEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x0cServedTarget\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0c\n\x04jobs\x18\x02 \x03(\t\":\n\tQueueInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06queued\x18\x02 \x01(\x04\x12\x0f\n\x07running\x18\x03 \x01(\x04\"\xd3\x01\n\nFarmStatus\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.torchfarm.v1.WorkerInfo\x12\'\n\x06queues\x18\x02 \x03(\x0b\x32\x17.torchfarm.v1.QueueInfo\x12\x11\n\tartifacts\x18\x03 \x01(\x04\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\x04 \x01(\x04\x12\x1b\n\x13\x63oordinator_version\x18\x05 \x01(\t\x12,\n\x0brecent_jobs\x18\x06 \x03(\x0b\x32\x17.torchfarm.v1.JobStatus\"\xfe\x01\n\rKernelRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\tsignature\x18\x03 \x03(\x0b\x32\x17.torchfarm.v1.KernelArg\x12(\n\nconstexprs\x18\x04 \x03(\x0b\x32\x14.torchfarm.v1.Option\x12$\n\x06target\x18\x05 \x01(\x0b\x32\x14.torchfarm.v1.Target\x12,\n\x07options\x18\x06 \x01(\x0b\x32\x1b.torchfarm.v1.KernelOptions\x12\x16\n\x0etriton_version\x18\x07 \x01(\t\x12\r\n\x05label\x18\x08 \x01(\t\"\'\n\tKernelArg\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"6\n\rKernelOptions\x12\x11\n\tnum_warps\x18\x01 \x01(\r\x12\x12\n\nnum_stages\x18\x02 \x01(\r\"\xb5\x01\n\x0bKernelReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06\x62inary\x18\x04 \x01(\x0c\x12\x10\n\x08\x61ssembly\x18\x05 \x01(\t\x12\x15\n\rmetadata_json\x18\x06 \x01(\t\x12\x16\n\x0etriton_version\x18\x07 \x01(\t\x12\x0e\n\x06worker\x18\x08 \x01(\t\x12\x17\n\x0f\x63ompile_seconds\x18\t \x01(\x01*Y\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x32\xa3\x03\n\x0b\x43ompileFarm\x12\x41\n\x06Submit\x12\x1c.torchfarm.v1.CompileRequest\x1a\x19.torchfarm.v1.SubmitReply\x12\x38\n\x05Watch\x12\x14.torchfarm.v1.JobRef\x1a\x17.torchfarm.v1.JobStatus0\x01\x12\x37\n\x06GetJob\x12\x14.torchfarm.v1.JobRef\x1a\x17.torchfarm.v1.JobStatus\x12I\n\rFetchArtifact\x12\x19.torchfarm.v1.ArtifactRef\x1a\x1b.torchfarm.v1.ArtifactChunk0\x01\x12J\n\rGetFarmStatus\x12\x1f.torchfarm.v1.FarmStatusRequest\x1a\x18.torchfarm.v1.FarmStatus\x12G\n\rCompileKernel\x12\x1b.torchfarm.v1.KernelRequest\x1a\x19.torchfarm.v1.KernelReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERINFO_FINGERPRINTENTRY']._loaded_options = None
   _globals['_WORKERINFO_FINGERPRINTENTRY']._serialized_options = b'8\001'
-  _globals['_JOBSTATE']._serialized_start=2292
-  _globals['_JOBSTATE']._serialized_end=2381
+  _globals['_JOBSTATE']._serialized_start=2436
+  _globals['_JOBSTATE']._serialized_end=2525
   _globals['_TARGET']._serialized_start=67
   _globals['_TARGET']._serialized_end=136
   _globals['_BUILD']._serialized_start=138
@@ -51,35 +51,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBREF']._serialized_start=679
   _globals['_JOBREF']._serialized_end=700
   _globals['_STAGETIMING']._serialized_start=702
-  _globals['_STAGETIMING']._serialized_end=747
-  _globals['_JOBSTATUS']._serialized_start=750
-  _globals['_JOBSTATUS']._serialized_end=991
-  _globals['_ARTIFACTREF']._serialized_start=993
-  _globals['_ARTIFACTREF']._serialized_end=1019
-  _globals['_ARTIFACTCHUNK']._serialized_start=1021
-  _globals['_ARTIFACTCHUNK']._serialized_end=1105
-  _globals['_BLOBCHUNK']._serialized_start=1107
-  _globals['_BLOBCHUNK']._serialized_end=1164
-  _globals['_FARMSTATUSREQUEST']._serialized_start=1166
-  _globals['_FARMSTATUSREQUEST']._serialized_end=1185
-  _globals['_WORKERINFO']._serialized_start=1188
-  _globals['_WORKERINFO']._serialized_end=1432
-  _globals['_WORKERINFO_FINGERPRINTENTRY']._serialized_start=1382
-  _globals['_WORKERINFO_FINGERPRINTENTRY']._serialized_end=1432
-  _globals['_SERVEDTARGET']._serialized_start=1434
-  _globals['_SERVEDTARGET']._serialized_end=1478
-  _globals['_QUEUEINFO']._serialized_start=1480
-  _globals['_QUEUEINFO']._serialized_end=1538
-  _globals['_FARMSTATUS']._serialized_start=1541
-  _globals['_FARMSTATUS']._serialized_end=1752
-  _globals['_KERNELREQUEST']._serialized_start=1755
-  _globals['_KERNELREQUEST']._serialized_end=2009
-  _globals['_KERNELARG']._serialized_start=2011
-  _globals['_KERNELARG']._serialized_end=2050
-  _globals['_KERNELOPTIONS']._serialized_start=2052
-  _globals['_KERNELOPTIONS']._serialized_end=2106
-  _globals['_KERNELREPLY']._serialized_start=2109
-  _globals['_KERNELREPLY']._serialized_end=2290
-  _globals['_COMPILEFARM']._serialized_start=2384
-  _globals['_COMPILEFARM']._serialized_end=2803
+  _globals['_STAGETIMING']._serialized_end=825
+  _globals['_JOBSTATUS']._serialized_start=828
+  _globals['_JOBSTATUS']._serialized_end=1135
+  _globals['_ARTIFACTREF']._serialized_start=1137
+  _globals['_ARTIFACTREF']._serialized_end=1163
+  _globals['_ARTIFACTCHUNK']._serialized_start=1165
+  _globals['_ARTIFACTCHUNK']._serialized_end=1249
+  _globals['_BLOBCHUNK']._serialized_start=1251
+  _globals['_BLOBCHUNK']._serialized_end=1308
+  _globals['_FARMSTATUSREQUEST']._serialized_start=1310
+  _globals['_FARMSTATUSREQUEST']._serialized_end=1329
+  _globals['_WORKERINFO']._serialized_start=1332
+  _globals['_WORKERINFO']._serialized_end=1576
+  _globals['_WORKERINFO_FINGERPRINTENTRY']._serialized_start=1526
+  _globals['_WORKERINFO_FINGERPRINTENTRY']._serialized_end=1576
+  _globals['_SERVEDTARGET']._serialized_start=1578
+  _globals['_SERVEDTARGET']._serialized_end=1622
+  _globals['_QUEUEINFO']._serialized_start=1624
+  _globals['_QUEUEINFO']._serialized_end=1682
+  _globals['_FARMSTATUS']._serialized_start=1685
+  _globals['_FARMSTATUS']._serialized_end=1896
+  _globals['_KERNELREQUEST']._serialized_start=1899
+  _globals['_KERNELREQUEST']._serialized_end=2153
+  _globals['_KERNELARG']._serialized_start=2155
+  _globals['_KERNELARG']._serialized_end=2194
+  _globals['_KERNELOPTIONS']._serialized_start=2196
+  _globals['_KERNELOPTIONS']._serialized_end=2250
+  _globals['_KERNELREPLY']._serialized_start=2253
+  _globals['_KERNELREPLY']._serialized_end=2434
+  _globals['_COMPILEFARM']._serialized_start=2528
+  _globals['_COMPILEFARM']._serialized_end=2947
 # @@protoc_insertion_point(module_scope)

@@ -98,15 +98,23 @@ class JobRef(_message.Message):
     def __init__(self, key: _Optional[str] = ...) -> None: ...
 
 class StageTiming(_message.Message):
-    __slots__ = ("stage", "seconds")
+    __slots__ = ("stage", "seconds", "queued_seconds", "kernels", "kernels_hit", "worker")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_HIT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
     stage: str
     seconds: float
-    def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+    queued_seconds: float
+    kernels: int
+    kernels_hit: int
+    worker: str
+    def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ..., kernels: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker")
+    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +125,9 @@ class JobStatus(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_DONE_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_HIT_FIELD_NUMBER: _ClassVar[int]
     key: str
     state: JobState
     stage: str
@@ -127,7 +138,10 @@ class JobStatus(_message.Message):
     timings: _containers.RepeatedCompositeFieldContainer[StageTiming]
     artifact_bytes: int
     worker: str
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
+    kernels_total: int
+    kernels_done: int
+    kernels_hit: int
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("key",)
