@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-load fuzz clean
+.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
 
 setup:
 	@./scripts/setup.sh
@@ -25,6 +25,14 @@ proto-check: setup
 
 bench: setup
 	$(PY) bench/compile_bench.py
+
+# Cold farm compile of the GPT with 1 and 2 pinned workers, stage shares, 8/32-worker estimate.
+bench-scaling: setup
+	$(PY) bench/scaling.py $(SCALING_ARGS)
+
+# Per-step time of the first 20 GPT training steps: farm wait=False, farm blocking, local.
+bench-steps: setup
+	$(PY) bench/steps.py $(STEPS_ARGS)
 
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup

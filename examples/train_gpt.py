@@ -29,6 +29,8 @@ from examples.models import GPTConfig, TINY_GPT, make_cnn, make_gpt, make_mlp  #
 
 MODELS = {
     "gpt": lambda: make_gpt(GPTConfig()),
+    # The same blocks, two more of them: its kernels are the GPT's (bench/scaling.py).
+    "gpt-deeper": lambda: make_gpt(GPTConfig(layers=GPTConfig().layers + 2)),
     "tiny-gpt": lambda: make_gpt(TINY_GPT, batch=4),
     "cnn": make_cnn,
     "mlp": make_mlp,

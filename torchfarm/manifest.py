@@ -24,6 +24,13 @@ MANIFEST_FORMAT = "torchfarm.artifact/1"
 """The manifest schema this code writes and reads."""
 
 
+COMPILE = "compile"
+"""Manifest kind: the payload is a serialized Inductor artifact (sdk.compile)."""
+
+EXPORT = "export"
+"""Manifest kind: the payload is an AOTInductor .pt2 package (sdk.export)."""
+
+
 class ManifestError(ValueError):
     """The manifest is malformed, of an unknown format, or does not match its blobs."""
 
@@ -73,6 +80,16 @@ class Manifest:
     format: str = MANIFEST_FORMAT
     tenant: str = ""
     """The cache namespace the artifact was compiled for; "" on a farm without tokens."""
+    kind: str = COMPILE
+    """What the payload is: COMPILE (an Inductor artifact for sdk.compile) or EXPORT (an
+    AOTInductor .pt2 package for sdk.export). Clients refuse the other kind."""
+    guards: tuple[Any, ...] = ()
+    """Shape guards the compile added, each a JSON tree over the client's symbol names
+    (sdk/guards.py); the client installs them in Dynamo's guards. Empty for a static graph."""
+    stages: tuple[dict[str, Any], ...] = ()
+    """A staged compile's stage records (workers/pipeline.py): each has "stage",
+    "seconds" (running), "queued_seconds", "worker", "kernels", "kernels_hit". Empty for
+    a whole-graph compile, whose `timings` say it all."""
     signature: Signature | None = None
 
     def blobs(self) -> list[BlobRef]:
@@ -99,6 +116,16 @@ class Manifest:
         body["kernels"] = [asdict(k) for k in self.kernels]
         if self.signature is None:
             del body["signature"]  # unsigned manifests read as they did before signing
+        if not self.stages:
+            del body["stages"]  # whole-graph manifests read as before the staged pipeline
+        else:
+            body["stages"] = [dict(s) for s in self.stages]
+        if self.kind == COMPILE:
+            del body["kind"]  # compile manifests read (and verify) as they did before exports
+        if not self.guards:
+            del body["guards"]  # and manifests without guards as before guards
+        else:
+            body["guards"] = list(self.guards)
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
     def signing_bytes(self) -> bytes:
@@ -128,12 +155,36 @@ class Manifest:
                 worker=str(body["worker"]),
                 created=float(body["created"]),
                 tenant=str(body.get("tenant", "")),
+                kind=_kind(body.get("kind", COMPILE)),
+                guards=_guards(body.get("guards", [])),
+                stages=_stages(body.get("stages", [])),
                 signature=_signature(body.get("signature")),
             )
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ManifestError(f"malformed manifest: {e}") from e
+
+
+def _kind(body: Any) -> str:
+    if body not in (COMPILE, EXPORT):
+        raise ManifestError(f"unknown artifact kind {body!r}")
+    return str(body)
+
+
+def _guards(body: Any) -> tuple[Any, ...]:
+    # Only the outer shape here; sdk/guards.py reads each tree against an allow-list.
+    if not isinstance(body, list) or not all(isinstance(g, list) for g in body):
+        raise ManifestError("malformed guards")
+    return tuple(body)
+
+
+def _stages(body: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(body, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("stage"), str) for s in body
+    ):
+        raise ManifestError("malformed stages")
+    return tuple(body)
 
 
 def _signature(body: Any) -> Signature | None:

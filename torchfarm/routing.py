@@ -1,6 +1,8 @@
 """Which Celery queue serves which job: one queue per exact target and job kind.
 
     graph compiles    cpu.avx512   cuda.sm_90   rocm.gfx942   mps   xpu.<name>
+    exports           the graph compiles' queues, under their own task name
+    C++ kernel builds and assembly of staged compiles   stages.cpu.avx512
     Triton kernels    kernels.cuda.sm_90        kernels.rocm.gfx942
 
 The queue name is the target's text form with ":" turned into "." (Celery and KEDA
@@ -21,8 +23,9 @@ from torchfarm.targets import DEVICES, Target, TargetError
 from torchfarm.v1 import farm_pb2
 
 __all__ = [
-    "COMPILE_TASK", "DEVICES", "GRAPH", "KERNEL", "KERNEL_TASK", "UnknownDevice",
-    "describe", "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "target_of",
+    "ASSEMBLE_TASK", "BUILD_KERNELS_TASK", "COMPILE_TASK", "DEVICES", "EXPORT", "EXPORT_TASK", "GRAPH", "KERNEL", "KERNEL_TASK", "UnknownDevice",
+    "describe", "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "stage_queue",
+    "target_of",
     "target_of_queue", "unserved_message",
 ]
 
@@ -32,14 +35,34 @@ COMPILE_TASK = "torchfarm.compile"
 KERNEL_TASK = "torchfarm.compile_kernel"
 """The Celery task name of a Triton kernel compile; its one argument is the kernel key."""
 
+EXPORT_TASK = "torchfarm.export"
+"""The Celery task name of an AOTInductor export; its one argument is the cache key."""
+
 GRAPH = "graph"
 """Job kind: an FX graph lowered by Inductor (needs the target's torch device)."""
 
 KERNEL = "kernel"
 """Job kind: one Triton kernel compiled to a binary (needs only Triton)."""
 
+EXPORT = "export"
+"""Job kind: a torch.export program built into an AOTInductor package. It needs what a
+graph compile needs, so it shares the target's graph queue (workers/export_job.py)."""
+
 KERNEL_QUEUE_PREFIX = "kernels."
 """Queues of kernel jobs are the target's queue name under this prefix."""
+
+BUILD_KERNELS_TASK = "torchfarm.build_kernels"
+"""The Celery task name of a staged compile's C++ kernel builds (workers/pipeline.py):
+the graph's key, its namespace, and a batch of kernel cache keys."""
+
+ASSEMBLE_TASK = "torchfarm.assemble"
+"""The Celery task name of a staged compile's last stage: kernels and payload into the
+artifact (workers/pipeline.py); its arguments are the graph's key and namespace."""
+
+STAGE_QUEUE_PREFIX = "stages."
+"""Queues of a staged compile's kernel-build and assembly jobs: the graph target's queue
+name under this prefix ("stages.cpu.avx512"). Every worker that lowers graphs for the
+target consumes it, so one graph's kernels build on all of them at once."""
 
 UnknownDevice = TargetError
 """Raised for a target the farm cannot route (kept under its old name for callers)."""
@@ -52,7 +75,7 @@ def target_of(msg: farm_pb2.Target, what: str = "a compile") -> Target:
 
 def queue_name(target: Target, kind: str = GRAPH) -> str:
     """"cuda:sm_90" → "cuda.sm_90" (graph) or "kernels.cuda.sm_90" (kernel)."""
-    if kind not in (GRAPH, KERNEL):
+    if kind not in (GRAPH, KERNEL, EXPORT):
         raise ValueError(f"unknown job kind {kind!r}")
     if kind == KERNEL and target.device not in targets.KERNEL_DEVICES:
         raise TargetError(
@@ -68,13 +91,18 @@ def queue_for(msg: farm_pb2.Target, kind: str = GRAPH) -> str:
     return queue_name(target_of(msg, "a kernel compile" if kind == KERNEL else "a compile"), kind)
 
 
+def stage_queue(target: Target) -> str:
+    """"cpu:avx512" → "stages.cpu.avx512": kernel builds and assembly of staged compiles."""
+    return STAGE_QUEUE_PREFIX + queue_name(target, GRAPH)
+
+
 def job_kind_of_queue(name: str) -> str:
     return KERNEL if name.startswith(KERNEL_QUEUE_PREFIX) else GRAPH
 
 
 def target_of_queue(name: str) -> Target:
     """The inverse of `queue_name`: "kernels.rocm.gfx942" → rocm:gfx942."""
-    base = name.removeprefix(KERNEL_QUEUE_PREFIX)
+    base = name.removeprefix(KERNEL_QUEUE_PREFIX).removeprefix(STAGE_QUEUE_PREFIX)
     device, _, detail = base.partition(".")
     return targets.make(device, detail)
 
@@ -104,7 +132,7 @@ def unserved_message(target: str, kind: str, workers: dict[str, dict]) -> str:
     for w in workers.values():
         for t, kinds in served_targets(w).items():
             live.setdefault(t, set()).update(kinds)
-    what = "compiles graphs" if kind == GRAPH else "compiles Triton kernels"
+    what = "compiles Triton kernels" if kind == KERNEL else "compiles graphs"
     if not live:
         return f"no live worker {what} for target {target}; no worker is live"
     listed = ", ".join(f"{t} ({'+'.join(sorted(k))})" for t, k in sorted(live.items()))

@@ -6,12 +6,17 @@ Layout, under a configurable prefix (default "tf"):
 - `tf:artifact:<key>`: the manifest JSON; written after all its blobs, so a reader
   that sees a manifest can fetch every blob it names;
 - `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle);
-- `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error;
+- `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
+  staged compile's stage records and kernel counts, torchfarm/stages.py);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
   queues, the targets it serves with the job kinds it takes for each, and its build;
 - `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the record
   of its compiled binary, whose bytes are blobs like any other;
 - `tf:recent`: the latest job keys, for `torchfarm status`;
+- `tf:kbin:<key>`, `tf:plan:<key>`, `tf:pending:<key>`: the staged compile's kernel cache,
+  plans and barriers (torchfarm/stages.py);
+- `tf:stat:<key>`: a hash of an artifact's use: `hits`, `last_hit` (unix seconds), and
+  the `label` of the request that created its job; for `torchfarm cache`;
 - `tf:inflight:<tenant>`: the tenant's jobs not yet seen to finish, for its queue quota.
 
 Tenants: `Store.tenant(namespace)` is a view in which every per-key entry (artifact,
@@ -66,6 +71,14 @@ class JobRecord:
     label: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     artifact_bytes: int = 0
+    stages: list[dict] = field(default_factory=list)
+    """A staged compile's stage records (torchfarm/manifest.py `Manifest.stages`)."""
+    kernels_total: int = 0
+    """Kernels the graph needs (staged compiles); 0 until lowering has run."""
+    kernels_done: int = 0
+    """Of those, built or found in the kernel cache so far."""
+    kernels_hit: int = 0
+    """Of kernels_done, found in the kernel cache."""
 
     @classmethod
     def from_hash(cls, key: str, h: dict[bytes, bytes]) -> JobRecord:
@@ -85,6 +98,10 @@ class JobRecord:
             label=s.get("label", ""),
             timings=json.loads(s.get("timings", "{}")),
             artifact_bytes=int(s.get("artifact_bytes", 0)),
+            stages=json.loads(s.get("stages", "[]")),
+            kernels_total=int(s.get("kernels_total", 0)),
+            kernels_done=int(s.get("kernels_done", 0)),
+            kernels_hit=int(s.get("kernels_hit", 0)),
         )
 
 
@@ -154,6 +171,50 @@ class Store:
     def delete_artifact(self, key: str) -> bool:
         return bool(self.r.delete(self._j("artifact", key)))
 
+    def note_hit(self, key: str) -> None:
+        """Counts a cache hit on `key`: one pipelined round trip."""
+        sk = self._j("stat", key)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(sk, "hits", 1)
+        pipe.hset(sk, "last_hit", time.time())
+        pipe.execute()
+
+    def my_artifacts(self) -> list[tuple[str, bytes, dict[str, str]]]:
+        """(key, manifest JSON, use stats) of every artifact in this namespace only.
+
+        One SCAN, then one pipelined read of the manifests and their stat hashes. The
+        manifests are not parsed here, and their blobs are not checked."""
+        pre = self._j("artifact", "")
+        keys = [
+            name.decode()[len(pre) :]
+            for name in self.r.scan_iter(match=pre + "*", count=1000)
+        ]
+        if not self.namespace:  # the open namespace: not other tenants' `<ns>:<key>`
+            keys = [k for k in keys if ":" not in k]
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(self._j("artifact", key))
+            pipe.hgetall(self._j("stat", key))
+        replies = pipe.execute()
+        out = []
+        for i, key in enumerate(keys):
+            data, stats = replies[2 * i], replies[2 * i + 1]
+            if data is not None:  # evicted between the scan and the read
+                out.append((key, data, {k.decode(): v.decode() for k, v in stats.items()}))
+        return out
+
+    def evict_artifacts(self, keys: Iterable[str]) -> int:
+        """Deletes these artifacts' manifests and use stats; returns how many manifests
+        there were. Blobs stay: they are shared by content, between namespaces too."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for key in keys:
+            pipe.delete(self._j("artifact", key))
+            pipe.delete(self._j("stat", key))
+        return sum(pipe.execute()[0::2])
+
     def artifact_keys(self) -> list[str]:
         pre = self._k("artifact", "")
         return sorted(k.decode()[len(pre) :] for k in self.r.scan_iter(match=pre + "*", count=500))
@@ -184,6 +245,8 @@ class Store:
         pipe.expire(jk, ttl_s)
         pipe.lpush(self._k("recent"), self.ref(key))
         pipe.ltrim(self._k("recent"), 0, RECENT_JOBS - 1)
+        if label:  # outlives the job record, for `torchfarm cache ls`
+            pipe.hset(self._j("stat", key), "label", label)
         pipe.execute()
         return True
 
@@ -193,7 +256,9 @@ class Store:
 
     def update_job(self, key: str, **fields: object) -> None:
         mapping = {
-            k: json.dumps(v) if isinstance(v, dict) else v for k, v in fields.items() if v is not None
+            k: json.dumps(v) if isinstance(v, (dict, list)) else v
+            for k, v in fields.items()
+            if v is not None
         }
         mapping["updated"] = time.time()
         self.r.hset(self._j("job", key), mapping=mapping)

@@ -11,8 +11,14 @@ cache, or already had them loaded in this process. Recording "files newly built"
 miss every kernel of a warm cache, and recording during the compile would also pick up
 kernels that only autotuning benchmarked.
 
-The torch 2.13 internals this relies on are listed in `sdk/loader.py` and pinned by
-tests/unit/test_compiler_loader.py.
+`lower_graph` is the staged pipeline's half of the same compile (workers/pipeline.py):
+every C++ kernel build is deferred (workers/deferral.py), and the specs come back from
+the same deserialize-and-record step; `build_kernel` later builds one spec on whichever
+worker takes it.
+
+The torch 2.13 internals this relies on are listed in `sdk/loader.py` and
+`workers/deferral.py`, and pinned by tests/unit/test_compiler_loader.py and
+tests/unit/test_deferral.py.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from sdk.loader import (
     KernelSpec,
     count_kernel_builds,
     kernel_name,
+    load_fn_outputs,
     local_outputs,
     record_kernel_loads,
 )
@@ -151,6 +158,111 @@ def compile_graph(
     return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats)
 
 
+class NeedsWholeGraph(Exception):
+    """The compile called a kernel while its build was deferred (autotuning benchmarks
+    kernels, for one): only the whole-graph path, which builds as it goes, can run it."""
+
+
+@dataclass
+class LoweredGraph:
+    """A graph lowered with every C++ kernel build deferred (workers/deferral.py)."""
+
+    payload: bytes
+    """`AOTCompiledArtifact.serialize()`, exactly as `compile_graph` would return it."""
+    specs: list[bytes]
+    """`sdk.loader.KernelSpec` JSON of every build output a client's `deserialize` loads,
+    in load order: what the kernel-generation jobs build."""
+    timings: dict[str, float]
+    """Seconds: "compile", "collect"; "decompose" and "lower" when measured."""
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fake_mode: Any = None,
+    dynamic: bool = False,
+    mode: str = "",
+    inductor_options: dict[str, Any] | None = None,
+) -> LoweredGraph:
+    """`compile_graph` up to the kernel sources: AOTAutograd and Inductor run in full,
+    the C++ compiler never does. Raises NeedsWholeGraph when that cannot work."""
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    from workers.deferral import defer_kernel_builds, forgetting_new_loaders
+
+    try:
+        patch = inductor_config_patch(mode, inductor_options, dynamic)
+    except RuntimeError as e:
+        raise CompileFailed(str(e)) from e
+    shapes, fake_mode = _shape_source(example_inputs, fake_mode, dynamic)
+
+    with _COMPILE_LOCK:
+        before = _metric_totals()
+        t0 = time.perf_counter()
+        with count_kernel_builds() as builds, defer_kernel_builds() as deferred:
+            try:
+                artifact = torch._inductor.standalone_compile(
+                    gm,
+                    list(example_inputs),
+                    dynamic_shapes=shapes,
+                    options={"config_patches": patch},
+                    aot=True,
+                    fake_mode=fake_mode,
+                )
+                payload = artifact.serialize()
+            except Exception as e:
+                if deferred.stub_calls:
+                    raise NeedsWholeGraph(f"{type(e).__name__}: {e}") from e
+                raise CompileFailed(f"{type(e).__name__}: {e}") from e
+        if deferred.stub_calls:
+            raise NeedsWholeGraph(f"the compile called {len(deferred.stub_calls)} kernels")
+        t1 = time.perf_counter()
+        with defer_kernel_builds() as loads:
+            try:
+                AOTCompiledArtifact.deserialize(payload)
+            except Exception as e:
+                raise CompileFailed(f"the artifact does not load back: {e!r}") from e
+        with forgetting_new_loaders():
+            specs = [source for source, _ in _kernel_specs(loads.records)]
+        t2 = time.perf_counter()
+        after = _metric_totals()
+
+    phases = {k: v for k, v in _phases(before, after, 0.0).items() if k != "kernels"}
+    timings = {"compile": t1 - t0, "collect": t2 - t1, **phases}
+    stats = {"kernel_files": len(specs), "payload_bytes": len(payload), "local_builds": builds.count}
+    log.info(
+        "lowered: %d kernel build outputs deferred, payload %d bytes, %d local C++ builds, "
+        "compile %.2fs collect %.2fs",
+        len(specs), len(payload), builds.count, timings["compile"], timings["collect"],
+    )
+    return LoweredGraph(payload=payload, specs=specs, timings=timings, stats=stats)
+
+
+def build_kernel(source: bytes) -> Kernel:
+    """Builds one kernel spec with the local Inductor (nothing is built if the binary is
+    already in this worker's cache dir) and returns it with its binary."""
+    from sdk.loader import _code_cache, _call_args
+
+    spec = KernelSpec.from_bytes(source)
+    cache_cls = _code_cache(spec.cache)
+    load_fn = cache_cls.load_async(**_call_args(spec.args))
+    # load_fn() would also dlopen the library into this process; its worker_fn only
+    # builds (pinned with the rest of load_async in tests/unit/test_compiler_loader.py).
+    cells = dict(zip(load_fn.__code__.co_freevars, load_fn.__closure__ or (), strict=True))
+    try:
+        cells["worker_fn"].cell_contents()
+    except Exception as e:
+        raise CompileFailed(f"{type(e).__name__}: {e}") from e
+    _, targets = load_fn_outputs(cache_cls, load_fn)
+    try:
+        with open(targets[spec.output], "rb") as f:
+            return _kernel(source, f.read())
+    except OSError as e:
+        raise CompileFailed(f"kernel binary missing after its build: {e}") from e
+
+
 def _shape_source(example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool) -> tuple[str, Any]:
     """standalone_compile's `dynamic_shapes` and `fake_mode` for these inputs.
 
@@ -170,13 +282,29 @@ def _shape_source(example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool) 
 
 
 def _read_kernels(loads: Sequence[Any]) -> list[Kernel]:
-    kernels: dict[str, Kernel] = {}
+    kernels = []
+    for source, path in _kernel_specs(loads):
+        try:
+            with open(path, "rb") as f:
+                binary = f.read()
+        except OSError as e:
+            raise CompileFailed(f"kernel {path}: binary missing after compile: {e}") from e
+        kernels.append(_kernel(source, binary))
+    return kernels
+
+
+def _kernel(source: bytes, binary: bytes) -> Kernel:
+    kind = "cpp" if KernelSpec.from_bytes(source).is_library() else "cpp-object"
+    return Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary)
+
+
+def _kernel_specs(loads: Sequence[Any]) -> list[tuple[bytes, str]]:
+    """(spec JSON, local build target) of every build output the loads name, once each."""
+    specs: dict[bytes, str] = {}
     for load in loads:
         for i, path in enumerate(load.targets):
-            spec = KernelSpec(load.cache, load.args, i, len(load.targets))
-            source = spec.to_bytes()
-            name = kernel_name(source)
-            if name in kernels:
+            source = KernelSpec(load.cache, load.args, i, len(load.targets)).to_bytes()
+            if source in specs:
                 continue
             # The client recomputes the key from the JSON spec; a spec that does not
             # round-trip to this very path would ship a kernel no client can find.
@@ -186,14 +314,8 @@ def _read_kernels(loads: Sequence[Any]) -> list[Kernel]:
                     f"kernel {load.key}: its spec maps to {key} here; torch's kernel key "
                     "no longer matches what sdk.loader assumes (torch 2.13)"
                 )
-            try:
-                with open(path, "rb") as f:
-                    binary = f.read()
-            except OSError as e:
-                raise CompileFailed(f"kernel {load.key}: binary missing after compile: {e}") from e
-            kind = "cpp" if spec.is_library() else "cpp-object"
-            kernels[name] = Kernel(name=name, kind=kind, source=source, binary=binary)
-    return list(kernels.values())
+            specs[source] = path
+    return list(specs.items())
 
 
 def _metric_totals() -> dict[str, float]:

@@ -7,6 +7,10 @@ Each job belongs to a tenant namespace; everything it reads and writes goes thro
 `Store.tenant(namespace)`, and the manifest names the namespace. With a signing key the
 worker signs the manifest for its key, namespace, content and fingerprint
 (torchfarm/signing.py) before it is written.
+
+On the staged path (`TORCHFARM_PIPELINE=staged`, the default) this job is the lowering
+stage: it ends with `workers/pipeline.py`'s fan-out, and the kernel-build and assembly
+jobs write the artifact and finish the record.
 """
 
 from __future__ import annotations
@@ -14,19 +18,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from sdk import guards as shape_guards
 from sdk.target import Fingerprint
-from torchfarm import keys, options
+from torchfarm import keys, options, routing
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
-from workers.compiler import CompileFailed, CompileResult, compile_graph
-from workers.graph_build import decode_graph
+from workers.compiler import (
+    CompileFailed,
+    CompileResult,
+    LoweredGraph,
+    NeedsWholeGraph,
+    compile_graph,
+    lower_graph,
+)
+from workers.graph_build import DecodedGraph, decode_graph
 from workers.limits import cpu_time_limit
 from workers.settings import WorkerSettings
 
@@ -52,6 +66,9 @@ class WorkerContext:
     timeout_errors: tuple[type[BaseException], ...] = ()
     """The task runner's time-limit exceptions (Celery's soft limit): a compile that
     failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
+    send: Callable[[str, list[Any], str], None] | None = None
+    """Sends a stage job (Celery task name, arguments, queue) of a staged compile
+    (workers/pipeline.py); None allows only the whole-graph path."""
 
 
 def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
@@ -92,6 +109,8 @@ def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
     except JobFailed as e:
         _fail(key, ctx, e.code, str(e))
         return
+    if manifest is None:
+        return  # staged: the kernel-build and assembly jobs finish it (workers/pipeline.py)
     store.update_job(
         key,
         state=JobState.SUCCEEDED,
@@ -146,7 +165,7 @@ def _check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
         )
 
 
-def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
+def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     t0 = time.perf_counter()
     request = _load_request(key, ctx.store)
     _check_build(request, ctx.fingerprint)
@@ -162,6 +181,22 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
     except options.OptionNotAllowed as e:
         raise JobFailed("OPTION_NOT_ALLOWED", str(e)) from e
     ctx.store.update_job(key, stage="compile")
+    if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
+        time.sleep(ctx.settings.test_delay_s)
+    if ctx.settings.pipeline == "staged" and ctx.send is not None:
+        ctx.store.update_job(key, stage="lowering")
+        mark = shape_guards.snapshot(decoded.shape_env)
+        lowered = _lower(key, ctx, request, decoded, inductor_options)
+        if lowered is not None:
+            from workers import pipeline  # it builds on this module
+
+            target = str(routing.target_of(request.target))
+            guards = _added_guards(decoded, mark)
+            pipeline.fan_out(key, ctx, target, lowered, guards, t_decode)
+            return None
+        decoded = decode_graph(request.graph)  # afresh: the lowering left guards in its ShapeEnv
+        ctx.store.update_job(key, stage="compile")
+    mark = shape_guards.snapshot(decoded.shape_env)
     try:
         with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
             result = compile_graph(
@@ -173,9 +208,8 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
                 inductor_options=inductor_options,
             )
     except CompileFailed as e:
-        if _caused_by(e, ctx.timeout_errors):
-            raise JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit") from e
-        raise JobFailed("COMPILE_ERROR", str(e)) from e
+        raise as_job_failure(e, ctx) from e
+    guards = _added_guards(decoded, mark)
     size = len(result.payload) + sum(len(k.source) + len(k.binary) for k in result.kernels)
     if size > ctx.settings.max_artifact_bytes:
         raise JobFailed(
@@ -185,6 +219,7 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
     ctx.store.update_job(key, stage="store")
     t1 = time.perf_counter()
     manifest = _store(key, ctx, result, {"decode": t_decode, **result.timings})
+    manifest = dataclasses.replace(manifest, guards=guards)
     timings = {
         **manifest.timings,
         "store": time.perf_counter() - t1,
@@ -195,6 +230,50 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds every blob
     return manifest
+
+
+def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
+    """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
+    if _caused_by(e, ctx.timeout_errors):
+        return JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit")
+    return JobFailed("COMPILE_ERROR", str(e))
+
+
+def _lower(
+    key: str, ctx: WorkerContext, request: farm_pb2.CompileRequest, decoded: DecodedGraph,
+    inductor_options: dict[str, Any],
+) -> LoweredGraph | None:
+    """The staged path's lowering; None when only the whole-graph path can compile it."""
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+            return lower_graph(
+                decoded.gm,
+                decoded.example_inputs,
+                fake_mode=decoded.fake_mode,
+                dynamic=request.options.dynamic,
+                mode=request.options.mode,
+                inductor_options=inductor_options,
+            )
+    except NeedsWholeGraph as e:
+        log.info("job key=%s compiles whole: %s", keys.short(key), e)
+        return None
+    except CompileFailed as e:
+        raise as_job_failure(e, ctx) from e
+
+
+def _added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
+    """The shape guards the compile added, over the client's symbol names: in a local
+    torch.compile they would be Dynamo's guards, so they travel with the artifact."""
+    names = {expr: name for name, expr in decoded.symbols.items() if expr.is_Symbol}
+    try:
+        return tuple(
+            shape_guards.encode(e, names)
+            for e in shape_guards.added_since(decoded.shape_env, mark)
+        )
+    except shape_guards.GuardError as e:
+        raise JobFailed(
+            "UNSHIPPABLE_GUARD", f"the compile added a shape guard the farm cannot ship: {e}"
+        ) from e
 
 
 def _caused_by(e: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:

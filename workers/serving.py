@@ -44,6 +44,8 @@ class ServingPlan:
     @property
     def queues(self) -> list[str]:
         names = [routing.queue_name(t, routing.GRAPH) for t in self.graph]
+        # Staged compiles' kernel builds and assembly go to every graph worker of the target.
+        names += [routing.stage_queue(t) for t in self.graph]
         names += [routing.queue_name(t, routing.KERNEL) for t in self.kernel]
         return list(dict.fromkeys([*names, *self.extra_queues]))
 

@@ -31,6 +31,17 @@ class WorkerSettings:
     empty uses the built-in table for the arch."""
     kernel_soft_time_limit_s: int = 60
     """Wall seconds before a Triton kernel compile fails with KERNEL_TIMEOUT."""
+    pipeline: str = "staged"
+    """"staged": a graph compile is split into stage jobs (lowering, then C++ kernel builds
+    spread over every worker of the target, then assembly; workers/pipeline.py). "whole":
+    one job compiles the whole graph on one worker. Staged falls back to whole by itself
+    for a compile that must run kernels while it compiles (max-autotune benchmarks)."""
+    kernel_batch: int = 2
+    """C++ kernels per kernel-build job: fewer jobs (less task overhead, ~10 ms each)
+    against less spread over workers (one kernel builds in seconds)."""
+    kernel_job_delay_s: float = 0.0
+    """Test hook: seconds each kernel-build job sleeps before it builds, so a fault test
+    can kill a worker in the middle of one. Leave 0 in production."""
     name: str = ""
     """The name it registers under; defaults to host and process id."""
     heartbeat_s: float = 5.0
@@ -63,6 +74,15 @@ class WorkerSettings:
     """Wall seconds before Celery kills a compile that ignored the soft limit."""
     visibility_timeout_s: int = celeryconf.VISIBILITY_TIMEOUT_S
     """Seconds before the broker hands a job taken by a worker that died whole to another."""
+    test_delay_s: float = 0.0
+    """Test hook, never set in production: seconds each graph compile sleeps in its
+    "compile" stage, so tests can watch a compile in flight (tests/integration/test_nonblocking.py)."""
+
+    def __post_init__(self) -> None:
+        if self.pipeline not in ("staged", "whole"):
+            raise ValueError(f"TORCHFARM_PIPELINE={self.pipeline!r}: want 'staged' or 'whole'")
+        if self.kernel_batch < 1:
+            raise ValueError(f"TORCHFARM_KERNEL_BATCH={self.kernel_batch}: want at least 1")
 
     def worker_name(self) -> str:
         return self.name or f"{socket.gethostname()}-{os.getpid()}"

@@ -13,13 +13,17 @@ import time
 from celery.exceptions import SoftTimeLimitExceeded
 
 from sdk.target import fingerprint_for, local_fingerprint
-from torchfarm.routing import COMPILE_TASK, KERNEL_TASK
+from torchfarm.routing import (
+    ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK,
+)
 from torchfarm.signing import Signer
-from torchfarm.store import Store
+from torchfarm.store import JobState, Store
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
+from workers.export_job import run_export_job
 from workers.job import WorkerContext, fail_job, run_job
 from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
+from workers.pipeline import HANDED_ON, run_assembly, run_kernel_batch
 
 
 @functools.cache
@@ -36,7 +40,12 @@ def _context() -> WorkerContext:
             else None
         ),
         timeout_errors=(SoftTimeLimitExceeded,),
+        send=_send,
     )
+
+
+def _send(task: str, args: list, queue: str) -> None:
+    app.send_task(task, args=args, queue=queue)
 
 
 @app.task(name=COMPILE_TASK)
@@ -52,7 +61,56 @@ def compile_task(key: str, namespace: str = "") -> None:
         )
     finally:
         if settings.metrics_port:
+            _record(key, namespace, began)
+
+
+def _record(key: str, namespace: str, began: float | None) -> None:
+    """Counts a graph job in the metrics once it has ended: a staged compile's lowering
+    leaves it running, and its assembly (`began=None`: the job began with its lowering)
+    ends it."""
+    store = _context().store.tenant(namespace)
+    job = store.get_job(key)
+    if job is None or (job.state not in JobState.TERMINAL and (began is None or job.stage in HANDED_ON)):
+        return
+    worker_metrics.record_job(store, key, job.started if began is None else began)
+
+
+@app.task(name=EXPORT_TASK)
+def export_task(key: str, namespace: str = "") -> None:
+    """Builds the AOTInductor package of the export job `key` (workers/export_job.py)."""
+    began = time.time()
+    try:
+        run_export_job(key, _context(), namespace)
+    except SoftTimeLimitExceeded:
+        fail_job(
+            key, _context(), "COMPILE_TIMEOUT", "the export ran past the farm's time limit",
+            namespace,
+        )
+    finally:
+        if settings.metrics_port:
             worker_metrics.record_job(_context().store.tenant(namespace), key, began)
+
+
+@app.task(name=BUILD_KERNELS_TASK)
+def build_kernels_task(key: str, namespace: str, cache_keys: list[str]) -> None:
+    """Builds a batch of a staged compile's C++ kernels (workers/pipeline.py)."""
+    try:
+        run_kernel_batch(key, _context(), namespace, cache_keys)
+    except SoftTimeLimitExceeded:
+        fail_job(
+            key, _context(), "COMPILE_TIMEOUT", "a kernel build ran past the farm's time limit",
+            namespace,
+        )
+
+
+@app.task(name=ASSEMBLE_TASK)
+def assemble_task(key: str, namespace: str) -> None:
+    """Writes a staged compile's artifact once all its kernels are built (workers/pipeline.py)."""
+    try:
+        run_assembly(key, _context(), namespace)
+    finally:
+        if settings.metrics_port:
+            _record(key, namespace, None)
 
 
 def _graph_fingerprint():

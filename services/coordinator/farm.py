@@ -37,7 +37,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import graphcheck, keys, options, routing
+from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
@@ -94,6 +94,10 @@ class Dispatcher:
         """Queues the Triton kernel compile of `key` (services/coordinator/kernels.py)."""
         raise NotImplementedError
 
+    def send_export(self, key: str, queue: str, namespace: str = "") -> None:
+        """Queues the AOTInductor export of `key` (workers/export_job.py)."""
+        raise NotImplementedError
+
     def depth(self, queue: str) -> int:
         raise NotImplementedError
 
@@ -115,6 +119,11 @@ class CeleryDispatcher(Dispatcher):
     def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
         self.app.send_task(
             routing.KERNEL_TASK, args=[key], kwargs={"namespace": namespace}, queue=queue
+        )
+
+    def send_export(self, key: str, queue: str, namespace: str = "") -> None:
+        self.app.send_task(
+            routing.EXPORT_TASK, args=[key], kwargs={"namespace": namespace}, queue=queue
         )
 
     def depth(self, queue: str) -> int:
@@ -156,6 +165,8 @@ class Farm:
         try:
             queue = routing.queue_for(request.target)
             graphcheck.validate_graph(request.graph, self.limits)
+            if request.HasField("export"):
+                exportcheck.validate_export(request.graph, request.export)
             options.check_options(
                 request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
             )
@@ -181,6 +192,7 @@ class Farm:
         store = self.store.tenant(tenant.namespace)
         try:
             if self._servable(store, key):
+                store.note_hit(key)  # for `torchfarm cache ls` (services/coordinator/cache.py)
                 return Submitted(key, JobState.SUCCEEDED, cache_hit=True)
         except ManifestError:
             log.warning("key=%s has a corrupt manifest; recompiling", keys.short(key))
@@ -207,7 +219,10 @@ class Farm:
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         self._charge(store, key, tenant)
         try:
-            self.dispatcher.send(key, queue, tenant.namespace)
+            if request.HasField("export"):
+                self.dispatcher.send_export(key, queue, tenant.namespace)
+            else:
+                self.dispatcher.send(key, queue, tenant.namespace)
         except Exception:
             store.delete_job(key)  # let the next submit try again
             store.forget_job(tenant.name, key)
@@ -276,6 +291,7 @@ class Farm:
             return JobRecord(
                 key=key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
                 artifact_bytes=manifest.total_bytes(), worker=manifest.worker,
+                stages=list(manifest.stages),
             )
         raise NotFound(f"no job or artifact for key {keys.short(key)}")
 
@@ -284,7 +300,7 @@ class Farm:
         last = None
         while True:
             job = await self.job(key, tenant)
-            seen = (job.state, job.stage, job.attempts)
+            seen = (job.state, job.stage, job.attempts, job.kernels_done)
             if seen != last:
                 last = seen
                 yield job

@@ -14,11 +14,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.coordinator import auth, errors, metrics
+from services.coordinator.cache import CacheService, Entry, Filters, Totals
 from services.coordinator.farm import Farm
 from services.coordinator.kernels import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import __version__, routing
-from torchfarm.store import JobRecord
+from torchfarm.store import JobRecord, JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,28 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
         error_code=job.error_code,
         attempts=job.attempts,
         queued_seconds=max(0.0, job.started - job.created) if job.started else 0.0,
-        timings=[farm_pb2.StageTiming(stage=s, seconds=t) for s, t in job.timings.items()],
+        timings=_stage_timings(job),
         artifact_bytes=job.artifact_bytes,
         worker=job.worker,
+        kernels_total=job.kernels_total,
+        kernels_done=job.kernels_done,
+        kernels_hit=job.kernels_hit,
     )
+
+
+def _stage_timings(job: JobRecord) -> list[farm_pb2.StageTiming]:
+    """A staged compile's stage records (workers/pipeline.py); else the flat timings."""
+    if job.stages:
+        return [
+            farm_pb2.StageTiming(
+                stage=str(s.get("stage", "")), seconds=float(s.get("seconds", 0.0)),
+                queued_seconds=float(s.get("queued_seconds", 0.0)),
+                kernels=int(s.get("kernels", 0)), kernels_hit=int(s.get("kernels_hit", 0)),
+                worker=str(s.get("worker", "")),
+            )
+            for s in job.stages
+        ]
+    return [farm_pb2.StageTiming(stage=s, seconds=t) for s, t in job.timings.items()]
 
 
 class _ErrorMapping:
@@ -78,6 +97,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         self.farm = farm
         self.settings = settings
         self.kernels = KernelService(farm)
+        self.cache = CacheService(farm)
 
     async def Submit(self, request, context):
         async with _ErrorMapping(context):
@@ -137,6 +157,43 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 cache_bytes=st.cache_bytes,
                 coordinator_version=__version__,
                 recent_jobs=[job_status(j) for j in st.recent_jobs],
+                in_flight=[job_status(j) for j in st.recent_jobs if j.state not in JobState.TERMINAL],
+                job_info=[
+                    farm_pb2.FarmStatus.JobInfo(
+                        key=j.key, label=j.label, queue=j.queue,
+                        age_seconds=max(0.0, now - j.created) if j.created else 0.0,
+                        idle_seconds=max(0.0, now - j.updated) if j.updated else 0.0,
+                    )
+                    for j in st.recent_jobs
+                ],
+            )
+
+    async def ListArtifacts(self, request, context):
+        async with _ErrorMapping(context):
+            listing = await self.cache.list(
+                _filters(request.target, request.older_than_seconds, request.keys),
+                request.limit, auth.caller().namespace,
+            )
+            now = time.time()
+            return farm_pb2.CacheListing(
+                entries=[_cache_entry(e, now) for e in listing.entries],
+                matched=listing.matched.entries,
+                bytes=listing.matched.bytes,
+                hits=listing.matched.hits,
+                targets=[_target_totals(t, tot) for t, tot in listing.by_target.items()],
+            )
+
+    async def EvictArtifacts(self, request, context):
+        async with _ErrorMapping(context):
+            evicted = await self.cache.evict(
+                _filters(request.target, request.older_than_seconds, request.keys),
+                request.all, auth.caller().namespace,
+            )
+            shared: dict[str, int] = {}
+            for e in evicted:
+                shared.update(e.digests)
+            return farm_pb2.CacheEvictReply(
+                evicted=[e.key for e in evicted], bytes=sum(shared.values())
             )
 
     async def CompileKernel(self, request, context):
@@ -153,3 +210,20 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 worker=k.record.get("worker", ""),
                 compile_seconds=float(k.record.get("seconds", 0.0)),
             )
+
+
+def _filters(target: str, older_than_s: float, keys) -> Filters:
+    return Filters(target=target, older_than_s=older_than_s, keys=tuple(keys))
+
+
+def _cache_entry(e: Entry, now: float) -> farm_pb2.CacheEntry:
+    return farm_pb2.CacheEntry(
+        key=e.key, label=e.label, target=e.target, bytes=e.bytes, hits=e.hits,
+        age_seconds=max(0.0, now - e.created),
+        last_hit_seconds=max(0.0, now - e.last_hit) if e.hits else 0.0,
+        kernels=e.kernels, worker=e.worker,
+    )
+
+
+def _target_totals(target: str, t: Totals) -> farm_pb2.CacheTargetTotals:
+    return farm_pb2.CacheTargetTotals(target=target, entries=t.entries, bytes=t.bytes, hits=t.hits)

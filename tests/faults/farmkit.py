@@ -126,9 +126,10 @@ def join_client(t, box: dict, timeout_s: float = 300):
 
 
 def compiling(store: Store, key: str) -> bool:
-    """True while a worker is inside the compile stage of `key`'s job."""
+    """True while a worker is inside the compile stage of `key`'s job (its lowering job,
+    on the staged path: workers/pipeline.py)."""
     j = job(store, key)
-    return j is not None and j.state == JobState.RUNNING and j.stage == "compile"
+    return j is not None and j.state == JobState.RUNNING and j.stage in ("compile", "lowering")
 
 
 def job(store: Store, key: str) -> JobRecord | None:

@@ -15,7 +15,7 @@ def test_cpu_worker_with_gpu_kernel_targets():
     plan = make_plan(["local", "cuda:sm_90", "cuda:sm_80", "rocm:gfx942"], [CPU])
     assert plan.graph == (CPU,)
     assert [str(t) for t in plan.kernel] == ["cuda:sm_90", "cuda:sm_80", "rocm:gfx942"]
-    assert plan.queues == ["cpu.avx2", "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942"]
+    assert plan.queues == ["cpu.avx2", "stages.cpu.avx2", "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942"]
     assert plan.registration() == {
         "cpu:avx2": ["graph"], "cuda:sm_90": ["kernel"], "cuda:sm_80": ["kernel"], "rocm:gfx942": ["kernel"],
     }
@@ -24,9 +24,9 @@ def test_cpu_worker_with_gpu_kernel_targets():
 def test_gpu_worker_serves_graphs_and_kernels_of_its_own_gpu():
     plan = make_plan(["local"], [CPU, H100])
     assert plan.graph == (H100,) and plan.kernel == (H100,)
-    assert plan.queues == ["cuda.sm_90", "kernels.cuda.sm_90"]
+    assert plan.queues == ["cuda.sm_90", "stages.cuda.sm_90", "kernels.cuda.sm_90"]
     assert make_plan(["cuda"], [CPU, H100]).graph == (H100,)
-    assert make_plan(["cpu"], [CPU, H100]).queues == ["cpu.avx2"]
+    assert make_plan(["cpu"], [CPU, H100]).queues == ["cpu.avx2", "stages.cpu.avx2"]
 
 
 def test_refusals_name_the_target():
@@ -48,4 +48,4 @@ def test_lowering_without_a_gpu_is_opt_in_and_cuda_build_only():
         make_plan(["cuda:sm_90"], [CPU], lower_without_gpu=True)
     plan = make_plan(["cuda:sm_90"], [CPU], lower_without_gpu=True, cuda_build=True)
     assert plan.graph == (H100,) and plan.fake_gpu == H100
-    assert plan.queues == ["cuda.sm_90", "kernels.cuda.sm_90"]
+    assert plan.queues == ["cuda.sm_90", "stages.cuda.sm_90", "kernels.cuda.sm_90"]

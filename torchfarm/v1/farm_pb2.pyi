@@ -66,18 +66,72 @@ class Option(_message.Message):
     def __init__(self, name: _Optional[str] = ..., json_value: _Optional[str] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("graph", "target", "build", "options", "label")
+    __slots__ = ("graph", "target", "build", "options", "label", "specialize_hints", "export")
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     BUILD_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    SPECIALIZE_HINTS_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_FIELD_NUMBER: _ClassVar[int]
     graph: _graph_pb2.Graph
     target: Target
     build: Build
     options: CompileOptions
     label: str
-    def __init__(self, graph: _Optional[_Union[_graph_pb2.Graph, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., build: _Optional[_Union[Build, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., label: _Optional[str] = ...) -> None: ...
+    specialize_hints: bool
+    export: ExportSpec
+    def __init__(self, graph: _Optional[_Union[_graph_pb2.Graph, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., build: _Optional[_Union[Build, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., label: _Optional[str] = ..., specialize_hints: _Optional[bool] = ..., export: _Optional[_Union[ExportSpec, _Mapping]] = ...) -> None: ...
+
+class ExportSpec(_message.Message):
+    __slots__ = ("weights", "in_spec", "out_spec", "dims")
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    IN_SPEC_FIELD_NUMBER: _ClassVar[int]
+    OUT_SPEC_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    weights: _containers.RepeatedCompositeFieldContainer[ExportWeight]
+    in_spec: str
+    out_spec: str
+    dims: _containers.RepeatedCompositeFieldContainer[ExportDim]
+    def __init__(self, weights: _Optional[_Iterable[_Union[ExportWeight, _Mapping]]] = ..., in_spec: _Optional[str] = ..., out_spec: _Optional[str] = ..., dims: _Optional[_Iterable[_Union[ExportDim, _Mapping]]] = ...) -> None: ...
+
+class ExportWeight(_message.Message):
+    __slots__ = ("placeholder", "fqn", "kind", "persistent", "dtype", "shape", "data")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[ExportWeight.Kind]
+        PARAMETER: _ClassVar[ExportWeight.Kind]
+        BUFFER: _ClassVar[ExportWeight.Kind]
+        CONSTANT: _ClassVar[ExportWeight.Kind]
+    KIND_UNSPECIFIED: ExportWeight.Kind
+    PARAMETER: ExportWeight.Kind
+    BUFFER: ExportWeight.Kind
+    CONSTANT: ExportWeight.Kind
+    PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
+    FQN_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    placeholder: str
+    fqn: str
+    kind: ExportWeight.Kind
+    persistent: bool
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, placeholder: _Optional[str] = ..., fqn: _Optional[str] = ..., kind: _Optional[_Union[ExportWeight.Kind, str]] = ..., persistent: _Optional[bool] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ExportDim(_message.Message):
+    __slots__ = ("symbol", "min", "max")
+    SYMBOL_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    symbol: str
+    min: int
+    max: int
+    def __init__(self, symbol: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("key", "state", "cache_hit", "deduplicated")
@@ -213,20 +267,117 @@ class QueueInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
 
 class FarmStatus(_message.Message):
-    __slots__ = ("workers", "queues", "artifacts", "cache_bytes", "coordinator_version", "recent_jobs")
+    __slots__ = ("workers", "queues", "artifacts", "cache_bytes", "coordinator_version", "recent_jobs", "in_flight", "job_info")
+    class JobInfo(_message.Message):
+        __slots__ = ("key", "label", "queue", "age_seconds", "idle_seconds")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        LABEL_FIELD_NUMBER: _ClassVar[int]
+        QUEUE_FIELD_NUMBER: _ClassVar[int]
+        AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+        IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        label: str
+        queue: str
+        age_seconds: float
+        idle_seconds: float
+        def __init__(self, key: _Optional[str] = ..., label: _Optional[str] = ..., queue: _Optional[str] = ..., age_seconds: _Optional[float] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_VERSION_FIELD_NUMBER: _ClassVar[int]
     RECENT_JOBS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    JOB_INFO_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
     queues: _containers.RepeatedCompositeFieldContainer[QueueInfo]
     artifacts: int
     cache_bytes: int
     coordinator_version: str
     recent_jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., artifacts: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., coordinator_version: _Optional[str] = ..., recent_jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+    in_flight: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    job_info: _containers.RepeatedCompositeFieldContainer[FarmStatus.JobInfo]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueInfo, _Mapping]]] = ..., artifacts: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., coordinator_version: _Optional[str] = ..., recent_jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., in_flight: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., job_info: _Optional[_Iterable[_Union[FarmStatus.JobInfo, _Mapping]]] = ...) -> None: ...
+
+class CacheQuery(_message.Message):
+    __slots__ = ("target", "older_than_seconds", "limit", "keys")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    older_than_seconds: float
+    limit: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, target: _Optional[str] = ..., older_than_seconds: _Optional[float] = ..., limit: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CacheEntry(_message.Message):
+    __slots__ = ("key", "label", "target", "bytes", "hits", "age_seconds", "last_hit_seconds", "kernels", "worker")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    label: str
+    target: str
+    bytes: int
+    hits: int
+    age_seconds: float
+    last_hit_seconds: float
+    kernels: int
+    worker: str
+    def __init__(self, key: _Optional[str] = ..., label: _Optional[str] = ..., target: _Optional[str] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ..., age_seconds: _Optional[float] = ..., last_hit_seconds: _Optional[float] = ..., kernels: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
+
+class CacheTargetTotals(_message.Message):
+    __slots__ = ("target", "entries", "bytes", "hits")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    entries: int
+    bytes: int
+    hits: int
+    def __init__(self, target: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+
+class CacheListing(_message.Message):
+    __slots__ = ("entries", "matched", "bytes", "hits", "targets")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[CacheEntry]
+    matched: int
+    bytes: int
+    hits: int
+    targets: _containers.RepeatedCompositeFieldContainer[CacheTargetTotals]
+    def __init__(self, entries: _Optional[_Iterable[_Union[CacheEntry, _Mapping]]] = ..., matched: _Optional[int] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[CacheTargetTotals, _Mapping]]] = ...) -> None: ...
+
+class CacheEvict(_message.Message):
+    __slots__ = ("keys", "all", "target", "older_than_seconds")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    target: str
+    older_than_seconds: float
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ..., target: _Optional[str] = ..., older_than_seconds: _Optional[float] = ...) -> None: ...
+
+class CacheEvictReply(_message.Message):
+    __slots__ = ("evicted", "bytes")
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    evicted: _containers.RepeatedScalarFieldContainer[str]
+    bytes: int
+    def __init__(self, evicted: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class KernelRequest(_message.Message):
     __slots__ = ("source", "name", "signature", "constexprs", "target", "options", "triton_version", "label")

@@ -64,6 +64,16 @@ class CompileFarmStub:
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
                 response_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
                 _registered_method=True)
+        self.ListArtifacts = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/ListArtifacts',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheQuery.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheListing.FromString,
+                _registered_method=True)
+        self.EvictArtifacts = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/EvictArtifacts',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvict.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.FromString,
+                _registered_method=True)
 
 
 class CompileFarmServicer:
@@ -114,6 +124,21 @@ class CompileFarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListArtifacts(self, request, context):
+        """The caller's cache entries (its tenant namespace only), filtered, with totals per
+        target: `torchfarm cache ls|stats`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EvictArtifacts(self, request, context):
+        """Removes cache entries' manifests from the caller's namespace: `torchfarm cache evict`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompileFarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +171,16 @@ def add_CompileFarmServicer_to_server(servicer, server):
                     servicer.CompileKernel,
                     request_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.FromString,
                     response_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.SerializeToString,
+            ),
+            'ListArtifacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListArtifacts,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheQuery.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheListing.SerializeToString,
+            ),
+            'EvictArtifacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvictArtifacts,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvict.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +345,60 @@ class CompileFarm:
             '/torchfarm.v1.CompileFarm/CompileKernel',
             torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
             torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListArtifacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/ListArtifacts',
+            torchfarm_dot_v1_dot_farm__pb2.CacheQuery.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.CacheListing.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvictArtifacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/EvictArtifacts',
+            torchfarm_dot_v1_dot_farm__pb2.CacheEvict.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,164 @@
+"""The staged pipeline's stage jobs as plain functions, against a real redis-server,
+with the compile itself replaced: the barrier, idempotent kernel and assembly jobs, the
+kernel cache, evicted binaries rebuilt, and the attempt cap. Stage jobs are "sent" into
+a list and run by hand, in any order, as Celery would deliver them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from sdk.loader import KernelSpec, spec_args
+from sdk.target import local_fingerprint
+from torchfarm import keys, routing
+from torchfarm.manifest import blob_digest
+from torchfarm.signing import Signer, TrustedKeys
+from torchfarm.stages import StageBoard
+from torchfarm.store import JobState
+from tests.requests import relu_request
+from workers import pipeline
+from workers.compiler import Kernel, LoweredGraph
+from workers.job import WorkerContext
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(i: int) -> bytes:
+    args = spec_args({"main_code": f"// kernel {i}\n", "device_type": "cpu", "extra_flags": ()})
+    return KernelSpec("CppCodeCache", args, output=0, outputs=1).to_bytes()
+
+
+@pytest.fixture
+def sent():
+    return []
+
+
+@pytest.fixture
+def built():
+    """Every spec the replaced `build_kernel` was asked to build."""
+    return []
+
+
+@pytest.fixture
+def ctx(store, sent, built, monkeypatch):
+    def build_kernel(spec: bytes) -> Kernel:
+        built.append(spec)
+        return Kernel(name="k", kind="cpp", source=spec, binary=b"\x7fELF" + spec)
+
+    monkeypatch.setattr(pipeline, "build_kernel", build_kernel)
+    return WorkerContext(
+        settings=WorkerSettings(kernel_batch=2, max_attempts=2),
+        store=store,
+        fingerprint=local_fingerprint(),
+        name="w0",
+        signer=Signer.generate(),
+        send=lambda task, args, queue: sent.append((task, args, queue)),
+    )
+
+
+def _lowered(n: int) -> LoweredGraph:
+    return LoweredGraph(
+        payload=b"payload", specs=[_spec(i) for i in range(n)],
+        timings={"compile": 1.0, "collect": 0.1, "decompose": 0.4, "lower": 0.6},
+    )
+
+
+def _start(store, ctx, n: int, namespace: str = "") -> str:
+    request = relu_request()
+    key = keys.compute_key(request, namespace)
+    view = store.tenant(namespace)
+    view.create_job(key, "cpu.avx2", "test", 600)
+    view.update_job(key, state=JobState.RUNNING, started=1.0)
+    pipeline.fan_out(key, dataclasses.replace(ctx, store=view), "cpu:avx2", _lowered(n), (), 0.05)
+    return key
+
+
+def _drain(ctx, sent, namespace: str = "") -> None:
+    while sent:
+        task, args, queue = sent.pop(0)
+        assert queue == "stages.cpu.avx2"
+        if task == routing.BUILD_KERNELS_TASK:
+            pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+        else:
+            assert task == routing.ASSEMBLE_TASK
+            pipeline.run_assembly(args[0], ctx, args[1])
+
+
+def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, ctx, sent):
+    key = _start(store, ctx, 5, "alice")
+    assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK] * 3  # 2 + 2 + 1
+    view = store.tenant("alice")
+    assert view.get_job(key).stage == "kernels" and view.get_job(key).kernels_total == 5
+    # Deliver the batches in reverse: only the one that empties the set sends the assembly.
+    sent.reverse()
+    for _ in range(3):
+        task, args, _ = sent.pop(0)
+        pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+    assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
+    _drain(ctx, sent)
+    job = view.get_job(key)
+    assert (job.state, job.kernels_done, job.kernels_hit) == (JobState.SUCCEEDED, 5, 0)
+    manifest = view.get_manifest(key)
+    assert [s["stage"] for s in manifest.stages] == ["decompose", "lower", "kernels", "assemble"]
+    assert sorted(view.get_blob(k.binary.digest) for k in manifest.kernels) == sorted(
+        b"\x7fELF" + _spec(i) for i in range(5)
+    )
+    TrustedKeys.parse(ctx.signer.trusted_entry()).verify(
+        manifest, key=key, tenant="alice", fingerprint=ctx.fingerprint.to_dict()
+    )
+    assert StageBoard(view).get_plan(key) is None  # cleared after assembly
+
+
+def test_redelivered_jobs_do_nothing_twice(store, ctx, sent, built):
+    key = _start(store, ctx, 2)
+    task, args, _ = sent[0]
+    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])  # redelivered
+    assert len(built) == 2  # the second delivery found both in the kernel cache
+    assert store.get_job(key).kernels_done == 2
+    _drain(ctx, sent[1:])
+    assert store.get_job(key).state == JobState.SUCCEEDED
+    before = store.get_manifest_bytes(key)
+    pipeline.run_assembly(key, ctx, "")  # redelivered after it finished
+    assert store.get_manifest_bytes(key) == before
+
+
+def test_a_graph_whose_kernels_are_all_cached_skips_kernel_generation(store, ctx, sent, built):
+    _start(store, ctx, 3)
+    _drain(ctx, sent)
+    other = relu_request(torch_version="other-graph")  # another key, the same kernels
+    key = keys.compute_key(other, "")
+    store.create_job(key, "cpu.avx2", "test", 600)
+    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(3), (), 0.05)
+    assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
+    _drain(ctx, sent)
+    job = store.get_job(key)
+    assert (job.state, job.kernels_total, job.kernels_hit) == (JobState.SUCCEEDED, 3, 3)
+    assert len(built) == 3  # built once, for the first graph only
+
+
+def test_a_binary_evicted_before_assembly_is_built_again(store, ctx, sent, built):
+    key = _start(store, ctx, 2)
+    while sent[0][0] == routing.BUILD_KERNELS_TASK:
+        _, args, _ = sent.pop(0)
+        pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+    store.delete_blob(blob_digest(b"\x7fELF" + _spec(0)))  # LRU eviction
+    _drain(ctx, sent)
+    assert store.get_job(key).state == JobState.SUCCEEDED
+    assert built.count(_spec(0)) == 2
+
+
+def test_a_kernel_job_delivered_past_the_cap_fails_the_compile(store, ctx, sent, built):
+    key = _start(store, ctx, 1)
+    _, args, _ = sent.pop(0)
+    board = StageBoard(store)
+    batch = hashlib.sha256(",".join(sorted(args[2])).encode()).hexdigest()[:16]
+    for _ in range(ctx.settings.max_attempts):  # earlier deliveries, each lost with its worker
+        board.count(key, f"kattempts:{batch}")
+    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+    job = store.get_job(key)
+    assert (job.state, job.error_code) == (JobState.FAILED, "TOO_MANY_ATTEMPTS")
+    assert sent == [] and built == []

@@ -1,0 +1,208 @@
+"""Redis records of the staged compile pipeline (workers/pipeline.py): the fleet-wide
+kernel cache, each staged job's plan, and the barrier that starts its assembly.
+
+Keys, under the store's prefix:
+
+- `tf:kbin:<key>`: a compiled C++ kernel, JSON `{"binary": {digest, size}, "worker",
+  "seconds"}`; the bytes are a blob (`tf:blob:<sha256>`). `<key>` is `kernel_cache_key`:
+  the kernel's spec, the exact target and the build that compiled it. Not per tenant:
+  a worker writes it from a spec its own lowering produced, so every graph that holds
+  the same kernel, from any client, reuses the binary.
+- `tf:plan:<ref>`: what a staged job's lowering produced (payload and kernel spec blobs,
+  shape guards, stage timings), until assembly turns it into the manifest (TTL).
+- `tf:pending:<ref>`: the kernel cache keys the job still waits for. Each kernel-build job
+  removes its keys once their binaries are stored; the one that empties the set sends
+  the assembly job. Nothing waits on anything: a farm of one worker cannot deadlock.
+
+`<ref>` is the job's key in its namespace (`Store.ref`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchfarm.manifest import BlobRef
+from torchfarm.store import Store
+
+KERNEL_CACHE_FORMAT = "torchfarm.kernel-cache/1"
+"""Enters every kernel cache key; change it to orphan every cached binary."""
+
+PLAN_FORMAT = "torchfarm.plan/1"
+"""Schema of `tf:plan:<ref>`."""
+
+_RELEASE = """
+local removed = redis.call('SREM', KEYS[1], unpack(ARGV, 4))
+if removed > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'kernels_done', removed)
+  redis.call('HINCRBY', KEYS[2], 'kernels_hit', math.min(removed, tonumber(ARGV[2])))
+  redis.call('HINCRBYFLOAT', KEYS[2], 'k_busy', ARGV[3])
+  redis.call('HSET', KEYS[2], 'k_ended', ARGV[1], 'updated', ARGV[1])
+end
+return redis.call('SCARD', KEYS[1])
+"""
+"""Removes finished kernel keys from a job's pending set and counts them on its job
+record, atomically; returns how many are still pending. ARGV: now, cache hits among
+them, build seconds, then the keys."""
+
+
+def kernel_cache_key(spec: bytes, target: str, build: dict[str, str]) -> str:
+    """The content address of one kernel's binary: its spec (source text and every
+    option that enters Inductor's own key), the exact target, and the build that
+    compiles it (torch version and git hash, Python, platform, ISA, C++ compiler)."""
+    body = {
+        "format": KERNEL_CACHE_FORMAT,
+        "spec": hashlib.sha256(spec).hexdigest(),
+        "target": target,
+        "build": dict(sorted(build.items())),
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PlannedKernel:
+    name: str
+    """`sdk.loader.kernel_name` of the spec, as in the manifest."""
+    kind: str
+    source: BlobRef
+    """The spec's blob."""
+    cache_key: str
+
+
+@dataclass
+class Plan:
+    """What lowering hands to the kernel builds and the assembly."""
+
+    payload: BlobRef
+    kernels: list[PlannedKernel]
+    target: str
+    guards: list[Any] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """Stage records so far (workers/pipeline.py `stage_record`)."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        body = asdict(self)
+        body["format"] = PLAN_FORMAT
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Plan:
+        body = json.loads(data)
+        if body.get("format") != PLAN_FORMAT:
+            raise ValueError(f"unknown plan format {body.get('format')!r}")
+        return cls(
+            payload=BlobRef(**body["payload"]),
+            kernels=[
+                PlannedKernel(k["name"], k["kind"], BlobRef(**k["source"]), k["cache_key"])
+                for k in body["kernels"]
+            ],
+            target=body["target"],
+            guards=body["guards"],
+            stages=body["stages"],
+            timings={k: float(v) for k, v in body["timings"].items()},
+        )
+
+
+class StageBoard:
+    """The staged pipeline's Redis records, seen from one tenant's `Store` view."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.r = store.r
+        self._release = self.r.register_script(_RELEASE)
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.store.prefix, *parts))
+
+    def _job(self, key: str) -> str:
+        return self._k("job", self.store.ref(key))
+
+    # The kernel cache (shared by all tenants).
+
+    def cached_binaries(self, cache_keys: list[str]) -> dict[str, BlobRef]:
+        """The cached binary of each key that has one whose blob is still there."""
+        if not cache_keys:
+            return {}
+        records = self.r.mget([self._k("kbin", k) for k in cache_keys])
+        found = {}
+        for key, data in zip(cache_keys, records):
+            if data is not None:
+                found[key] = BlobRef(**json.loads(data)["binary"])
+        present = self.r.pipeline(transaction=False)
+        for ref in found.values():
+            present.exists(self._k("blob", ref.digest))
+        alive = present.execute()
+        return {k: ref for (k, ref), ok in zip(found.items(), alive) if ok}
+
+    def put_binary(self, cache_key: str, binary: bytes, worker: str, seconds: float) -> BlobRef:
+        """Stores a built kernel: blob first, then its record, so a record names a blob."""
+        from torchfarm.manifest import blob_digest
+
+        ref = BlobRef(blob_digest(binary), len(binary))
+        self.store.put_blob(ref.digest, binary)
+        record = {"binary": asdict(ref), "worker": worker, "seconds": round(seconds, 3)}
+        self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
+        return ref
+
+    def forget_binary(self, cache_key: str) -> None:
+        self.r.delete(self._k("kbin", cache_key))
+
+    # A staged job's plan and its barrier.
+
+    def put_plan(self, key: str, plan: Plan, pending: list[str], ttl_s: int) -> None:
+        """Writes the plan and the pending set together (the set before any kernel job
+        can be sent)."""
+        pipe = self.r.pipeline()
+        pipe.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
+        pk = self._k("pending", self.store.ref(key))
+        pipe.delete(pk)
+        if pending:
+            pipe.sadd(pk, *pending)
+            pipe.expire(pk, ttl_s)
+        pipe.execute()
+
+    def get_plan(self, key: str) -> Plan | None:
+        data = self.r.get(self._k("plan", self.store.ref(key)))
+        return Plan.from_json(data) if data is not None else None
+
+    def add_pending(self, key: str, cache_keys: list[str], ttl_s: int) -> None:
+        pk = self._k("pending", self.store.ref(key))
+        pipe = self.r.pipeline()
+        pipe.sadd(pk, *cache_keys)
+        pipe.expire(pk, ttl_s)
+        pipe.execute()
+
+    def pending(self, key: str) -> set[str]:
+        return {m.decode() for m in self.r.smembers(self._k("pending", self.store.ref(key)))}
+
+    def release(self, key: str, cache_keys: list[str], hits: int, busy_s: float) -> int:
+        """Marks these kernels of the job done; returns how many it still waits for.
+        0 means: send the assembly (a redelivered batch may see 0 again; assembly is
+        idempotent)."""
+        return int(
+            self._release(
+                keys=[self._k("pending", self.store.ref(key)), self._job(key)],
+                args=[time.time(), hits, busy_s, *cache_keys],
+            )
+        )
+
+    def note_kernel_start(self, key: str, worker: str) -> None:
+        """The first kernel job's start (HSETNX), and which workers built the job's kernels."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(self._job(key), "k_started", time.time())
+        pipe.hset(self._job(key), f"kworker:{worker}", 1)
+        pipe.execute()
+
+    def count(self, key: str, name: str) -> int:
+        """Increments a counter on the job record (attempts of one stage job)."""
+        return int(self.r.hincrby(self._job(key), name, 1))
+
+    def job_fields(self, key: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(self._job(key)).items()}
+
+    def clear(self, key: str) -> None:
+        self.r.delete(self._k("plan", self.store.ref(key)), self._k("pending", self.store.ref(key)))
