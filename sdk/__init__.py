@@ -36,6 +36,9 @@ __all__ = [
     "Unauthenticated",
     "compile",
     "compile_kernel",
+    "export",
+    "wait_ready",
+    "warm",
 ]
 
 
@@ -44,4 +47,16 @@ def __getattr__(name: str) -> Any:
         from sdk.api import compile
 
         return compile
+    if name == "export":
+        from sdk.exports import export
+
+        return export
+    if name == "wait_ready":
+        from sdk.nonblocking import wait_ready
+
+        return wait_ready
+    if name == "warm":
+        from sdk.warmup import warm
+
+        return warm
     raise AttributeError(f"module 'sdk' has no attribute {name!r}")

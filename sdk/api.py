@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from sdk import nonblocking, warmup
 from sdk import target as sdk_target
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
@@ -24,6 +25,7 @@ def compile(
     remote: str | None = None,
     target: str | None = None,
     fallback: str = "local",
+    wait: bool = True,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """Like `torch.compile(model, **kwargs)`, with each graph compiled on the farm at
@@ -37,6 +39,10 @@ def compile(
     gcnArchName, MPS, XPU name). An exact target this process is not, such as
     "cuda:sm_90" on a laptop, fills the farm's cache for that fleet and runs the graphs
     eagerly here: what the farm builds for another target cannot be loaded here.
+    `wait=False` returns at once from each graph's compile: the graph runs eagerly
+    while the farm compiles it, and switches to the compiled code at the start of a
+    later call of the returned model, once the artifact is verified and loaded
+    (sdk/nonblocking.py; `sdk.wait_ready(model, timeout)` waits for it).
     Used without a model, it returns a decorator, as `torch.compile` does.
     """
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
@@ -44,6 +50,8 @@ def compile(
         raise ConfigError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
     if fallback not in ("local", "error"):
         raise ConfigError(f"fallback must be 'local' or 'error', not {fallback!r}")
+    if not isinstance(wait, bool):
+        raise ConfigError(f"wait must be True or False, not {wait!r}")
     backend = torch_compile_kwargs.pop("backend", "inductor")
     if backend != "inductor":
         raise ConfigError(f"the farm compiles with Inductor; backend={backend!r} is not supported")
@@ -68,7 +76,11 @@ def compile(
             dynamic=torch_compile_kwargs.get("dynamic"),
             name=name,
             target=wanted,
+            wait=wait or warmup.active(),  # `torchfarm warm` reports each compile as it ends
         )
-        return torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
+        compiled = torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
+        if farm_backend.swapper is not None:
+            compiled = nonblocking.attach(compiled, farm_backend.swapper)
+        return warmup.observe(compiled)
 
     return wrap if model is None else wrap(model)

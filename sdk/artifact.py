@@ -24,7 +24,7 @@ from sdk.errors import ArtifactRejected
 from sdk.metrics import ARTIFACTS_REJECTED
 from sdk.target import Fingerprint
 from sdk.trust import Trust
-from torchfarm.manifest import Manifest, ManifestError, check_blobs
+from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
 from torchfarm.signing import SignatureError, TrustedKeys
 
 _NO_KEYS = TrustedKeys({})
@@ -41,10 +41,15 @@ def verify(
     key: str,
     local: Fingerprint,
     trust: Trust | None = None,
+    kind: str = COMPILE,
 ) -> Manifest:
     """The manifest, once everything above holds; ArtifactRejected otherwise.
 
-    `trust=None` means a loopback farm with no pinned keys (the unit tests' case)."""
+    `trust=None` means a loopback farm with no pinned keys (the unit tests' case).
+    `kind` is what the caller loads: a torch.compile artifact or an export package
+    (torchfarm/manifest.py); the other is refused. `local` is the fingerprint the
+    artifact must carry: this machine's, or for an export to another target, that
+    target fleet's (sdk/exports.py)."""
     trust = trust or Trust(keys=_NO_KEYS, namespace="", loopback=True)
     if not trust.loads_anything:
         raise rejected("untrusted_farm", "no signing keys are pinned and the farm is not on loopback")
@@ -58,6 +63,8 @@ def verify(
             trust.keys.verify(manifest, key=key, tenant=trust.namespace, fingerprint=mine)
         except SignatureError as e:
             raise rejected(e.reason, f"artifact {key[:12]} refused: {e}") from e
+    if manifest.kind != kind:
+        raise rejected("mismatch", f"artifact {key[:12]} refused: its kind is {manifest.kind!r}, not {kind!r}")
     if manifest.key != key:
         raise rejected("mismatch", f"artifact refused: it is for key {manifest.key[:12]}, not {key[:12]}")
     if manifest.tenant != trust.namespace:

@@ -8,21 +8,26 @@ fallback is "local", that one graph is compiled by the local Inductor exactly as
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from sdk import artifact
+from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
 from sdk.codec import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected, JobLost
+from sdk.guards import CaptureShapes, GuardError
 from sdk.metrics import FALLBACKS
+from sdk.nonblocking import Swapper
+from sdk.progress import GraphTrack, Progress
 from sdk.settings import SDKSettings
 from sdk.target import Fingerprint, device_kind, local_fingerprint, local_target
 from sdk.trust import Trust
@@ -33,12 +38,28 @@ from torchfarm.v1 import farm_pb2, graph_pb2
 log = logging.getLogger(__name__)
 
 
+def farm_stages(status: farm_pb2.JobStatus) -> str:
+    """The farm's stage timings for the per-graph log line: "decompose 1.10s, lower
+    2.31s, kernels 4.02s 12/19 hit, assemble 0.05s" (a staged compile), or the
+    whole-graph compile's timings."""
+    parts = []
+    for t in status.timings:
+        part = f"{t.stage} {t.seconds:.2f}s"
+        if t.queued_seconds >= 0.005:
+            part += f" (queued {t.queued_seconds:.2f}s)"
+        if t.kernels:
+            part += f" {t.kernels_hit}/{t.kernels} hit"
+        parts.append(part)
+    return ", ".join(parts)
+
+
 def build_request(
     graph: graph_pb2.Graph,
     fp: Fingerprint,
     mode: str,
     inductor_config: dict[str, Any],
     label: str,
+    specialize_hints: bool = False,
 ) -> farm_pb2.CompileRequest:
     try:
         options = [
@@ -58,14 +79,33 @@ def build_request(
             platform=fp.platform,
         ),
         options=farm_pb2.CompileOptions(
-            mode=mode or "", inductor=options, dynamic=len(graph.symbols) > 0
+            # "default" is no mode in torch.compile: one compile, so one key.
+            mode="" if mode in (None, "default") else mode,
+            inductor=options,
+            dynamic=len(graph.symbols) > 0,
         ),
         label=label,
+        specialize_hints=specialize_hints,
     )
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A graph ready to send: what `_remote` builds on the calling thread."""
+
+    index: int
+    request: farm_pb2.CompileRequest
+    key: str
+    fingerprint: Fingerprint
+    encode_s: float
+    shapes: CaptureShapes
+    """The graph's symbols in Dynamo's ShapeEnv: where shipped shape guards go."""
+
+
 class FarmBackend:
-    """A Dynamo backend that compiles on the farm. One instance per `sdk.compile` call."""
+    """A Dynamo backend that compiles on the farm. One instance per `sdk.compile` call.
+
+    With `wait=False` a graph runs eagerly until its compile is ready (sdk/nonblocking.py)."""
 
     def __init__(
         self,
@@ -76,6 +116,7 @@ class FarmBackend:
         dynamic: bool | None = None,
         name: str = "",
         target: Target | None = None,
+        wait: bool = True,
     ):
         self.settings = settings
         self.mode = mode or ""
@@ -90,6 +131,11 @@ class FarmBackend:
         self._graphs = 0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self.reports = report.active_sinks()
+        """Where each graph's outcome goes: `sdk.warm`'s and `torchfarm warm`'s reports."""
+        self.progress = Progress(name, settings, lambda: self._graphs)
+        self.swapper: Swapper | None = None if wait else Swapper(name, settings.fallback)
+        """Set with wait=False: the graphs handed out, and their switch to compiled code."""
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         with self._lock:
@@ -99,13 +145,20 @@ class FarmBackend:
             return self._prewarm(gm, example_inputs, index)
         if self._client is None:
             return self.local(gm, example_inputs)
+        if self.swapper is not None:
+            return self._remote_nonblocking(gm, example_inputs, index)
         try:
             return self._remote(gm, example_inputs, index)
         except FarmError as e:
             if self.settings.fallback != "local" or not e.fallback:
                 raise
             self._warn_fallback(index, e)
+            self._publish(index, report.LOCAL, error=f"{type(e).__name__}: {e}")
             return self.local(gm, example_inputs)
+
+    def _publish(self, index: int, outcome: str, **fields: Any) -> None:
+        if self.reports:
+            report.publish(self.reports, report.GraphReport(self.name, index, outcome, **fields))
 
     def _warn_fallback(self, index: int, e: FarmError) -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
@@ -126,6 +179,22 @@ class FarmBackend:
         )
 
     def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
+        return self._complete(self._prepare(gm, example_inputs, index), in_backend=True)
+
+    def _remote_nonblocking(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
+    ) -> Callable:
+        """Encodes here; submits, waits, verifies and loads in the background."""
+        assert self.swapper is not None
+        try:
+            prepared = self._prepare(gm, example_inputs, index)
+        except FarmError as e:
+            return self.swapper.failed(index, gm.forward, e)
+        return self.swapper.defer(
+            index, prepared.key, gm.forward, lambda: self._complete(prepared)
+        )
+
+    def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
         assert self._client is not None and self.trust is not None
         if not self.trust.loads_anything:
             raise ArtifactRejected(
@@ -143,32 +212,93 @@ class FarmBackend:
         label = f"{self.name} graph {index} from {socket.gethostname()}"
         request = build_request(graph, fp, self.mode, self.local.config, label)
         expected_key = keys.compute_key(request, self.trust.namespace)
-        t1 = time.perf_counter()
-        reply, status = self._submit_and_wait(request)
-        if reply.key != expected_key:
-            raise ArtifactRejected(
-                f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
-                "mismatch",
-            )
-        t3 = time.perf_counter()
-        manifest_bytes, blobs = self._client.fetch(reply.key)
-        t4 = time.perf_counter()
-        manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
-        compiled = artifact.load(manifest, blobs)
-        t5 = time.perf_counter()
+        shapes = CaptureShapes.of(gm, [s.name for s in graph.symbols])
+        return _Prepared(index, request, expected_key, fp, time.perf_counter() - t0, shapes)
+
+    def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable:
+        """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
+
+        The key leaves the symbols' hints out, so a dynamic graph shares its artifact
+        across sizes. The artifact's shape guards (sdk/guards.py) are what its compile
+        decided from the hints: if one is false at this capture's sizes, the graph is
+        submitted again with `specialize_hints`. They go into Dynamo's guards, which
+        only works `in_backend` (before Dynamo builds the frame's guards)."""
+        assert self._client is not None and self.trust is not None
+        index, request, expected_key, fp = (
+            prepared.index, prepared.request, prepared.key, prepared.fingerprint
+        )
+        with self.progress.graph(index, expected_key) as track:
+            t1 = time.perf_counter()
+            reply, status = self._submit_and_wait(request, track)
+            if reply.key != expected_key:
+                raise ArtifactRejected(
+                    f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
+                    "mismatch",
+                )
+            t3 = time.perf_counter()
+            track.set_stage("fetch")
+            manifest_bytes, blobs = self._client.fetch(reply.key)
+            t4 = time.perf_counter()
+            track.set_stage("verify and load")
+            manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
+            guards = self._shape_guards(prepared, manifest, reply.key, in_backend)
+            if guards is None:
+                again = build_request(
+                    request.graph, fp, self.mode, self.local.config, request.label, True
+                )
+                key = keys.compute_key(again, self.trust.namespace)
+                return self._complete(
+                    dataclasses.replace(prepared, request=again, key=key), in_backend
+                )
+            compiled = artifact.load(manifest, blobs)
+            t5 = time.perf_counter()
         outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
         remote = ""
         if status is not None:
-            remote = " (farm: " + ", ".join(f"{t.stage} {t.seconds:.2f}s" for t in status.timings) + ")"
+            remote = " (farm: " + farm_stages(status) + ")"
         log.info(
             "torchfarm: graph %d of %s: %s key=%s | encode %.2fs submit+wait %.2fs%s "
             "fetch %.2fs load %.2fs | artifact %.1f KB, %d kernels",
-            index, self.name, outcome, reply.key[:12], t1 - t0, t3 - t1, remote,
+            index, self.name, outcome, reply.key[:12], prepared.encode_s, t3 - t1, remote,
             t4 - t3, t5 - t4, manifest.total_bytes() / 1024, len(manifest.kernels),
+        )
+        self._publish(
+            index, report.COMPILED if outcome == "miss" else outcome, key=reply.key,
+            target=f"{fp.device}:{fp.isa if fp.device == 'cpu' else fp.arch}", seconds=t5 - t1,
+            compile_seconds=sum(t.seconds for t in status.timings) if status is not None else 0.0,
+            kernels=len(manifest.kernels), bytes=manifest.total_bytes(),
         )
         return compiled
 
-    def _submit_and_wait(self, request) -> tuple[Any, Any]:
+    def _shape_guards(
+        self, prepared: _Prepared, manifest: Any, key: str, in_backend: bool
+    ) -> list[Any] | None:
+        """Installs the artifact's shape guards in Dynamo's ShapeEnv; None when one is
+        false at this capture's sizes and the request did not yet specialize on them."""
+        shapes = prepared.shapes
+        try:
+            guards = shapes.read(manifest.guards)
+            false = shapes.false_ones(guards)
+            if false and not prepared.request.specialize_hints and shapes.symbols:
+                log.info(
+                    "torchfarm: graph %d of %s: the shared artifact %s guards %s, false at "
+                    "these sizes; compiling for them",
+                    prepared.index, self.name, key[:12], false[0],
+                )
+                return None
+            if false:
+                raise GuardError(f"its shape guard {false[0]} is false at this capture's sizes")
+            if guards and not in_backend:
+                raise GuardError(
+                    "it carries shape guards, which cannot join Dynamo's guards once the "
+                    "graph runs (wait=False)"
+                )
+            shapes.install(guards)
+        except GuardError as e:
+            raise artifact.rejected("guards", f"artifact {key[:12]} refused: {e}") from e
+        return guards
+
+    def _submit_and_wait(self, request, track: GraphTrack | None = None) -> tuple[Any, Any]:
         """Submits, then waits unless it was a hit. A job the farm lost (Redis restarted
         under it) is submitted again: the key is the same, so this is idempotent."""
         assert self._client is not None
@@ -177,7 +307,7 @@ class FarmBackend:
             if reply.cache_hit:
                 return reply, None
             try:
-                return reply, self._client.wait(reply.key)
+                return reply, self._client.wait(reply.key, track.update if track else None)
             except JobLost:
                 if attempt == self.settings.max_resubmits:
                     raise
@@ -217,6 +347,10 @@ class FarmBackend:
                     index, self.name, target, fp.torch_version,
                     "hit" if reply.cache_hit else "compiled", reply.key[:12],
                 )
+                self._publish(
+                    index, report.HIT if reply.cache_hit else report.COMPILED, key=reply.key,
+                    target=str(target),
+                )
         except FarmError as e:
             if self.settings.fallback != "local" or not e.fallback:
                 raise
@@ -225,4 +359,5 @@ class FarmBackend:
                 "torchfarm: graph %d of %s was not compiled for %s (%s): %s",
                 index, self.name, target, type(e).__name__, e,
             )
+            self._publish(index, report.FAILED, target=str(target), error=f"{type(e).__name__}: {e}")
         return gm.forward

@@ -18,6 +18,7 @@ ARTIFACTS_REJECTED = Counter(
 )
 FALLBACKS = Counter(
     "torchfarm_sdk_fallbacks_total",
-    "Graphs compiled locally because the farm could not serve them, by error class.",
+    "Graphs the farm could not serve, by error class: compiled locally, or left eager "
+    "with wait=False.",
     ["error"],
 )

@@ -43,3 +43,8 @@ class SDKSettings:
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""
+    progress_after_s: float = 2.5
+    """A farm compile shows progress (sdk/progress.py) once it has run this long, so
+    cache hits print nothing extra."""
+    progress_every_s: float = 5.0
+    """Seconds between progress log lines when stderr is not a terminal."""

@@ -6,6 +6,10 @@
     torchfarm keygen DIR [--key-id ID]   an Ed25519 signing key for workers, and its pin
     torchfarm token TENANT [--namespace NS]   a new token, and its line for the tokens file
     torchfarm status [--remote grpc://host:port] [--json]
+                                 workers per target, queues, in-flight and recent jobs
+    torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
+    torchfarm warm [--steps N] SCRIPT.py [args]   run a script to fill the farm's cache
+                                 (cli_warm.py, sdk/warmup.py)
     torchfarm coordinator        run the coordinator (settings from TORCHFARM_*)
     torchfarm worker [--targets local,cuda:sm_90,rocm:gfx942]
                                  run a Celery worker for those targets (docs/targets.md)
@@ -23,11 +27,11 @@ import signal
 import sys
 import threading
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-
+from torchfarm import tables
+from torchfarm.cli_cache import add_cache_parser, as_json, call
 from torchfarm.cli_targets import add_kernel_parser, targets_table
-from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.cli_warm import add_warm_parser
+from torchfarm.v1 import farm_pb2
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -94,18 +98,8 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    return "\n".join(lines)
+_fmt_bytes = tables.fmt_bytes
+_table = tables.table
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -113,47 +107,105 @@ def _status(args: argparse.Namespace) -> int:
     if not address:
         print("torchfarm status: give --remote or set TORCHFARM_REMOTE", file=sys.stderr)
         return 2
-    token = os.environ.get("TORCHFARM_TOKEN", "")
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
-    with grpc.insecure_channel(address) as channel:
-        try:
-            st = farm_pb2_grpc.CompileFarmStub(channel).GetFarmStatus(
-                farm_pb2.FarmStatusRequest(), timeout=args.timeout, metadata=metadata
-            )
-        except grpc.RpcError as e:
-            print(f"torchfarm status: {address}: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
+    # As the SDK connects: the token, and TLS for grpcs:// or TORCHFARM_TLS_CA_FILE.
+    st = call(args, "status", lambda stub, md: stub.GetFarmStatus(
+        farm_pb2.FarmStatusRequest(), timeout=args.timeout, metadata=md
+    ))
+    if st is None:
+        return 1
     if args.json:
-        print(json.dumps(MessageToDict(st, preserving_proto_field_name=True), indent=2))
+        print(as_json(st))  # every field, numbers as JSON numbers
         return 0
-    print(f"coordinator {st.coordinator_version} at {address}")
-    print(f"cache: {st.artifacts} artifacts, Redis using {_fmt_bytes(st.cache_bytes)}\n")
-    print(_table(
+    print(render_status(st, address))
+    return 0
+
+
+def render_status(st: farm_pb2.FarmStatus, address: str) -> str:
+    """`torchfarm status` as text: one section per function below, blank lines between."""
+    sections = [
+        f"coordinator {st.coordinator_version} at {address}\n"
+        f"cache: {st.artifacts} artifacts, Redis using {_fmt_bytes(st.cache_bytes)}",
+        workers_table(st),
+        queues_table(st),
+        in_flight_table(st),
+        recent_jobs_table(st),
+    ]
+    return "\n\n".join(s for s in sections if s)
+
+
+def workers_table(st: farm_pb2.FarmStatus) -> str:
+    """Workers per target (how many, which, most recent heartbeat), then each worker."""
+    if not st.workers:
+        return "no live workers"
+    seen = {w.name: w.last_seen_seconds for w in st.workers}
+    rows = []
+    for target, graph, kernel in targets_table(st):
+        names = {n for n in (graph + "," + kernel).split(",") if n and n != "-"}
+        rows.append([target, graph, kernel, len(names), f"{min(seen[n] for n in names):.1f}s ago"])
+    per_target = _table(rows, ["TARGET", "GRAPH WORKERS", "KERNEL WORKERS", "WORKERS", "LAST SEEN"])
+    workers = _table(
         [[w.name, w.queue, f"{w.last_seen_seconds:.1f}s ago", w.build] for w in st.workers],
         ["WORKER", "QUEUES", "SEEN", "BUILD"],
-    ) if st.workers else "no live workers")
-    if st.workers:
-        print()
-        print(_table(targets_table(st), ["TARGET", "GRAPH WORKERS", "KERNEL WORKERS"]))
-    print()
-    print(_table([[q.name, str(q.queued), str(q.running)] for q in st.queues], ["QUEUE", "QUEUED", "RUNNING"]))
-    if st.recent_jobs:
-        print()
-        print(_table(
+    )
+    return per_target + "\n\n" + workers
+
+
+def queues_table(st: farm_pb2.FarmStatus) -> str:
+    return _table([[q.name, str(q.queued), str(q.running)] for q in st.queues], ["QUEUE", "QUEUED", "RUNNING"])
+
+
+def _kernels(j: farm_pb2.JobStatus) -> str:
+    if not j.kernels_total:
+        return "-"
+    return f"{j.kernels_done}/{j.kernels_total}" + (f" ({j.kernels_hit} hit)" if j.kernels_hit else "")
+
+
+def in_flight_table(st: farm_pb2.FarmStatus) -> str:
+    """This tenant's queued and running jobs: label, stage, tries, age, kernel progress."""
+    if not st.in_flight:
+        return "no jobs in flight"
+    info = {i.key: i for i in st.job_info}
+    empty = farm_pb2.FarmStatus.JobInfo()
+    rows = [
+        [
+            j.key[:12], info.get(j.key, empty).label or "-", farm_pb2.JobState.Name(j.state),
+            j.stage or "-", str(j.attempts), tables.fmt_age(info.get(j.key, empty).age_seconds),
+            _kernels(j),
+        ]
+        for j in st.in_flight
+    ]
+    return "IN FLIGHT\n" + _table(rows, ["KEY", "LABEL", "STATE", "STAGE", "TRIES", "AGE", "KERNELS"])
+
+
+def recent_jobs_table(st: farm_pb2.FarmStatus) -> str:
+    """This tenant's latest jobs, newest first."""
+    if not st.recent_jobs:
+        return ""
+    return "RECENT JOBS\n" + _table(
             [
                 [
                     j.key[:12],
                     farm_pb2.JobState.Name(j.state),
                     j.stage,
                     str(j.attempts),
-                    " ".join(f"{t.stage}={t.seconds:.2f}s" for t in j.timings),
+                    " ".join(_stage_timing(t) for t in j.timings),
                     j.error_code,
                 ]
                 for j in st.recent_jobs
             ],
             ["KEY", "STATE", "STAGE", "TRIES", "TIMINGS", "ERROR"],
-        ))
-    return 0
+        )
+
+
+def _stage_timing(t: farm_pb2.StageTiming) -> str:
+    """"lower=2.31s", or for a staged compile's stage also its wait in the queue and its
+    kernel counts: "kernels=4.02s(+0.10s queued,12/19 hit)"."""
+    extra = []
+    if t.queued_seconds >= 0.005:
+        extra.append(f"+{t.queued_seconds:.2f}s queued")
+    if t.kernels:
+        extra.append(f"{t.kernels_hit}/{t.kernels} hit")
+    return f"{t.stage}={t.seconds:.2f}s" + (f"({','.join(extra)})" if extra else "")
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -228,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     worker.set_defaults(run=_worker)
 
     add_kernel_parser(sub)
+    add_cache_parser(sub)
+    add_warm_parser(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -10,6 +10,17 @@ The tenant's cache namespace is in the key too, so two tenants never share a key
 hence an artifact, unless the operator gives them one namespace (torchfarm/tokens.py).
 
 The request's `label` is free text for logs and is deliberately not part of the key.
+
+An export request (`export` set: an AOTInductor package, sdk.export) has a key of its
+own domain, `EXPORT_KEY_VERSION`, which adds the weights' digests, the pytree specs and
+the dynamic dims, and keeps the graph's hints (the worker exports at those sizes).
+
+A dynamic graph's symbols carry hints, the sizes seen at capture time. The key leaves
+them out, so the same symbolic graph captured at batch 4 and at batch 8 shares one
+artifact; the shapes stay in as expressions over the symbols, with the symbols' ranges.
+What Inductor decided from the hints comes back as shape guards in the manifest
+(sdk/guards.py). When those are false for a client's hints, it resubmits with
+`specialize_hints`, and the key then covers the hints too.
 """
 
 from __future__ import annotations
@@ -19,20 +30,46 @@ import json
 
 from torchfarm.v1 import farm_pb2, graph_pb2
 
-KEY_VERSION = "torchfarm.key/2"
+KEY_VERSION = "torchfarm.key/3"
 """Changes whenever the key's inputs change, so old and new keys never collide."""
 
 
-def graph_digest(graph: graph_pb2.Graph) -> str:
-    """A digest of the graph's deterministic protobuf encoding."""
+def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True) -> str:
+    """A digest of the graph's deterministic protobuf encoding; with `hints=False`, of
+    the encoding with every symbol's and size expression's hint cleared."""
+    if not hints and graph.symbols:
+        graph = _without_hints(graph)
     return "sha256:" + hashlib.sha256(graph.SerializeToString(deterministic=True)).hexdigest()
+
+
+_HINTED = (graph_pb2.SymExpr.DESCRIPTOR, graph_pb2.Symbol.DESCRIPTOR)
+
+
+def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
+    copy = graph_pb2.Graph()
+    copy.CopyFrom(graph)
+    stack: list = [copy]
+    while stack:
+        message = stack.pop()
+        if message.DESCRIPTOR in _HINTED:
+            message.ClearField("hint")
+            continue
+        for field, value in message.ListFields():
+            if field.message_type is None:
+                continue
+            if field.is_repeated:
+                stack.extend(value)
+            else:
+                stack.append(value)
+    return copy
 
 
 def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict:
     target, build, options = request.target, request.build, request.options
     return {
         "namespace": namespace,
-        "graph": graph_digest(request.graph),
+        "graph": graph_digest(request.graph, hints=request.specialize_hints),
+        "specialize_hints": request.specialize_hints,
         "target": {
             "device": target.device,
             "arch": target.arch,
@@ -54,10 +91,39 @@ def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict:
     }
 
 
+EXPORT_KEY_VERSION = "torchfarm.export/1"
+"""The domain of export keys (a request with `export` set): an AOTInductor package and a
+torch.compile artifact of the same graph never share a key."""
+
+
+def _export_canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict:
+    """`_canonical`, with the graph's hints (the worker exports at them) and the export
+    spec: every weight's digest and metadata, the pytree specs and the dynamic dims."""
+    spec = request.export
+    return {
+        **_canonical(request, namespace),
+        "graph": graph_digest(request.graph, hints=True),
+        "export": {
+            "weights": [
+                [w.placeholder, w.fqn, int(w.kind), w.persistent, w.dtype, list(w.shape),
+                 "sha256:" + hashlib.sha256(w.data).hexdigest()]
+                for w in spec.weights
+            ],
+            "in_spec": spec.in_spec,
+            "out_spec": spec.out_spec,
+            "dims": [[d.symbol, d.min, d.max] for d in spec.dims],
+        },
+    }
+
+
 def compute_key(request: farm_pb2.CompileRequest, namespace: str = "") -> str:
     """The hex SHA-256 that names the request's artifact in `namespace` of the cache."""
+    if request.HasField("export"):
+        canonical = {"version": EXPORT_KEY_VERSION, **_export_canonical(request, namespace)}
+    else:
+        canonical = {"version": KEY_VERSION, **_canonical(request, namespace)}
     body = json.dumps(
-        {"version": KEY_VERSION, **_canonical(request, namespace)},
+        canonical,
         sort_keys=True,
         separators=(",", ":"),
     )

@@ -22,6 +22,7 @@ Behaviour pinned against torch 2.13.0:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import logging
@@ -70,6 +71,9 @@ class DecodedGraph:
     """Fake tensors (Parameters where the client had Parameters) and SymInts."""
     fake_mode: FakeTensorMode
     shape_env: ShapeEnv
+    symbols: dict[str, sympy.Expr] = dataclasses.field(default_factory=dict)
+    """The client's symbol name → this ShapeEnv's expression for it (a symbol, or an
+    integer where the ShapeEnv specialized it): how shipped guards name symbols."""
 
 
 # ---------------------------------------------------------------------------
@@ -404,7 +408,11 @@ class _Decoder:
             if "val" in node.meta:
                 node.meta["example_value"] = node.meta["val"]
         return DecodedGraph(
-            gm=gm, example_inputs=inputs, fake_mode=self.fake_mode, shape_env=self.shape_env
+            gm=gm,
+            example_inputs=inputs,
+            fake_mode=self.fake_mode,
+            shape_env=self.shape_env,
+            symbols=dict(self.symbols),
         )
 
 

@@ -5,6 +5,7 @@ allow-list, and a time limit that Inductor wrapped in its own exception."""
 from __future__ import annotations
 
 import pytest
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from sdk.target import local_fingerprint
 from torchfarm import keys
@@ -41,6 +42,8 @@ class _Decoded:
     gm = None
     example_inputs: list = []
     fake_mode = None
+    shape_env = ShapeEnv()  # a static graph's: the compile adds no shape guards
+    symbols: dict = {}
 
 
 def _submit(store, namespace: str, **changes) -> str:

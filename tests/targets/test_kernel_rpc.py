@@ -129,6 +129,6 @@ def test_cli_kernel_compile_and_status(gpu_kernel_stack, tmp_path):
 
     p = _cli("status", "--remote", gpu_kernel_stack.address)
     assert p.returncode == 0, p.stderr
-    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines() if line.startswith(("cpu:", "cuda:", "rocm:"))}
+    rows = {line.split()[0]: line.split()[1:3] for line in p.stdout.splitlines() if line.startswith(("cpu:", "cuda:", "rocm:"))}
     assert rows["cuda:sm_90"] == ["-", "cpu0"] and rows["rocm:gfx942"] == ["-", "cpu0"]
     assert rows[str(local_target("cpu"))] == ["cpu0", "-"]

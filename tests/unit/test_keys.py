@@ -56,3 +56,50 @@ def test_option_order_does_not_matter():
     b = _request()
     b.options.inductor.extend([farm_pb2.Option(name="b", json_value="2"), farm_pb2.Option(name="a", json_value="1")])
     assert keys.compute_key(a) == keys.compute_key(b)
+
+
+def _dynamic_request(hint: int, **changes) -> farm_pb2.CompileRequest:
+    """relu over a (s0,) input, captured when s0 was `hint`."""
+    req = _request(**changes)
+    req.graph.symbols.add(name="s0", hint=hint, min=2, max=0)
+    size = req.graph.nodes[0].tensor.shape[0]
+    size.expr, size.hint = "s0", hint
+    req.options.dynamic = True
+    return req
+
+
+def test_hints_are_not_in_key():
+    assert keys.compute_key(_dynamic_request(4)) == keys.compute_key(_dynamic_request(8))
+
+
+def test_symbolic_shape_is_in_key():
+    other = _dynamic_request(4)
+    other.graph.nodes[0].tensor.shape[0].expr = "2*s0"
+    assert keys.compute_key(other) != keys.compute_key(_dynamic_request(4))
+
+
+def test_symbol_range_is_in_key():
+    other = _dynamic_request(4)
+    other.graph.symbols[0].min = 0
+    assert keys.compute_key(other) != keys.compute_key(_dynamic_request(4))
+
+
+def test_specialize_hints_splits_exactly_on_hints():
+    a, b = _dynamic_request(4), _dynamic_request(8)
+    a.specialize_hints = b.specialize_hints = True
+    assert keys.compute_key(a) != keys.compute_key(b)
+    assert keys.compute_key(a) != keys.compute_key(_dynamic_request(4))
+
+
+def test_hints_nested_in_arguments_are_not_in_key():
+    a, b = _dynamic_request(4), _dynamic_request(8)
+    for req, hint in ((a, 4), (b, 8)):
+        arg = req.graph.nodes[1].args.add()
+        item = arg.tuple.items.add()
+        item.sym.expr, item.sym.hint = "s0", hint
+    assert keys.compute_key(a) == keys.compute_key(b)
+    assert a.graph.nodes[1].args[1].tuple.items[0].sym.hint == 4  # the request is not changed
+
+
+def test_key_version_is_current():
+    assert keys.KEY_VERSION == "torchfarm.key/3"

@@ -1,0 +1,171 @@
+"""Swap machinery of `sdk.compile(..., wait=False)` (sdk/nonblocking.py), with no server:
+a Dynamo backend of the test's own stands in for the farm, and its "compiled" callable
+is the graph itself behind a gate the test opens.
+
+Torch behaviour pinned here: a forward pre-hook on the `OptimizedModule` that
+`torch.compile(module)` returns runs once at the start of every call, outside the
+compiled frame (torch/_dynamo/eval_frame.py, `OptimizedModule.__call__` →
+`nn.Module.__call__`), which is where the step boundary lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from sdk import nonblocking
+from sdk.errors import ConfigError, FarmUnavailable, RemoteCompileError
+from sdk.nonblocking import COMPILED, COMPILING, EAGER, READY, Swapper
+
+
+class TwoGraphs(torch.nn.Module):
+    """Two graphs per call: the print is a graph break."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(x).sum()
+
+
+def compile_with(swapper: Swapper, gate: threading.Event, fail: BaseException | None = None):
+    """torch.compile with a backend that hands out slots whose work waits on `gate`."""
+    compiled_runs = []
+
+    def backend(gm, example_inputs):
+        index = len(swapper.graphs) + 1
+
+        def work():
+            gate.wait(60)
+            if fail is not None:
+                raise fail
+
+            def compiled(*args):
+                compiled_runs.append(index)
+                return gm.forward(*args)
+
+            return compiled
+
+        return swapper.defer(index, f"key{index}", gm.forward, work)
+
+    return backend, compiled_runs
+
+
+@pytest.fixture
+def model():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield TwoGraphs()
+    torch._dynamo.reset()
+
+
+def test_graphs_run_eagerly_then_switch_together_at_a_call(model):
+    swapper, gate = Swapper("TwoGraphs", "local"), threading.Event()
+    backend, compiled_runs = compile_with(swapper, gate)
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
+    x = torch.randn(4, 8)
+    ref = model(x)
+
+    out = compiled(x)
+    torch.testing.assert_close(out, ref)
+    assert [s.state for s in swapper.graphs] == [COMPILING, COMPILING]
+    assert not nonblocking.wait_ready(compiled, timeout=0.05)
+
+    gate.set()
+    assert nonblocking.wait_ready(compiled, timeout=60)
+    assert [s.state for s in swapper.graphs] == [READY, READY]  # not before a call starts
+    out = compiled(x)
+    torch.testing.assert_close(out, ref)
+    assert [s.state for s in swapper.graphs] == [COMPILED, COMPILED]
+    assert [(s.eager_calls, s.compiled_calls, s.swapped_at_call) for s in swapper.graphs] == [
+        (1, 1, 2), (1, 1, 2)
+    ]
+    assert compiled_runs == [1, 2]
+
+
+def test_a_graph_ready_mid_call_waits_for_the_next_call(model):
+    swapper, gate = Swapper("TwoGraphs", "local"), threading.Event()
+    backend, _ = compile_with(swapper, gate)
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
+    x = torch.randn(4, 8)
+    compiled(x)
+    # Open the gate from inside the second graph's eager run: the first graph was
+    # already run eagerly in this call, and nothing may switch before the call ends.
+    states = []
+    second = swapper.graphs[1]
+    eager_second = second._fn
+
+    def second_then_open(*args):
+        gate.set()
+        assert nonblocking.wait_ready(compiled, timeout=60)
+        states.append([s.state for s in swapper.graphs])
+        return eager_second(*args)
+
+    second._fn = second_then_open
+    compiled(x)
+    assert states == [[READY, READY]]
+    assert [s.eager_calls for s in swapper.graphs] == [2, 2]
+    compiled(x)
+    assert [s.state for s in swapper.graphs] == [COMPILED, COMPILED]
+
+
+def test_background_failure_keeps_eager_with_one_warning(model, caplog):
+    caplog.set_level(logging.INFO, logger="sdk")
+    swapper, gate = Swapper("TwoGraphs", "local"), threading.Event()
+    backend, _ = compile_with(swapper, gate, fail=FarmUnavailable("farm down"))
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
+    x = torch.randn(4, 8)
+    compiled(x)
+    gate.set()
+    assert nonblocking.wait_ready(compiled, timeout=60)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert [s.state for s in swapper.graphs] == [EAGER, EAGER]
+    assert [s.eager_calls for s in swapper.graphs] == [2, 2]
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "keeps running eagerly" in warnings[0].getMessage()
+
+
+def test_with_fallback_error_the_next_call_raises_once(model):
+    swapper, gate = Swapper("TwoGraphs", "error"), threading.Event()
+    backend, _ = compile_with(swapper, gate, fail=RemoteCompileError("boom", "COMPILE_ERROR"))
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
+    x = torch.randn(4, 8)
+    compiled(x)
+    gate.set()
+    assert nonblocking.wait_ready(compiled, timeout=60)
+    with pytest.raises(RemoteCompileError, match="boom"):
+        compiled(x)
+    torch.testing.assert_close(compiled(x), model(x))  # raised once; eager after that
+
+
+def test_compiled_function_gets_a_boundary_too():
+    torch._dynamo.reset()
+    swapper, gate = Swapper("fn", "local"), threading.Event()
+    backend, compiled_runs = compile_with(swapper, gate)
+    fn = nonblocking.attach(torch.compile(lambda x: (x * 2).sum(), backend=backend), swapper)
+    x = torch.randn(3)
+    fn(x)
+    gate.set()
+    assert nonblocking.wait_ready(fn, timeout=60)
+    assert fn(x) == (x * 2).sum()
+    assert compiled_runs == [1] and swapper.calls == 2
+    torch._dynamo.reset()
+
+
+def test_wait_ready_refuses_a_model_not_compiled_with_wait_false():
+    with pytest.raises(ConfigError, match="wait=False"):
+        nonblocking.wait_ready(torch.nn.Linear(2, 2))
+
+
+def test_wait_must_be_a_bool():
+    import sdk
+
+    with pytest.raises(ConfigError, match="wait must be True or False"):
+        sdk.compile(torch.nn.Linear(2, 2), remote="grpc://127.0.0.1:1", wait="no")

@@ -1,0 +1,175 @@
+"""`torchfarm cache stats | ls | evict`: the caller's cache entries, through the coordinator.
+
+    torchfarm cache stats [--target T] [--older-than AGE] [--json]
+    torchfarm cache ls [--target T] [--older-than AGE] [--limit N] [--json]
+    torchfarm cache evict KEY... | --all | --older-than AGE | --target T  [--json]
+
+Every call goes to the coordinator over gRPC with the tenant token (TORCHFARM_TOKEN),
+which scopes it to the tenant's namespace (services/coordinator/cache.py); the CLI
+never reads Redis. Evicting removes manifests; the shared, content-addressed blobs are
+left to the cache Redis's LRU eviction. AGE is "90s", "15m", "12h", "7d" or "2w".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from torchfarm.tables import fmt_age, fmt_bytes, parse_age, table
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+
+
+def call(args: argparse.Namespace, what: str, rpc: Callable[[farm_pb2_grpc.CompileFarmStub, tuple], object]):
+    """Runs one RPC against --remote (or TORCHFARM_REMOTE) as the SDK would talk to the
+    farm: the tenant token (TORCHFARM_TOKEN), TLS for "grpcs://" or with
+    TORCHFARM_TLS_CA_FILE. On failure prints `torchfarm WHAT: ...: CODE: detail` and
+    returns None."""
+    from sdk.client import make_channel  # torch-free
+    from sdk.errors import ConfigError
+    from sdk.settings import SDKSettings
+    from torchfarm.settings import from_env
+
+    remote = args.remote or os.environ.get("TORCHFARM_REMOTE", "")
+    if not remote:
+        print(f"torchfarm {what}: give --remote or set TORCHFARM_REMOTE", file=sys.stderr)
+        return None
+    try:
+        channel, metadata = make_channel(remote, from_env(SDKSettings), [])
+    except (ConfigError, ValueError) as e:
+        print(f"torchfarm {what}: {e}", file=sys.stderr)
+        return None
+    with channel:
+        try:
+            return rpc(farm_pb2_grpc.CompileFarmStub(channel), metadata)
+        except grpc.RpcError as e:
+            print(f"torchfarm {what}: {remote}: {e.code().name}: {e.details()}", file=sys.stderr)
+            return None
+
+
+def as_json(message) -> str:
+    return json.dumps(
+        MessageToDict(
+            message, preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True, unquote_int64_if_possible=True,
+        ),
+        indent=2,
+    )
+
+
+def add_cache_parser(sub: argparse._SubParsersAction) -> None:
+    cache = sub.add_parser("cache", help="this tenant's cache entries: stats, ls, evict")
+    csub = cache.add_subparsers(dest="cache_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--remote", default="", help="grpc://host:port (default TORCHFARM_REMOTE)")
+        p.add_argument("--target", default="", help='only entries for this target, e.g. "cpu:avx512"')
+        p.add_argument("--older-than", default="", metavar="AGE", help="only entries at least AGE old")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--timeout", type=float, default=30.0)
+
+    stats = csub.add_parser("stats", help="entries, bytes and hits, in all and per target")
+    common(stats)
+    stats.set_defaults(run=_stats)
+
+    ls = csub.add_parser("ls", help="one line per entry, newest first")
+    common(ls)
+    ls.add_argument("--limit", type=int, default=50, help="most entries to show (default 50)")
+    ls.set_defaults(run=_ls)
+
+    evict = csub.add_parser("evict", help="remove entries; their keys compile again when next asked")
+    common(evict)
+    evict.add_argument("keys", nargs="*", metavar="KEY", help="keys, or prefixes of 8+ hex digits")
+    evict.add_argument("--all", action="store_true", help="every entry (with the filters, if any)")
+    evict.set_defaults(run=_evict)
+
+
+def _query(args: argparse.Namespace, limit: int) -> farm_pb2.CacheQuery | None:
+    try:
+        older = parse_age(args.older_than) if args.older_than else 0.0
+    except ValueError as e:
+        print(f"torchfarm cache: --older-than: {e}", file=sys.stderr)
+        return None
+    return farm_pb2.CacheQuery(target=args.target, older_than_seconds=older, limit=limit)
+
+
+def _list(args: argparse.Namespace, what: str, limit: int) -> farm_pb2.CacheListing | None:
+    query = _query(args, limit)
+    if query is None:
+        return None
+    return call(args, what, lambda stub, md: stub.ListArtifacts(query, timeout=args.timeout, metadata=md))
+
+
+def stats_table(listing: farm_pb2.CacheListing) -> str:
+    rows = [[t.target, t.entries, fmt_bytes(t.bytes), t.hits] for t in listing.targets]
+    rows.append(["all", listing.matched, fmt_bytes(listing.bytes), listing.hits])
+    return table(rows, ["TARGET", "ENTRIES", "BYTES", "HITS"])
+
+
+def ls_table(listing: farm_pb2.CacheListing) -> str:
+    rows = [
+        [
+            e.key[:12], e.label or "-", e.target, fmt_bytes(e.bytes), e.hits,
+            fmt_age(e.age_seconds), fmt_age(e.last_hit_seconds) + " ago" if e.hits else "never",
+        ]
+        for e in listing.entries
+    ]
+    return table(rows, ["KEY", "LABEL", "TARGET", "BYTES", "HITS", "AGE", "LAST HIT"])
+
+
+def _stats(args: argparse.Namespace) -> int:
+    listing = _list(args, "cache stats", 0)
+    if listing is None:
+        return 1
+    print(as_json(listing) if args.json else stats_table(listing))
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    if args.limit < 0:
+        print("torchfarm cache ls: --limit must not be negative", file=sys.stderr)
+        return 2
+    listing = _list(args, "cache ls", args.limit)
+    if listing is None:
+        return 1
+    if args.json:
+        print(as_json(listing))
+        return 0
+    print(ls_table(listing) if listing.entries else "no cache entries match")
+    if listing.matched > len(listing.entries):
+        print(f"({len(listing.entries)} of {listing.matched} shown; --limit N shows more)")
+    return 0
+
+
+def _evict(args: argparse.Namespace) -> int:
+    if not (args.keys or args.all or args.older_than or args.target):
+        print("torchfarm cache evict: give KEY..., --all, --older-than AGE or --target T",
+              file=sys.stderr)
+        return 2
+    query = _query(args, 0)
+    if query is None:
+        return 2
+    request = farm_pb2.CacheEvict(
+        keys=args.keys, all=args.all, target=args.target,
+        older_than_seconds=query.older_than_seconds,
+    )
+    reply = call(args, "cache evict",
+                 lambda stub, md: stub.EvictArtifacts(request, timeout=args.timeout, metadata=md))
+    if reply is None:
+        return 1
+    if args.json:
+        print(as_json(reply))
+    else:
+        for key in reply.evicted:
+            print(f"evicted {key}")
+        print(f"{len(reply.evicted)} entries evicted ({fmt_bytes(reply.bytes)} named; shared "
+              "blobs are left to the cache's LRU eviction)")
+    missing = [k for k in args.keys if not any(e.startswith(k) for e in reply.evicted)]
+    for k in missing:
+        print(f"torchfarm cache evict: no entry {k}", file=sys.stderr)
+    return 1 if missing else 0

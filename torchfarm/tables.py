@@ -1,0 +1,49 @@
+"""Plain aligned text tables and human units, for the `torchfarm` commands. Free of torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """Columns padded to their widest cell, two spaces apart, no trailing blanks."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 → "1.5 KB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def fmt_age(seconds: float) -> str:
+    """Seconds → "45s", "12m", "3.5h", "2.0d"."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> float:
+    """"90", "90s", "15m", "12h", "7d", "2w" → seconds. Raises ValueError."""
+    t = text.strip().lower()
+    scale = _UNITS.get(t[-1:], 0)
+    number = t[:-1] if scale else t
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an age such as 90s, 15m, 12h, 7d or 2w") from None
+    if value < 0:
+        raise ValueError(f"{text!r}: an age cannot be negative")
+    return value * (scale or 1)
