@@ -24,8 +24,10 @@ HARD_TIME_LIMIT_S = 600
 VISIBILITY_TIMEOUT_S = 900
 """Redis redelivers an unacknowledged job after this; kept above the hard limit."""
 
-MAX_TASKS_PER_CHILD = 50
-"""Recycle a worker process after this many compiles."""
+MAX_TASKS_PER_CHILD = 300
+"""Recycle a worker process after this many tasks. A staged compile is one lowering
+task, one task per kernel batch and one assembly (about a dozen for the GPT example),
+and a new process pays the torch import, the ISA probe and the header build again."""
 
 
 RESTORE_INTERVAL_S = 10

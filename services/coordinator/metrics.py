@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchfarm import __version__
+from torchfarm.routing import KERNEL_QUEUE_PREFIX, STAGE_QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +94,14 @@ def set_build_info(component: str = "coordinator", torch: str = "") -> None:
 
 # Gauges read at scrape time.
 
-KERNEL_QUEUE_PREFIX = "kernels."
-"""Queues of Triton kernel jobs start with this (torchfarm/routing.py names the queues)."""
-
-
 def queue_labels(queue: str) -> tuple[str, str]:
     """(device, kind) of a queue name: "cpu" or "cpu.avx2" → ("cpu", "graph"),
-    "kernels.cuda.sm_90" → ("cuda", "kernel"). KEDA and the dashboard select on them."""
-    kind = "kernel" if queue.startswith(KERNEL_QUEUE_PREFIX) else "graph"
-    return queue.removeprefix(KERNEL_QUEUE_PREFIX).split(".", 1)[0], kind
+    "kernels.cuda.sm_90" → ("cuda", "kernel"), "stages.cpu.avx2" → ("cpu", "stage").
+    KEDA and the dashboard select on them: a pool scales on all three kinds."""
+    for prefix, kind in ((KERNEL_QUEUE_PREFIX, "kernel"), (STAGE_QUEUE_PREFIX, "stage")):
+        if queue.startswith(prefix):
+            return queue.removeprefix(prefix).split(".", 1)[0], kind
+    return queue.split(".", 1)[0], "graph"
 
 
 @dataclass(frozen=True)

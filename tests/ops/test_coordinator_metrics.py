@@ -68,6 +68,7 @@ def test_queue_labels():
     assert metrics.queue_labels("cpu") == ("cpu", "graph")
     assert metrics.queue_labels("cuda.sm_90") == ("cuda", "graph")
     assert metrics.queue_labels("kernels.rocm.gfx942") == ("rocm", "kernel")
+    assert metrics.queue_labels("stages.cpu.avx2") == ("cpu", "stage")
 
 
 def test_label_values_stay_few():

@@ -47,7 +47,8 @@ def test_worker_registers_its_targets_and_queues(gpu_kernel_stack, stub):
     served = {t.target: list(t.jobs) for t in worker.targets}
     assert served == {cpu: ["graph"], "cuda:sm_90": ["kernel"], "cuda:sm_80": ["kernel"], "rocm:gfx942": ["kernel"]}
     assert worker.queue.split(",") == [
-        cpu.replace(":", "."), "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942",
+        cpu.replace(":", "."), "stages." + cpu.replace(":", "."),
+        "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942",
     ]
     assert worker.fingerprint["triton_version"] and worker.fingerprint["isa"] == local_target("cpu").isa
 
