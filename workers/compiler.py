@@ -109,26 +109,14 @@ def compile_graph(
     """
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
-    try:
-        patch = inductor_config_patch(mode, inductor_options, dynamic)
-    except RuntimeError as e:  # unknown option or mode, wrong type
-        raise CompileFailed(str(e)) from e
-    shapes, fake_mode = _shape_source(example_inputs, fake_mode, dynamic)
+    patch, shapes, fake_mode = _compile_setup(example_inputs, fake_mode, dynamic, mode, inductor_options)
 
     with _COMPILE_LOCK:
         before = _metric_totals()
         t0 = time.perf_counter()
         with count_kernel_builds() as builds:
             try:
-                artifact = torch._inductor.standalone_compile(
-                    gm,
-                    list(example_inputs),
-                    dynamic_shapes=shapes,
-                    options={"config_patches": patch},
-                    aot=True,
-                    fake_mode=fake_mode,
-                )
-                payload = artifact.serialize()
+                payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
             except Exception as e:
                 raise CompileFailed(f"{type(e).__name__}: {e}") from e
         t1 = time.perf_counter()
@@ -192,26 +180,14 @@ def lower_graph(
 
     from workers.deferral import defer_kernel_builds, forgetting_new_loaders
 
-    try:
-        patch = inductor_config_patch(mode, inductor_options, dynamic)
-    except RuntimeError as e:
-        raise CompileFailed(str(e)) from e
-    shapes, fake_mode = _shape_source(example_inputs, fake_mode, dynamic)
+    patch, shapes, fake_mode = _compile_setup(example_inputs, fake_mode, dynamic, mode, inductor_options)
 
     with _COMPILE_LOCK:
         before = _metric_totals()
         t0 = time.perf_counter()
         with count_kernel_builds() as builds, defer_kernel_builds() as deferred:
             try:
-                artifact = torch._inductor.standalone_compile(
-                    gm,
-                    list(example_inputs),
-                    dynamic_shapes=shapes,
-                    options={"config_patches": patch},
-                    aot=True,
-                    fake_mode=fake_mode,
-                )
-                payload = artifact.serialize()
+                payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
             except Exception as e:
                 if deferred.stub_calls:
                     raise NeedsWholeGraph(f"{type(e).__name__}: {e}") from e
@@ -261,6 +237,35 @@ def build_kernel(source: bytes) -> Kernel:
             return _kernel(source, f.read())
     except OSError as e:
         raise CompileFailed(f"kernel binary missing after its build: {e}") from e
+
+
+def _compile_setup(
+    example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool, mode: str,
+    inductor_options: dict[str, Any] | None,
+) -> tuple[dict[str, Any], str, Any]:
+    """The config patch, `dynamic_shapes` and fake mode both compile paths pass on."""
+    try:
+        patch = inductor_config_patch(mode, inductor_options, dynamic)
+    except RuntimeError as e:  # unknown option or mode, wrong type
+        raise CompileFailed(str(e)) from e
+    shapes, fake_mode = _shape_source(example_inputs, fake_mode, dynamic)
+    return patch, shapes, fake_mode
+
+
+def _serialized_compile(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], shapes: str,
+    patch: dict[str, Any], fake_mode: Any,
+) -> bytes:
+    """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
+    artifact = torch._inductor.standalone_compile(
+        gm,
+        list(example_inputs),
+        dynamic_shapes=shapes,
+        options={"config_patches": patch},
+        aot=True,
+        fake_mode=fake_mode,
+    )
+    return artifact.serialize()
 
 
 def _shape_source(example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool) -> tuple[str, Any]:

@@ -1,6 +1,6 @@
 """A worker's export path, free of Celery: request → checks → package → store.
 
-Like `workers.job.run_job`, and sharing its context, error and job record: idempotent
+Each delivery goes through `workers.job.run_delivery`, as a compile's does: idempotent
 under at-least-once delivery, capped in attempts, failing with a stable code. The
 artifact is a manifest of kind "export" whose payload is the AOTInductor .pt2 package,
 signed like any other (torchfarm/signing.py).
@@ -8,7 +8,6 @@ signed like any other (torchfarm/signing.py).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -17,10 +16,9 @@ from google.protobuf.message import DecodeError
 from torchfarm import keys, options
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import EXPORT, BlobRef, Manifest, blob_digest
-from torchfarm.store import JobState
 from torchfarm.v1 import farm_pb2
 from workers.exporter import ExportFailed, build_package
-from workers.job import JobFailed, WorkerContext, requested_fingerprint
+from workers.job import JobFailed, WorkerContext, requested_fingerprint, run_delivery
 from workers.limits import cpu_time_limit
 
 log = logging.getLogger(__name__)
@@ -28,38 +26,10 @@ log = logging.getLogger(__name__)
 
 def run_export_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
     """Runs one delivery of the export job `key` in the tenant `namespace`."""
-    ctx = dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
-    store = ctx.store
-    attempt = store.incr_attempts(key)
-    try:
-        if store.get_manifest(key) is not None:
-            store.update_job(key, state=JobState.SUCCEEDED, stage="done")
-            return
-        if attempt > ctx.settings.max_attempts:
-            raise JobFailed(
-                "TOO_MANY_ATTEMPTS",
-                f"the job was delivered {attempt} times; a worker was lost on each earlier try",
-            )
-        store.update_job(
-            key, state=JobState.RUNNING, stage="decode", worker=ctx.name, started=time.time()
-        )
-        manifest = _export_and_store(key, ctx)
-    except JobFailed as e:
-        fail_export_job(key, ctx, e.code, str(e))
-        return
-    store.update_job(
-        key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
-        artifact_bytes=manifest.total_bytes(),
-    )
-    store.expire_job(key, ctx.settings.done_ttl_s)
-    log.info("export key=%s done in %.2fs: package %d bytes", keys.short(key),
-             manifest.timings.get("total", 0.0), manifest.payload.size)
-
-
-def fail_export_job(key: str, ctx: WorkerContext, code: str, message: str) -> None:
-    """Marks the export FAILED; `ctx.store` must already be the tenant's."""
-    log.warning("export key=%s failed: %s: %s", keys.short(key), code, message[-500:])
-    ctx.store.fail_job(key, code, message, ctx.settings.failed_ttl_s)
+    manifest = run_delivery(key, ctx, namespace, _export_and_store)
+    if manifest is not None:
+        log.info("export key=%s done in %.2fs: package %d bytes", keys.short(key),
+                 manifest.timings.get("total", 0.0), manifest.payload.size)
 
 
 def _load(key: str, ctx: WorkerContext) -> farm_pb2.CompileRequest:

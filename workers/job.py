@@ -90,13 +90,30 @@ def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
 def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
     """Runs one delivery of the job for `key` in the tenant `namespace`, recording the
     outcome in its job record."""
+    manifest = run_delivery(key, ctx, namespace, _compile_and_store)
+    if manifest is not None:
+        log.info(
+            "job key=%s done in %.2fs: %d kernels, %d bytes",
+            keys.short(key), manifest.timings.get("total", 0.0), len(manifest.kernels),
+            manifest.total_bytes(),
+        )
+
+
+def run_delivery(
+    key: str, ctx: WorkerContext, namespace: str,
+    work: Callable[[str, WorkerContext], Manifest | None],
+) -> Manifest | None:
+    """One delivery of any job kind: count it, finish at once if the artifact exists,
+    stop at the attempt cap, run `work`, and record SUCCEEDED or FAILED. Returns the
+    manifest `work` stored; None when the job ended otherwise or, staged, when later
+    stage jobs finish it (workers/pipeline.py)."""
     ctx = dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
     store = ctx.store
     attempt = store.incr_attempts(key)
     try:
         if store.get_manifest(key) is not None:
             store.update_job(key, state=JobState.SUCCEEDED, stage="done")
-            return
+            return None
         if attempt > ctx.settings.max_attempts:
             raise JobFailed(
                 "TOO_MANY_ATTEMPTS",
@@ -105,12 +122,12 @@ def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
         store.update_job(
             key, state=JobState.RUNNING, stage="decode", worker=ctx.name, started=time.time()
         )
-        manifest = _compile_and_store(key, ctx)
+        manifest = work(key, ctx)
     except JobFailed as e:
         _fail(key, ctx, e.code, str(e))
-        return
+        return None
     if manifest is None:
-        return  # staged: the kernel-build and assembly jobs finish it (workers/pipeline.py)
+        return None
     store.update_job(
         key,
         state=JobState.SUCCEEDED,
@@ -119,11 +136,7 @@ def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
         artifact_bytes=manifest.total_bytes(),
     )
     store.expire_job(key, ctx.settings.done_ttl_s)
-    log.info(
-        "job key=%s done in %.2fs: %d kernels, %d bytes",
-        keys.short(key), manifest.timings.get("total", 0.0), len(manifest.kernels),
-        manifest.total_bytes(),
-    )
+    return manifest
 
 
 def fail_job(key: str, ctx: WorkerContext, code: str, message: str, namespace: str = "") -> None:
