@@ -1,6 +1,6 @@
 """The `torchfarm` command.
 
-    torchfarm up [--grpc-port P] [--redis-port R] [--workers N] [--pin-cores]
+    torchfarm up [--grpc-port P] [--redis-port R] [--workers N] [--pin-cores] [--concurrency C]
                  [--metrics-port M]   coordinator /metrics on M, worker i on M+1+i
                  [--auth TENANT]      require tokens; print one for TENANT
     torchfarm keygen DIR [--key-id ID]   an Ed25519 signing key for workers, and its pin
@@ -43,6 +43,7 @@ def _up(args: argparse.Namespace) -> int:
         redis_port=args.redis_port,
         metrics_port=args.metrics_port,
         pin_cores=args.pin_cores,
+        concurrency=args.concurrency,
         tenants=(args.auth,) if args.auth else (),
     )
     stop = threading.Event()
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics; 0 is off")
     up.add_argument("--workers", type=int, default=1)
     up.add_argument("--pin-cores", action="store_true", help="pin worker i to core i (taskset)")
+    up.add_argument(
+        "--concurrency", type=int, default=1,
+        help="jobs each worker runs at once (Celery pool processes); with N cores and no "
+        "pinning, N / workers lets a worker build kernels while it lowers",
+    )
     up.add_argument("--auth", metavar="TENANT", default="", help="require tokens; make one for TENANT")
     up.set_defaults(run=_up)
 

@@ -92,6 +92,9 @@ class LocalStack:
     workdir: Path | None = None
     python: str = sys.executable
     pin_cores: bool = False
+    concurrency: int = 1
+    """Pool processes per worker: how many jobs (a lowering and the kernel builds it
+    streams, say) one worker runs at once."""
     extra_env: dict[str, str] = field(default_factory=dict)
     sign: bool = True
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
@@ -215,7 +218,7 @@ class LocalStack:
             self.python, "-m", "celery", "-A", "workers.app", "worker",
             # No -Q: the worker consumes the queues of its targets (TORCHFARM_TARGETS,
             # default "local": this machine's own, e.g. "cpu.avx512"; workers/serving.py).
-            "-n", f"cpu{i}@%h", "--concurrency", "1", "--pool", "prefork",
+            "-n", f"cpu{i}@%h", "--concurrency", str(self.concurrency), "--pool", "prefork",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
         if self.pin_cores:

@@ -10,9 +10,13 @@ Keys, under the store's prefix:
   the same kernel, from any client, reuses the binary.
 - `tf:plan:<ref>`: what a staged job's lowering produced (payload and kernel spec blobs,
   shape guards, stage timings), until assembly turns it into the manifest (TTL).
-- `tf:pending:<ref>`: the kernel cache keys the job still waits for. Each kernel-build job
-  removes its keys once their binaries are stored; the one that empties the set sends
-  the assembly job. Nothing waits on anything: a farm of one worker cannot deadlock.
+- `tf:pending:<ref>`: the kernel cache keys the job still waits for, plus the member
+  `LOWERING` while its lowering job runs. Kernel builds are sent while the lowering is
+  still running (each kernel as Inductor asks for it), so the set can hold real keys
+  before the job knows all of them; the lowering job removes `LOWERING` when it ends
+  (`close_lowering`). Each kernel-build job removes its keys once their binaries are
+  stored, and whichever removal empties the set sends the assembly job. Nothing waits
+  on anything: a farm of one worker cannot deadlock.
 
 `<ref>` is the job's key in its namespace (`Store.ref`).
 """
@@ -34,6 +38,10 @@ KERNEL_CACHE_FORMAT = "torchfarm.kernel-cache/1"
 PLAN_FORMAT = "torchfarm.plan/1"
 """Schema of `tf:plan:<ref>`."""
 
+LOWERING = "lowering"
+"""The pending set's member while the job's lowering runs (never a cache key: those are
+hex digests)."""
+
 _RELEASE = """
 local removed = redis.call('SREM', KEYS[1], unpack(ARGV, 4))
 if removed > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
@@ -47,6 +55,28 @@ return redis.call('SCARD', KEYS[1])
 """Removes finished kernel keys from a job's pending set and counts them on its job
 record, atomically; returns how many are still pending. ARGV: now, cache hits among
 them, build seconds, then the keys."""
+
+_CLOSE = """
+local n_strays = tonumber(ARGV[5])
+if n_strays > 0 then
+  redis.call('SREM', KEYS[1], unpack(ARGV, 6, 5 + n_strays))
+end
+if #ARGV > 5 + n_strays then
+  redis.call('SADD', KEYS[1], unpack(ARGV, 6 + n_strays))
+end
+redis.call('SREM', KEYS[1], ARGV[4])
+local left = redis.call('SCARD', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+local total = tonumber(ARGV[2])
+redis.call('HSET', KEYS[2], 'kernels_total', total, 'kernels_done', total - left)
+redis.call('HINCRBY', KEYS[2], 'kernels_hit', ARGV[3])
+return left
+"""
+"""Ends the lowering's hold on a job's pending set, atomically: drops the kernels sent
+while lowering that the artifact does not load (strays), adds the ones still to build,
+removes `LOWERING`, and sets the job's kernel counts; returns how many are pending.
+ARGV: TTL, total kernels, cache hits, `LOWERING`, the number of strays, the strays, the
+misses."""
 
 
 def kernel_cache_key(spec: bytes, target: str, build: dict[str, str]) -> str:
@@ -114,6 +144,7 @@ class StageBoard:
         self.store = store
         self.r = store.r
         self._release = self.r.register_script(_RELEASE)
+        self._close = self.r.register_script(_CLOSE)
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.store.prefix, *parts))
@@ -153,17 +184,46 @@ class StageBoard:
 
     # A staged job's plan and its barrier.
 
-    def put_plan(self, key: str, plan: Plan, pending: list[str], ttl_s: int) -> None:
-        """Writes the plan and the pending set together (the set before any kernel job
-        can be sent)."""
+    def open_lowering(self, key: str, ttl_s: int) -> None:
+        """Starts a lowering's hold on the job's pending set (a redelivered lowering
+        starts afresh): the set holds only `LOWERING`, and the kernel counts are zero."""
+        pk, job = self._k("pending", self.store.ref(key)), self._job(key)
         pipe = self.r.pipeline()
-        pipe.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
-        pk = self._k("pending", self.store.ref(key))
         pipe.delete(pk)
-        if pending:
-            pipe.sadd(pk, *pending)
-            pipe.expire(pk, ttl_s)
+        pipe.sadd(pk, LOWERING)
+        pipe.expire(pk, ttl_s)
+        pipe.hdel(job, "k_sent", "k_started", "k_ended", "k_busy")
+        pipe.hset(job, mapping={"kernels_total": 0, "kernels_done": 0, "kernels_hit": 0})
         pipe.execute()
+
+    def add_streamed(self, key: str, cache_keys: list[str], ttl_s: int) -> None:
+        """Kernels sent to be built while the lowering runs: pending, and counted in the
+        job's total so far (`close_lowering` sets the exact total)."""
+        pk, job = self._k("pending", self.store.ref(key)), self._job(key)
+        pipe = self.r.pipeline()
+        pipe.sadd(pk, *cache_keys)
+        pipe.expire(pk, ttl_s)
+        pipe.hincrby(job, "kernels_total", len(cache_keys))
+        pipe.hsetnx(job, "k_sent", time.time())
+        pipe.execute()
+
+    def close_lowering(
+        self, key: str, total: int, hits: int, strays: list[str], misses: list[str], ttl_s: int
+    ) -> int:
+        """Ends the lowering's hold (`_CLOSE`); returns how many kernels are pending.
+        0 means: send the assembly."""
+        if misses:
+            self.r.hsetnx(self._job(key), "k_sent", time.time())
+        return int(
+            self._close(
+                keys=[self._k("pending", self.store.ref(key)), self._job(key)],
+                args=[ttl_s, total, hits, LOWERING, len(strays), *strays, *misses],
+            )
+        )
+
+    def put_plan(self, key: str, plan: Plan, ttl_s: int) -> None:
+        """Writes what the assembly needs; before `close_lowering`, which can send it."""
+        self.r.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
 
     def get_plan(self, key: str) -> Plan | None:
         data = self.r.get(self._k("plan", self.store.ref(key)))

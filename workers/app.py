@@ -70,6 +70,15 @@ def _heartbeat(store: Store, name: str, build: str) -> None:
         _stop_heartbeat.wait(settings.heartbeat_s)
 
 
+@signals.worker_init.connect
+def _warm(sender, **_: object) -> None:
+    """In the main process, before the pool forks: every pool process inherits it."""
+    if settings.warmup:
+        from workers.warmup import warm_inductor
+
+        warm_inductor()
+
+
 @signals.worker_ready.connect
 def _register(sender, **_: object) -> None:
     store = Store.from_url(settings.cache_url, settings.redis_prefix)

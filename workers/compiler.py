@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,9 +173,16 @@ def lower_graph(
     dynamic: bool = False,
     mode: str = "",
     inductor_options: dict[str, Any] | None = None,
+    on_kernel: Callable[[bytes], None] | None = None,
 ) -> LoweredGraph:
     """`compile_graph` up to the kernel sources: AOTAutograd and Inductor run in full,
-    the C++ compiler never does. Raises NeedsWholeGraph when that cannot work."""
+    the C++ compiler never does. Raises NeedsWholeGraph when that cannot work.
+
+    `on_kernel` gets each kernel spec the compile asks for, as it asks (the forward
+    graph's kernels while the backward graph is still to lower). These are what the
+    compile asked for; `LoweredGraph.specs`, collected afterwards, are what a client
+    loads, and only they count. An `on_kernel` that raises is logged and not called
+    again: the specs still come back in `LoweredGraph.specs`."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
     from workers.deferral import defer_kernel_builds, forgetting_new_loaders
@@ -185,7 +192,7 @@ def lower_graph(
     with _COMPILE_LOCK:
         before = _metric_totals()
         t0 = time.perf_counter()
-        with count_kernel_builds() as builds, defer_kernel_builds() as deferred:
+        with count_kernel_builds() as builds, defer_kernel_builds(_streaming(on_kernel)) as deferred:
             try:
                 payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
             except Exception as e:
@@ -219,6 +226,14 @@ def lower_graph(
 def build_kernel(source: bytes) -> Kernel:
     """Builds one kernel spec with the local Inductor (nothing is built if the binary is
     already in this worker's cache dir) and returns it with its binary."""
+    return start_kernel_build(source)()
+
+
+def start_kernel_build(source: bytes) -> Callable[[], Kernel]:
+    """Readies one kernel spec's build; the returned function builds it and returns it
+    with its binary. Ready builds one at a time (this registers the kernel's loader in
+    Inductor's code cache, as Inductor itself does from one thread); the returned
+    functions may run in threads at once, as Inductor's own compile pool runs them."""
     from sdk.loader import _code_cache, _call_args
 
     spec = KernelSpec.from_bytes(source)
@@ -227,16 +242,39 @@ def build_kernel(source: bytes) -> Kernel:
     # load_fn() would also dlopen the library into this process; its worker_fn only
     # builds (pinned with the rest of load_async in tests/unit/test_compiler_loader.py).
     cells = dict(zip(load_fn.__code__.co_freevars, load_fn.__closure__ or (), strict=True))
-    try:
-        cells["worker_fn"].cell_contents()
-    except Exception as e:
-        raise CompileFailed(f"{type(e).__name__}: {e}") from e
     _, targets = load_fn_outputs(cache_cls, load_fn)
-    try:
-        with open(targets[spec.output], "rb") as f:
-            return _kernel(source, f.read())
-    except OSError as e:
-        raise CompileFailed(f"kernel binary missing after its build: {e}") from e
+
+    def build() -> Kernel:
+        try:
+            cells["worker_fn"].cell_contents()
+        except Exception as e:
+            raise CompileFailed(f"{type(e).__name__}: {e}") from e
+        try:
+            with open(targets[spec.output], "rb") as f:
+                return _kernel(source, f.read())
+        except OSError as e:
+            raise CompileFailed(f"kernel binary missing after its build: {e}") from e
+
+    return build
+
+
+def _streaming(on_kernel: Callable[[bytes], None] | None) -> Callable[[Any], None] | None:
+    """`defer_kernel_builds`'s `on_load` that hands each load's specs to `on_kernel`."""
+    if on_kernel is None:
+        return None
+    failed: list[Exception] = []
+
+    def on_load(load: Any) -> None:
+        if failed:
+            return
+        try:
+            for i in range(len(load.targets)):
+                on_kernel(_spec_bytes(load, i))
+        except Exception as e:  # the compile goes on; the specs are collected after it
+            failed.append(e)
+            log.warning("kernel streaming stopped: %s: %s", type(e).__name__, e)
+
+    return on_load
 
 
 def _compile_setup(
@@ -303,12 +341,17 @@ def _kernel(source: bytes, binary: bytes) -> Kernel:
     return Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary)
 
 
+def _spec_bytes(load: Any, output: int) -> bytes:
+    """The `KernelSpec` JSON of a recorded load's build output number `output`."""
+    return KernelSpec(load.cache, load.args, output, len(load.targets)).to_bytes()
+
+
 def _kernel_specs(loads: Sequence[Any]) -> list[tuple[bytes, str]]:
     """(spec JSON, local build target) of every build output the loads name, once each."""
     specs: dict[bytes, str] = {}
     for load in loads:
         for i, path in enumerate(load.targets):
-            source = KernelSpec(load.cache, load.args, i, len(load.targets)).to_bytes()
+            source = _spec_bytes(load, i)
             if source in specs:
                 continue
             # The client recomputes the key from the JSON spec; a spec that does not

@@ -33,7 +33,7 @@ import inspect
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +72,9 @@ def _stub_module(cls: type, key: str, loads: DeferredLoads) -> types.ModuleType:
     return stub
 
 
-def _deferring(func: Any, loads: DeferredLoads) -> classmethod:
+def _deferring(
+    func: Any, loads: DeferredLoads, on_load: Callable[[KernelLoad], None] | None
+) -> classmethod:
     signature = inspect.signature(func)
 
     def load_async(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -82,9 +84,10 @@ def _deferring(func: Any, loads: DeferredLoads) -> classmethod:
         call["submit_fn"] = None  # keys and registers the loader; builds nothing
         load_fn = func(cls, **call)
         key, targets = load_fn_outputs(cls, load_fn)
-        loads.records.append(
-            KernelLoad(cls.__name__, spec_args(bound.arguments), key, tuple(targets))
-        )
+        load = KernelLoad(cls.__name__, spec_args(bound.arguments), key, tuple(targets))
+        loads.records.append(load)
+        if on_load is not None:
+            on_load(load)
         stub = _stub_module(cls, key, loads)
         return lambda: stub
 
@@ -97,8 +100,11 @@ def _no_precompiled_header(*args: Any, **kwargs: Any) -> None:
 
 
 @contextmanager
-def defer_kernel_builds() -> Iterator[DeferredLoads]:
-    """Inside the block no C++ kernel is built; every one asked for is recorded."""
+def defer_kernel_builds(
+    on_load: Callable[[KernelLoad], None] | None = None,
+) -> Iterator[DeferredLoads]:
+    """Inside the block no C++ kernel is built; every one asked for is recorded, and
+    passed to `on_load` as it is asked for (the staged path sends its build then)."""
     from torch._inductor import codecache
 
     owner = codecache.CppCodeCache
@@ -109,7 +115,7 @@ def defer_kernel_builds() -> Iterator[DeferredLoads]:
         py = codecache.PyCodeCache
         memo_before = set(py.modules_no_attr)
         modules_before = len(py.modules)
-        owner.load_async = _deferring(original.__func__, loads)
+        owner.load_async = _deferring(original.__func__, loads, on_load)
         codecache._precompile_header = _no_precompiled_header
         try:
             with forgetting_new_loaders():

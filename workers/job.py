@@ -197,15 +197,22 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
     if ctx.settings.pipeline == "staged" and ctx.send is not None:
-        ctx.store.update_job(key, stage="lowering")
-        mark = shape_guards.snapshot(decoded.shape_env)
-        lowered = _lower(key, ctx, request, decoded, inductor_options)
-        if lowered is not None:
-            from workers import pipeline  # it builds on this module
+        from workers import pipeline  # it builds on this module
 
-            target = str(routing.target_of(request.target))
+        ctx.store.update_job(key, stage="lowering")
+        target = str(routing.target_of(request.target))
+        stream = pipeline.KernelStream(key, ctx, target)
+        stream.open()
+        mark = shape_guards.snapshot(decoded.shape_env)
+        lowered = None
+        try:
+            lowered = _lower(key, ctx, request, decoded, inductor_options, stream)
+        finally:
+            if lowered is None:
+                stream.abandon()
+        if lowered is not None:
             guards = _added_guards(decoded, mark)
-            pipeline.fan_out(key, ctx, target, lowered, guards, t_decode)
+            pipeline.fan_out(key, ctx, target, lowered, guards, t_decode, stream)
             return None
         decoded = decode_graph(request.graph)  # afresh: the lowering left guards in its ShapeEnv
         ctx.store.update_job(key, stage="compile")
@@ -254,7 +261,7 @@ def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
 
 def _lower(
     key: str, ctx: WorkerContext, request: farm_pb2.CompileRequest, decoded: DecodedGraph,
-    inductor_options: dict[str, Any],
+    inductor_options: dict[str, Any], on_kernel: Callable[[bytes], None],
 ) -> LoweredGraph | None:
     """The staged path's lowering; None when only the whole-graph path can compile it."""
     try:
@@ -266,6 +273,7 @@ def _lower(
                 dynamic=request.options.dynamic,
                 mode=request.options.mode,
                 inductor_options=inductor_options,
+                on_kernel=on_kernel,
             )
     except NeedsWholeGraph as e:
         log.info("job key=%s compiles whole: %s", keys.short(key), e)

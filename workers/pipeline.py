@@ -4,15 +4,24 @@ then assembly. Plain functions, no Celery; workers/tasks.py wraps them.
     compile_task (graph queue)        build_kernels × N (stages queue)    assemble (stages queue)
     ──────────────────────────        ────────────────────────────────    ───────────────────────
     run_job: decode, lower_graph      run_kernel_batch: cache check,      run_assembly: every
-    (AOTAutograd + Inductor, C++      build each spec, store binary,      binary cached? → sign
-    builds deferred) → fan_out:       release its keys from the job's     the manifest, job
-    plan + pending set in Redis,  ──▶ pending set; the batch that     ──▶ SUCCEEDED. Missing
-    cache hits skip, misses sent      empties it sends the assembly       ones → sent again.
+    (AOTAutograd + Inductor, C++      build the specs (in threads, up     binary cached? → sign
+    builds deferred). KernelStream    to the worker's cores), store the   the manifest, job
+    sends each kernel's build as  ──▶ binaries, release their keys    ──▶ SUCCEEDED. Missing
+    Inductor asks for it; fan_out     from the job's pending set; the     ones → sent again.
+    sends the rest, writes the        removal that empties it sends
+    plan, releases the barrier        the assembly
+
+The forward graph's kernels are built while the backward graph is still lowered: Inductor
+asks for a graph's kernels when it loads that graph's wrapper code, and `KernelStream`
+sends their builds then. What the compile asks for is not yet what a client will load:
+`fan_out` gets the authoritative list from `lower_graph`, sends what is still missing,
+and drops any stray that was sent but is not loaded.
 
 No task waits for another: each stage ends by sending the next one, and the barrier is
-a Redis set (torchfarm/stages.py). A worker lost mid-stage is covered by Celery's
-acks_late redelivery; every stage is idempotent and counts its deliveries against
-`max_attempts` on the job record.
+a Redis set (torchfarm/stages.py) that holds `LOWERING` until the lowering ends, so the
+assembly cannot start while kernels are still being discovered. A worker lost mid-stage
+is covered by Celery's acks_late redelivery; every stage is idempotent and counts its
+deliveries against `max_attempts` on the job record.
 
 Decomposition (AOTAutograd) runs inside the lowering job and is timed as its own stage:
 torch 2.13 has no serialized form of AOTAutograd's output that Inductor can take in
@@ -24,7 +33,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sdk.loader import KernelSpec, kernel_name
@@ -32,7 +44,7 @@ from torchfarm import keys, routing, targets
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.stages import Plan, PlannedKernel, StageBoard, kernel_cache_key
 from torchfarm.store import JobState
-from workers.compiler import CompileFailed, LoweredGraph, build_kernel
+from workers.compiler import CompileFailed, Kernel, LoweredGraph, start_kernel_build
 from workers.job import JobFailed, WorkerContext, _fail, _put, as_job_failure
 from workers.limits import cpu_time_limit
 
@@ -64,32 +76,98 @@ def _send(ctx: WorkerContext, task: str, args: list[Any], queue: str) -> None:
     ctx.send(task, args, queue)
 
 
-def _batches(items: list[str], size: int) -> list[list[str]]:
+def _batches(items: list[PlannedKernel], size: int) -> list[list[PlannedKernel]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _send_builds(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]) -> int:
+    """Sends `kernels`' build jobs, `kernel_batch` a job; returns how many jobs."""
+    batches = _batches(kernels, ctx.settings.kernel_batch)
+    for batch in batches:
+        refs = [[k.cache_key, k.source.digest] for k in batch]
+        _send(ctx, routing.BUILD_KERNELS_TASK, [key, ctx.store.namespace, target, refs], _queue(target))
+    return len(batches)
+
+
+def _planned(ctx: WorkerContext, target: str, spec: bytes) -> PlannedKernel:
+    """A kernel spec as the pipeline knows it: its blob stored, its kernel cache key."""
+    return PlannedKernel(
+        name=kernel_name(spec),
+        kind="cpp" if KernelSpec.from_bytes(spec).is_library() else "cpp-object",
+        source=_put(ctx.store, spec),
+        cache_key=kernel_cache_key(spec, target, ctx.fingerprint.to_dict()),
+    )
+
+
+@dataclasses.dataclass
+class KernelStream:
+    """Sends a staged job's kernel builds while its lowering runs (`lower_graph`'s
+    `on_kernel`): a kernel the kernel cache lacks is sent once `kernel_batch` of them are
+    waiting, so workers with nothing else to do build the forward graph's kernels while
+    this one lowers the backward graph. `open` before the lowering; `fan_out` after it."""
+
+    key: str
+    ctx: WorkerContext
+    target: str
+    known: dict[bytes, PlannedKernel] = dataclasses.field(default_factory=dict)
+    """Every spec seen, by spec."""
+    sent: set[str] = dataclasses.field(default_factory=set)
+    """Cache keys sent to be built."""
+    waiting: list[PlannedKernel] = dataclasses.field(default_factory=list)
+
+    def open(self) -> None:
+        StageBoard(self.ctx.store).open_lowering(self.key, self.ctx.settings.done_ttl_s)
+
+    def abandon(self) -> None:
+        """The lowering failed or gave way to the whole-graph compile: no assembly will
+        run. Builds already sent still run, and only fill the kernel cache."""
+        StageBoard(self.ctx.store).clear(self.key)
+
+    def __call__(self, spec: bytes) -> None:
+        if spec in self.known:
+            return
+        kernel = self.known[spec] = _planned(self.ctx, self.target, spec)
+        if kernel.cache_key in self.sent or any(k.cache_key == kernel.cache_key for k in self.waiting):
+            return
+        if StageBoard(self.ctx.store).cached_binaries([kernel.cache_key]):
+            return  # a hit; fan_out counts it
+        self.waiting.append(kernel)
+        if len(self.waiting) >= self.ctx.settings.kernel_batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Sends the kernels waiting for a full batch."""
+        batch, self.waiting = self.waiting, []
+        if not batch:
+            return
+        StageBoard(self.ctx.store).add_streamed(
+            self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s
+        )
+        self.sent.update(k.cache_key for k in batch)
+        _send_builds(self.ctx, self.key, self.target, batch)
+
+    def planned(self, spec: bytes) -> PlannedKernel:
+        return self.known.get(spec) or _planned(self.ctx, self.target, spec)
 
 
 def fan_out(
     key: str, ctx: WorkerContext, target: str, lowered: LoweredGraph,
-    guards: tuple[Any, ...], decode_s: float,
+    guards: tuple[Any, ...], decode_s: float, stream: KernelStream | None = None,
 ) -> None:
-    """Ends the lowering job: stores the payload and kernel specs, records the plan and
-    the kernels still to build, then sends their build jobs (or the assembly at once
-    when the kernel cache holds every one)."""
+    """Ends the lowering job: sends the kernel builds the stream has not, records the
+    plan, and releases the job's barrier, which sends the assembly at once when every
+    kernel is built or cached."""
+    if stream is None:
+        stream = KernelStream(key, ctx, target)
+        stream.open()
     store, board = ctx.store, StageBoard(ctx.store)
-    build = ctx.fingerprint.to_dict()
     t0 = time.perf_counter()
-    kernels = [
-        PlannedKernel(
-            name=kernel_name(spec),
-            kind="cpp" if KernelSpec.from_bytes(spec).is_library() else "cpp-object",
-            source=_put(store, spec),
-            cache_key=kernel_cache_key(spec, target, build),
-        )
-        for spec in lowered.specs
-    ]
+    stream.flush()
+    kernels = [stream.planned(spec) for spec in lowered.specs]
     wanted = list(dict.fromkeys(k.cache_key for k in kernels))
-    hits = board.cached_binaries(wanted)
-    misses = [k for k in wanted if k not in hits]
+    hits = board.cached_binaries([k for k in wanted if k not in stream.sent])
+    misses = [k for k in wanted if k not in stream.sent and k not in hits]
+    strays = sorted(stream.sent - set(wanted))
     job = store.get_job(key)
     queued = (job.started - job.created) if job is not None and job.started else 0.0
     t = lowered.timings
@@ -106,22 +184,19 @@ def fan_out(
         guards=list(guards), stages=stages, timings={"decode": decode_s, **t},
     )
     ttl = ctx.settings.done_ttl_s
-    board.put_plan(key, plan, misses, ttl)
-    now = time.time()
-    store.update_job(
-        key, stage="kernels" if misses else "assembling", stages=stages,
-        kernels_total=len(wanted), kernels_done=len(hits), kernels_hit=len(hits),
-        k_sent=now, a_sent=None if misses else now,
-    )
-    queue = _queue(target)
-    for batch in _batches(misses, ctx.settings.kernel_batch):
-        _send(ctx, routing.BUILD_KERNELS_TASK, [key, store.namespace, batch], queue)
-    if not misses:
-        _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], queue)
+    board.put_plan(key, plan, ttl)
+    store.update_job(key, stage="kernels", stages=stages)
+    left = board.close_lowering(key, len(wanted), len(hits), strays, misses, ttl)
+    by_key = {k.cache_key: k for k in kernels}
+    jobs = _send_builds(ctx, key, target, [by_key[k] for k in misses])
+    if left == 0:
+        store.update_job(key, stage="assembling", a_sent=time.time())
+        _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], _queue(target))
     log.info(
-        "job key=%s lowered: %d kernels, %d in the kernel cache, %d build jobs sent to %s",
-        keys.short(key), len(wanted), len(hits), len(_batches(misses, ctx.settings.kernel_batch)),
-        queue,
+        "job key=%s lowered: %d kernels, %d in the kernel cache, %d sent while lowering, "
+        "%d build jobs sent now to %s; %d pending",
+        keys.short(key), len(wanted), len(hits), len(stream.sent) - len(strays), jobs,
+        _queue(target), left,
     )
 
 
@@ -133,13 +208,17 @@ def _live_job(key: str, ctx: WorkerContext) -> bool:
     return True
 
 
-def run_kernel_batch(key: str, ctx: WorkerContext, namespace: str, cache_keys: list[str]) -> None:
-    """Builds the kernels `cache_keys` of the staged job `key` that the kernel cache does
-    not hold, stores them, and sends the assembly if they were the job's last."""
+def run_kernel_batch(
+    key: str, ctx: WorkerContext, namespace: str, target: str, kernels: list[list[str]]
+) -> None:
+    """Builds the kernels of the staged job `key` that the kernel cache does not hold,
+    stores them, and sends the assembly if they were the last the job waited for.
+    `kernels` holds each kernel's cache key and the digest of its spec's blob."""
     ctx = dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
     board = StageBoard(ctx.store)
     if not _live_job(key, ctx):
         return
+    cache_keys = [k for k, _ in kernels]
     batch = hashlib.sha256(",".join(sorted(cache_keys)).encode()).hexdigest()[:16]
     attempt = board.count(key, f"kattempts:{batch}")
     try:
@@ -148,52 +227,71 @@ def run_kernel_batch(key: str, ctx: WorkerContext, namespace: str, cache_keys: l
                 "TOO_MANY_ATTEMPTS",
                 f"a kernel-build job was delivered {attempt} times; a worker was lost on each try",
             )
-        plan = board.get_plan(key)
-        if plan is None:
-            raise JobFailed("PLAN_EXPIRED", "the staged compile's plan is no longer in the cache")
         board.note_kernel_start(key, ctx.name)
         if ctx.settings.kernel_job_delay_s:
             time.sleep(ctx.settings.kernel_job_delay_s)  # test hook (WorkerSettings)
-        busy = _build_missing(key, ctx, plan, cache_keys, board)
+        busy_s, built = _build_missing(ctx, target, kernels, board)
     except JobFailed as e:
         _fail(key, ctx, e.code, str(e))
         return
-    hits = len(cache_keys) - busy[1]
-    left = board.release(key, cache_keys, hits, busy[0])
+    hits = len(cache_keys) - built
+    left = board.release(key, cache_keys, hits, busy_s)
     log.info(
         "job key=%s: %d kernels built, %d found cached in %.2fs; %d still pending",
-        keys.short(key), busy[1], hits, busy[0], left,
+        keys.short(key), built, hits, busy_s, left,
     )
     if left == 0:
         ctx.store.update_job(key, stage="assembling", a_sent=time.time())
-        _send(ctx, routing.ASSEMBLE_TASK, [key, namespace], _queue(plan.target))
+        _send(ctx, routing.ASSEMBLE_TASK, [key, namespace], _queue(target))
+
+
+def build_threads() -> int:
+    """How many kernels a kernel-build job builds at once: the cores this worker process
+    may run on (one, for a worker pinned to a core)."""
+    return max(len(os.sched_getaffinity(0)), 1)
 
 
 def _build_missing(
-    key: str, ctx: WorkerContext, plan: Plan, cache_keys: list[str], board: StageBoard
+    ctx: WorkerContext, target: str, kernels: list[list[str]], board: StageBoard
 ) -> tuple[float, int]:
-    """(build seconds, kernels built) for the batch's kernels not yet cached."""
-    by_key = {k.cache_key: k for k in plan.kernels}
-    unknown = [k for k in cache_keys if k not in by_key]
-    if unknown:
-        raise JobFailed("MALFORMED_REQUEST", f"kernel {unknown[0][:12]} is not in the job's plan")
-    cached = board.cached_binaries(cache_keys)
-    t0, built = time.perf_counter(), 0
-    for cache_key in cache_keys:
+    """(build seconds, kernels built) for the batch's kernels not yet cached. Each
+    spec must hash to its cache key with this worker's build: a worker of another build
+    must not store its binary under that key."""
+    cached = board.cached_binaries([k for k, _ in kernels])
+    build = ctx.fingerprint.to_dict()
+    todo = []
+    for cache_key, digest in kernels:
         if cache_key in cached:
             continue
-        spec = ctx.store.get_blob(by_key[cache_key].source.digest)
+        spec = ctx.store.get_blob(digest)
         if spec is None:
             raise JobFailed("PLAN_EXPIRED", "a kernel's source left the cache before its build")
-        t1 = time.perf_counter()
-        try:
-            with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
-                kernel = build_kernel(spec)
-        except CompileFailed as e:
-            raise as_job_failure(e, ctx) from e
-        board.put_binary(cache_key, kernel.binary, ctx.name, time.perf_counter() - t1)
-        built += 1
-    return time.perf_counter() - t0, built
+        if kernel_cache_key(spec, target, build) != cache_key:
+            raise JobFailed(
+                "BUILD_MISMATCH",
+                f"kernel {cache_key[:12]} was keyed for another build or target than this "
+                f"worker's ({target})",
+            )
+        todo.append((cache_key, spec))
+    if not todo:
+        return 0.0, 0
+    t0 = time.perf_counter()
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+            builds = [(cache_key, start_kernel_build(spec)) for cache_key, spec in todo]
+            with ThreadPoolExecutor(min(len(builds), build_threads())) as pool:
+                running = [(cache_key, pool.submit(_timed, b)) for cache_key, b in builds]
+                for cache_key, future in running:
+                    kernel, seconds = future.result()
+                    board.put_binary(cache_key, kernel.binary, ctx.name, seconds)
+    except CompileFailed as e:
+        raise as_job_failure(e, ctx) from e
+    return time.perf_counter() - t0, len(todo)
+
+
+def _timed(build: Callable[[], Kernel]) -> tuple[Kernel, float]:
+    t0 = time.perf_counter()
+    return build(), time.perf_counter() - t0
 
 
 def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
@@ -247,8 +345,8 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
                     keys.short(key), len(missing))
         board.add_pending(key, missing, ctx.settings.done_ttl_s)
         ctx.store.update_job(key, stage="kernels")
-        for batch in _batches(missing, ctx.settings.kernel_batch):
-            _send(ctx, routing.BUILD_KERNELS_TASK, [key, ctx.store.namespace, batch], _queue(plan.target))
+        by_key = {k.cache_key: k for k in plan.kernels}
+        _send_builds(ctx, key, plan.target, [by_key[k] for k in missing])
         return None
     kernels = tuple(
         KernelRef(name=k.name, kind=k.kind, source=k.source, binary=binaries[k.cache_key])

@@ -39,6 +39,10 @@ class WorkerSettings:
     kernel_batch: int = 2
     """C++ kernels per kernel-build job: fewer jobs (less task overhead, ~10 ms each)
     against less spread over workers (one kernel builds in seconds)."""
+    warmup: bool = True
+    """Run Inductor's once-per-process setup (the vector ISA probe, the build hashes;
+    workers/warmup.py) when the worker starts, before its pool forks, instead of in
+    its first job."""
     kernel_job_delay_s: float = 0.0
     """Test hook: seconds each kernel-build job sleeps before it builds, so a fault test
     can kill a worker in the middle of one. Leave 0 in production."""

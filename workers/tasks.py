@@ -92,10 +92,10 @@ def export_task(key: str, namespace: str = "") -> None:
 
 
 @app.task(name=BUILD_KERNELS_TASK)
-def build_kernels_task(key: str, namespace: str, cache_keys: list[str]) -> None:
+def build_kernels_task(key: str, namespace: str, target: str, kernels: list[list[str]]) -> None:
     """Builds a batch of a staged compile's C++ kernels (workers/pipeline.py)."""
     try:
-        run_kernel_batch(key, _context(), namespace, cache_keys)
+        run_kernel_batch(key, _context(), namespace, target, kernels)
     except SoftTimeLimitExceeded:
         fail_job(
             key, _context(), "COMPILE_TIMEOUT", "a kernel build ran past the farm's time limit",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 
 import pytest
 
@@ -44,11 +45,14 @@ def built():
 
 @pytest.fixture
 def ctx(store, sent, built, monkeypatch):
-    def build_kernel(spec: bytes) -> Kernel:
-        built.append(spec)
-        return Kernel(name="k", kind="cpp", source=spec, binary=b"\x7fELF" + spec)
+    def start_kernel_build(spec: bytes):
+        def build() -> Kernel:
+            built.append(spec)
+            return Kernel(name="k", kind="cpp", source=spec, binary=b"\x7fELF" + spec)
 
-    monkeypatch.setattr(pipeline, "build_kernel", build_kernel)
+        return build
+
+    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
     return WorkerContext(
         settings=WorkerSettings(kernel_batch=2, max_attempts=2),
         store=store,
@@ -81,7 +85,7 @@ def _drain(ctx, sent, namespace: str = "") -> None:
         task, args, queue = sent.pop(0)
         assert queue == "stages.cpu.avx2"
         if task == routing.BUILD_KERNELS_TASK:
-            pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+            pipeline.run_kernel_batch(args[0], ctx, *args[1:])
         else:
             assert task == routing.ASSEMBLE_TASK
             pipeline.run_assembly(args[0], ctx, args[1])
@@ -96,7 +100,7 @@ def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, c
     sent.reverse()
     for _ in range(3):
         task, args, _ = sent.pop(0)
-        pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+        pipeline.run_kernel_batch(args[0], ctx, *args[1:])
     assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
     _drain(ctx, sent)
     job = view.get_job(key)
@@ -115,8 +119,8 @@ def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, c
 def test_redelivered_jobs_do_nothing_twice(store, ctx, sent, built):
     key = _start(store, ctx, 2)
     task, args, _ = sent[0]
-    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
-    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])  # redelivered
+    pipeline.run_kernel_batch(args[0], ctx, *args[1:])
+    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # redelivered
     assert len(built) == 2  # the second delivery found both in the kernel cache
     assert store.get_job(key).kernels_done == 2
     _drain(ctx, sent[1:])
@@ -144,7 +148,7 @@ def test_a_binary_evicted_before_assembly_is_built_again(store, ctx, sent, built
     key = _start(store, ctx, 2)
     while sent[0][0] == routing.BUILD_KERNELS_TASK:
         _, args, _ = sent.pop(0)
-        pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+        pipeline.run_kernel_batch(args[0], ctx, *args[1:])
     store.delete_blob(blob_digest(b"\x7fELF" + _spec(0)))  # LRU eviction
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED
@@ -155,10 +159,116 @@ def test_a_kernel_job_delivered_past_the_cap_fails_the_compile(store, ctx, sent,
     key = _start(store, ctx, 1)
     _, args, _ = sent.pop(0)
     board = StageBoard(store)
-    batch = hashlib.sha256(",".join(sorted(args[2])).encode()).hexdigest()[:16]
+    batch = hashlib.sha256(",".join(sorted(k for k, _ in args[3])).encode()).hexdigest()[:16]
     for _ in range(ctx.settings.max_attempts):  # earlier deliveries, each lost with its worker
         board.count(key, f"kattempts:{batch}")
-    pipeline.run_kernel_batch(args[0], ctx, args[1], args[2])
+    pipeline.run_kernel_batch(args[0], ctx, *args[1:])
     job = store.get_job(key)
     assert (job.state, job.error_code) == (JobState.FAILED, "TOO_MANY_ATTEMPTS")
     assert sent == [] and built == []
+
+
+# ---- kernels sent while the lowering runs ----------------------------------------
+
+
+def _open(store, ctx, namespace: str = "") -> tuple[str, pipeline.KernelStream]:
+    request = relu_request()
+    key = keys.compute_key(request, namespace)
+    view = store.tenant(namespace)
+    view.create_job(key, "cpu.avx2", "test", 600)
+    view.update_job(key, state=JobState.RUNNING, started=1.0)
+    stream = pipeline.KernelStream(key, dataclasses.replace(ctx, store=view), "cpu:avx2")
+    stream.open()
+    return key, stream
+
+
+def test_kernels_streamed_during_lowering_are_built_before_it_ends(store, ctx, sent, built):
+    key, stream = _open(store, ctx)
+    for i in range(3):
+        stream(_spec(i))
+    stream(_spec(0))  # asked for again: sent once
+    assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK]  # 0 and 1; 2 waits for a batch
+    # The streamed batch is built while the lowering still runs: it must not start the
+    # assembly, though it empties every kernel the job knew of so far.
+    _drain(ctx, sent)
+    assert sent == [] and store.get_job(key).stage != "assembling"
+    assert StageBoard(store).pending(key) == {"lowering"}
+    # Lowering ends: the artifact loads kernels 0-3. 2 is flushed, 3 was never streamed.
+    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(4), (), 0.05, stream)
+    assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK] * 2
+    assert store.get_job(key).kernels_total == 4 and store.get_job(key).kernels_done == 2
+    _drain(ctx, sent)
+    job = store.get_job(key)
+    assert (job.state, job.kernels_done, job.kernels_hit) == (JobState.SUCCEEDED, 4, 0)
+    assert sorted(built) == sorted(_spec(i) for i in range(4))
+
+
+def test_a_streamed_kernel_the_artifact_does_not_load_is_not_waited_for(store, ctx, sent, built):
+    key, stream = _open(store, ctx)
+    stream(_spec(9))  # asked for during the compile (an autotuning candidate, say)
+    stream(_spec(0))
+    stray_job = sent.pop(0)  # not delivered yet: a slow worker has it
+    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(1), (), 0.05, stream)
+    assert sent == [] or [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
+    assert StageBoard(store).pending(key) == {pipeline.kernel_cache_key(
+        _spec(0), "cpu:avx2", ctx.fingerprint.to_dict())}
+    # The batch holds the stray and kernel 0; built, it releases 0 and the job assembles.
+    sent.append(stray_job)
+    _drain(ctx, sent)
+    job = store.get_job(key)
+    assert (job.state, job.kernels_total, job.kernels_done) == (JobState.SUCCEEDED, 1, 1)
+    assert [k.source.digest for k in store.get_manifest(key).kernels] == [blob_digest(_spec(0))]
+
+
+def test_when_streamed_builds_finish_first_the_lowering_sends_the_assembly(store, ctx, sent):
+    key, stream = _open(store, ctx)
+    stream(_spec(0))
+    stream(_spec(1))
+    _drain(ctx, sent)
+    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
+    assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
+    _drain(ctx, sent)
+    assert store.get_job(key).state == JobState.SUCCEEDED
+
+
+def test_a_lowering_that_gives_way_leaves_no_barrier(store, ctx, sent):
+    key, stream = _open(store, ctx)
+    stream(_spec(0))
+    stream(_spec(1))
+    stream.abandon()
+    assert StageBoard(store).pending(key) == set()
+    _drain(ctx, sent)  # the build still runs, for the kernel cache; no assembly follows
+    assert StageBoard(store).cached_binaries(
+        [pipeline.kernel_cache_key(_spec(0), "cpu:avx2", ctx.fingerprint.to_dict())]
+    )
+    assert store.get_manifest(key) is None
+
+
+def test_a_worker_of_another_build_refuses_a_kernel_keyed_for_this_one(store, ctx, sent, built):
+    key, stream = _open(store, ctx)
+    stream(_spec(0))
+    stream(_spec(1))
+    _, args, _ = sent.pop(0)
+    other = dataclasses.replace(
+        ctx, fingerprint=dataclasses.replace(ctx.fingerprint, torch_git="another-build")
+    )
+    pipeline.run_kernel_batch(args[0], other, *args[1:])
+    job = store.get_job(key)
+    assert (job.state, job.error_code) == (JobState.FAILED, "BUILD_MISMATCH") and built == []
+
+
+def test_a_batch_builds_its_kernels_at_once_up_to_the_cores(store, ctx, sent, monkeypatch):
+    both_inside = threading.Barrier(2, timeout=10)
+
+    def start_kernel_build(spec: bytes):
+        def build() -> Kernel:
+            both_inside.wait()  # breaks (and the job fails) if the builds run one by one
+            return Kernel(name="k", kind="cpp", source=spec, binary=b"\x7fELF" + spec)
+
+        return build
+
+    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(pipeline, "build_threads", lambda: 2)
+    key = _start(store, ctx, 2)
+    _drain(ctx, sent)
+    assert store.get_job(key).state == JobState.SUCCEEDED

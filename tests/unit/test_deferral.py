@@ -116,9 +116,13 @@ def test_deferred_lowering_builds_nothing_and_names_what_deserialize_loads(tmp_p
     with fresh_cache(dir=str(tmp_path / "lower")):
         from torch._inductor import codecache
 
+        streamed: list[bytes] = []
         with count_kernel_builds() as builds:
-            lowered = lower_graph(gm, inputs)
+            lowered = lower_graph(gm, inputs, on_kernel=streamed.append)
         assert builds.kernels == [], "lowering ran the C++ compiler on a kernel"
+        # What the compile asked for, as it asked (the staged path sends these builds
+        # early), is what deserialize loads: so no build waits for the lowering to end.
+        assert len(streamed) == len(set(streamed)) and set(streamed) == set(lowered.specs)
         # No loader made with the precompiled header stubbed out stays registered: the
         # kernel builds in this process must register their own, with the header.
         assert not codecache.CppCodeCache.cache
