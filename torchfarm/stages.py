@@ -5,9 +5,12 @@ Keys, under the store's prefix:
 
 - `tf:kbin:<key>`: a compiled C++ kernel, JSON `{"binary": {digest, size}, "worker",
   "seconds"}`; the bytes are a blob (`tf:blob:<sha256>`). `<key>` is `kernel_cache_key`:
-  the kernel's spec, the exact target and the build that compiled it. Not per tenant:
-  a worker writes it from a spec its own lowering produced, so every graph that holds
-  the same kernel, from any client, reuses the binary.
+  the kernel's spec, the exact target and the build that compiled it. Fleet-wide by
+  default: a worker writes it from a spec its own lowering produced, so every graph
+  that holds the same kernel, from any client, reuses the binary. A tenant then sees in
+  its kernel-hit counts that some other compile had a kernel of the same source; a farm
+  whose tenants must not learn that sets `TORCHFARM_KERNEL_CACHE_SCOPE=tenant`, which
+  adds the tenant's namespace to the key.
 - `tf:plan:<ref>`: what a staged job's lowering produced (payload and kernel spec blobs,
   shape guards, stage timings), until assembly turns it into the manifest (TTL).
 - `tf:pending:<ref>`: the kernel cache keys the job still waits for, plus the member
@@ -79,16 +82,21 @@ ARGV: TTL, total kernels, cache hits, `LOWERING`, the number of strays, the stra
 misses."""
 
 
-def kernel_cache_key(spec: bytes, target: str, build: dict[str, str]) -> str:
+def kernel_cache_key(
+    spec: bytes, target: str, build: dict[str, str], tenant: str | None = None
+) -> str:
     """The content address of one kernel's binary: its spec (source text and every
     option that enters Inductor's own key), the exact target, and the build that
-    compiles it (torch version and git hash, Python, platform, ISA, C++ compiler)."""
-    body = {
+    compiles it (torch version and git hash, Python, platform, ISA, C++ compiler);
+    and the tenant's namespace, for a cache scoped to each tenant."""
+    body: dict[str, Any] = {
         "format": KERNEL_CACHE_FORMAT,
         "spec": hashlib.sha256(spec).hexdigest(),
         "target": target,
         "build": dict(sorted(build.items())),
     }
+    if tenant is not None:
+        body["tenant"] = tenant
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -113,6 +121,11 @@ class Plan:
     stages: list[dict[str, Any]] = field(default_factory=list)
     """Stage records so far (workers/pipeline.py `stage_record`)."""
     timings: dict[str, float] = field(default_factory=dict)
+    sends: list[list[Any]] = field(default_factory=list)
+    """Each kernel-build job the lowering sent: [seconds after the lowering began, its
+    cache keys]. Those sent before `lowered_after` overlapped the lowering."""
+    lowered_after: float = 0.0
+    """Seconds from the lowering's start to its end (the barrier's release)."""
 
     def to_json(self) -> bytes:
         body = asdict(self)
@@ -134,6 +147,8 @@ class Plan:
             guards=body["guards"],
             stages=body["stages"],
             timings={k: float(v) for k, v in body["timings"].items()},
+            sends=body.get("sends", []),
+            lowered_after=float(body.get("lowered_after", 0.0)),
         )
 
 
@@ -178,6 +193,11 @@ class StageBoard:
         record = {"binary": asdict(ref), "worker": worker, "seconds": round(seconds, 3)}
         self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
         return ref
+
+    def build_seconds(self, cache_keys: list[str]) -> dict[str, float]:
+        """How long each cached kernel took to build, where it is cached."""
+        records = self.r.mget([self._k("kbin", k) for k in cache_keys]) if cache_keys else []
+        return {k: float(json.loads(d)["seconds"]) for k, d in zip(cache_keys, records) if d}
 
     def forget_binary(self, cache_key: str) -> None:
         self.r.delete(self._k("kbin", cache_key))

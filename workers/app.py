@@ -70,13 +70,14 @@ def _heartbeat(store: Store, name: str, build: str) -> None:
         _stop_heartbeat.wait(settings.heartbeat_s)
 
 
-@signals.worker_init.connect
-def _warm(sender, **_: object) -> None:
-    """In the main process, before the pool forks: every pool process inherits it."""
+@signals.celeryd_after_setup.connect
+def _warm(sender, instance, **_: object) -> None:
+    """In the main process, once logging is set up and before the pool forks: every
+    pool process inherits it."""
     if settings.warmup:
         from workers.warmup import warm_inductor
 
-        warm_inductor()
+        warm_inductor(compile=bool(plan.graph))
 
 
 @signals.worker_ready.connect

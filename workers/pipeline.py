@@ -37,7 +37,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from sdk.loader import KernelSpec, kernel_name
 from torchfarm import keys, routing, targets
@@ -49,6 +49,7 @@ from workers.job import JobFailed, WorkerContext, _fail, _put, as_job_failure
 from workers.limits import cpu_time_limit
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HANDED_ON = frozenset({"kernels", "assembling"})
 """Stages of a staged job after its lowering job has ended: later jobs finish it."""
@@ -76,17 +77,19 @@ def _send(ctx: WorkerContext, task: str, args: list[Any], queue: str) -> None:
     ctx.send(task, args, queue)
 
 
-def _batches(items: list[PlannedKernel], size: int) -> list[list[PlannedKernel]]:
+def _batches(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _send_builds(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]) -> int:
-    """Sends `kernels`' build jobs, `kernel_batch` a job; returns how many jobs."""
+def _send_builds(
+    ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]
+) -> list[list[str]]:
+    """Sends `kernels`' build jobs, `kernel_batch` a job; returns each job's cache keys."""
     batches = _batches(kernels, ctx.settings.kernel_batch)
     for batch in batches:
         refs = [[k.cache_key, k.source.digest] for k in batch]
         _send(ctx, routing.BUILD_KERNELS_TASK, [key, ctx.store.namespace, target, refs], _queue(target))
-    return len(batches)
+    return [[k.cache_key for k in batch] for batch in batches]
 
 
 def _planned(ctx: WorkerContext, target: str, spec: bytes) -> PlannedKernel:
@@ -95,8 +98,15 @@ def _planned(ctx: WorkerContext, target: str, spec: bytes) -> PlannedKernel:
         name=kernel_name(spec),
         kind="cpp" if KernelSpec.from_bytes(spec).is_library() else "cpp-object",
         source=_put(ctx.store, spec),
-        cache_key=kernel_cache_key(spec, target, ctx.fingerprint.to_dict()),
+        cache_key=_kernel_key(ctx, spec, target),
     )
+
+
+def _kernel_key(ctx: WorkerContext, spec: bytes, target: str) -> str:
+    """The spec's kernel cache key for this worker's build, and, with
+    `kernel_cache_scope="tenant"`, for the job's tenant alone."""
+    tenant = ctx.store.namespace if ctx.settings.kernel_cache_scope == "tenant" else None
+    return kernel_cache_key(spec, target, ctx.fingerprint.to_dict(), tenant)
 
 
 @dataclasses.dataclass
@@ -114,9 +124,16 @@ class KernelStream:
     sent: set[str] = dataclasses.field(default_factory=set)
     """Cache keys sent to be built."""
     waiting: list[PlannedKernel] = dataclasses.field(default_factory=list)
+    sends: list[list[Any]] = dataclasses.field(default_factory=list)
+    """Each build job sent: [seconds after `open`, its cache keys] (`Plan.sends`)."""
+    opened: float = 0.0
 
     def open(self) -> None:
+        self.opened = time.perf_counter()
         StageBoard(self.ctx.store).open_lowering(self.key, self.ctx.settings.done_ttl_s)
+
+    def since_open(self) -> float:
+        return round(time.perf_counter() - self.opened, 3)
 
     def abandon(self) -> None:
         """The lowering failed or gave way to the whole-graph compile: no assembly will
@@ -144,7 +161,8 @@ class KernelStream:
             self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s
         )
         self.sent.update(k.cache_key for k in batch)
-        _send_builds(self.ctx, self.key, self.target, batch)
+        for keys_ in _send_builds(self.ctx, self.key, self.target, batch):
+            self.sends.append([self.since_open(), keys_])
 
     def planned(self, spec: bytes) -> PlannedKernel:
         return self.known.get(spec) or _planned(self.ctx, self.target, spec)
@@ -179,16 +197,20 @@ def fan_out(
             + time.perf_counter() - t0, 0.0, ctx.name,
         ),
     ]
+    by_key = {k.cache_key: k for k in kernels}
+    lowered_after = stream.since_open()
+    sends = [*stream.sends, *([lowered_after, b] for b in _batches(misses, ctx.settings.kernel_batch))]
     plan = Plan(
         payload=_put(store, lowered.payload), kernels=kernels, target=target,
         guards=list(guards), stages=stages, timings={"decode": decode_s, **t},
+        sends=[s_ for s_ in sends if not set(s_[1]) <= set(strays)],
+        lowered_after=lowered_after,
     )
     ttl = ctx.settings.done_ttl_s
     board.put_plan(key, plan, ttl)
     store.update_job(key, stage="kernels", stages=stages)
     left = board.close_lowering(key, len(wanted), len(hits), strays, misses, ttl)
-    by_key = {k.cache_key: k for k in kernels}
-    jobs = _send_builds(ctx, key, target, [by_key[k] for k in misses])
+    jobs = len(_send_builds(ctx, key, target, [by_key[k] for k in misses]))
     if left == 0:
         store.update_job(key, stage="assembling", a_sent=time.time())
         _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], _queue(target))
@@ -255,10 +277,9 @@ def _build_missing(
     ctx: WorkerContext, target: str, kernels: list[list[str]], board: StageBoard
 ) -> tuple[float, int]:
     """(build seconds, kernels built) for the batch's kernels not yet cached. Each
-    spec must hash to its cache key with this worker's build: a worker of another build
-    must not store its binary under that key."""
+    spec must hash to its cache key with this worker's build (and scope): a worker of
+    another build must not store its binary under that key."""
     cached = board.cached_binaries([k for k, _ in kernels])
-    build = ctx.fingerprint.to_dict()
     todo = []
     for cache_key, digest in kernels:
         if cache_key in cached:
@@ -266,7 +287,7 @@ def _build_missing(
         spec = ctx.store.get_blob(digest)
         if spec is None:
             raise JobFailed("PLAN_EXPIRED", "a kernel's source left the cache before its build")
-        if kernel_cache_key(spec, target, build) != cache_key:
+        if _kernel_key(ctx, spec, target) != cache_key:
             raise JobFailed(
                 "BUILD_MISMATCH",
                 f"kernel {cache_key[:12]} was keyed for another build or target than this "
@@ -367,11 +388,19 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
         raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
     stages, timings = _timings(plan, fields, len(wanted), t0, ctx.name)
+    stages[-2]["sends"] = _schedule(plan, board.build_seconds(wanted))
+    stages[-2]["lowered_after_s"] = plan.lowered_after
     manifest = dataclasses.replace(manifest, timings=timings, stages=tuple(stages))
     if ctx.signer is not None:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds every blob
     return manifest
+
+
+def _schedule(plan: Plan, seconds: dict[str, float]) -> list[list[float]]:
+    """Each kernel-build job as [seconds after the lowering began that it was sent, build
+    seconds of its kernels]: what bench/scaling.py schedules over N workers."""
+    return [[after, round(sum(seconds.get(k, 0.0) for k in keys_), 3)] for after, keys_ in plan.sends]
 
 
 def _timings(

@@ -39,6 +39,10 @@ class WorkerSettings:
     kernel_batch: int = 2
     """C++ kernels per kernel-build job: fewer jobs (less task overhead, ~10 ms each)
     against less spread over workers (one kernel builds in seconds)."""
+    kernel_cache_scope: str = "fleet"
+    """"fleet": a C++ kernel built for any tenant's graph is reused by every tenant's
+    (torchfarm/stages.py). "tenant": each tenant's kernels are cached apart, so no
+    tenant's kernel-hit counts reveal what another compiled."""
     warmup: bool = True
     """Run Inductor's once-per-process setup (the vector ISA probe, the build hashes;
     workers/warmup.py) when the worker starts, before its pool forks, instead of in
@@ -85,6 +89,10 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.pipeline not in ("staged", "whole"):
             raise ValueError(f"TORCHFARM_PIPELINE={self.pipeline!r}: want 'staged' or 'whole'")
+        if self.kernel_cache_scope not in ("fleet", "tenant"):
+            raise ValueError(
+                f"TORCHFARM_KERNEL_CACHE_SCOPE={self.kernel_cache_scope!r}: want 'fleet' or 'tenant'"
+            )
         if self.kernel_batch < 1:
             raise ValueError(f"TORCHFARM_KERNEL_BATCH={self.kernel_batch}: want at least 1")
 

@@ -201,6 +201,10 @@ def test_kernels_streamed_during_lowering_are_built_before_it_ends(store, ctx, s
     job = store.get_job(key)
     assert (job.state, job.kernels_done, job.kernels_hit) == (JobState.SUCCEEDED, 4, 0)
     assert sorted(built) == sorted(_spec(i) for i in range(4))
+    # The manifest records when each build job was sent, for bench/scaling.py's schedule.
+    kernels = next(s for s in store.get_manifest(key).stages if s["stage"] == "kernels")
+    sends = kernels["sends"]
+    assert len(sends) == 3 and sends[0][0] <= sends[1][0] <= sends[2][0] == kernels["lowered_after_s"]
 
 
 def test_a_streamed_kernel_the_artifact_does_not_load_is_not_waited_for(store, ctx, sent, built):
@@ -272,3 +276,23 @@ def test_a_batch_builds_its_kernels_at_once_up_to_the_cores(store, ctx, sent, mo
     key = _start(store, ctx, 2)
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED
+
+
+def test_a_kernel_cache_scoped_to_tenants_shares_nothing_between_them(store, ctx, sent, built):
+    scoped = dataclasses.replace(
+        ctx, settings=dataclasses.replace(ctx.settings, kernel_cache_scope="tenant")
+    )
+    _start(store, scoped, 2, "alice")
+    _drain(scoped, sent)
+    key = _start(store, scoped, 2, "bob")  # the same kernels
+    _drain(scoped, sent)
+    job = store.tenant("bob").get_job(key)
+    assert (job.state, job.kernels_hit) == (JobState.SUCCEEDED, 0)
+    assert len(built) == 4  # built once per tenant
+    # Fleet-wide (the default), the scoped binaries are not found, and what carol's
+    # compile builds, dave's finds.
+    _start(store, ctx, 2, "carol")
+    _drain(ctx, sent)
+    key = _start(store, ctx, 2, "dave")
+    _drain(ctx, sent)
+    assert store.tenant("dave").get_job(key).kernels_hit == 2 and len(built) == 6

@@ -179,3 +179,6 @@ def test_kernel_cache_key_covers_spec_target_and_build():
     assert key != kernel_cache_key(_spec(), "cpu:avx512", build)
     assert key != kernel_cache_key(_spec(), "cpu:avx2", {**build, "compiler": "gcc 13"})
     assert key != kernel_cache_key(_spec(), "cpu:avx2", {**build, "torch_git": "abd"})
+    # Scoped to a tenant, the key differs per tenant and from the fleet-wide one.
+    alice = kernel_cache_key(_spec(), "cpu:avx2", build, tenant="alice")
+    assert alice != key and alice != kernel_cache_key(_spec(), "cpu:avx2", build, tenant="bob")

@@ -1,5 +1,6 @@
-"""The worker's start-up warm-up (workers/warmup.py): Inductor's ISA probe runs once, in
-the process that will fork the pool, and a forked process does not run it again."""
+"""The worker's start-up warm-up (workers/warmup.py): Inductor's ISA probe and a tiny
+lowering run once, in the process that will fork the pool; a forked process does not
+run the probe again, and compiles."""
 
 from __future__ import annotations
 
@@ -22,12 +23,18 @@ _SCRIPT = textwrap.dedent(
 
     with count_kernel_builds() as warm:
         seconds = warm_inductor()
-    assert set(seconds) == {"isa_probe", "build_keys"}, seconds
+    assert set(seconds) == {"isa_probe", "build_keys", "first_compile"}, seconds
     pid = os.fork()
     if pid == 0:  # a pool process
         with count_kernel_builds() as child:
             pick_vec_isa()
-        os._exit(0 if child.count == 0 else 3)
+        if child.count:
+            os._exit(3)
+        # And it compiles: nothing the warm-up left (no thread or process pool) hangs it.
+        import torch
+        x = torch.randn(64)
+        out = torch.compile(lambda t: (t * 2).sin() + 1)(x)
+        os._exit(0 if torch.allclose(out, (x * 2).sin() + 1, rtol=1e-5, atol=1e-5) else 4)
     _, status = os.waitpid(pid, 0)
     print(len(valid_vec_isa_list()), warm.count, os.waitstatus_to_exitcode(status))
     """
@@ -53,4 +60,5 @@ def test_the_isa_probe_runs_at_warmup_and_a_forked_process_inherits_it(tmp_path)
     isas, warm_builds, child_exit = (int(x) for x in done.stdout.split()[-3:])
     if isas:  # a CPU with a vector ISA: its probe is a compiler run, in the warm-up
         assert warm_builds >= 1
-    assert child_exit == 0, "the forked process ran the ISA probe again"
+    assert child_exit != 3, "the forked process ran the ISA probe again"
+    assert child_exit == 0, f"the forked process could not compile (exit {child_exit})"
