@@ -74,10 +74,14 @@ def _heartbeat(store: Store, name: str, build: str) -> None:
 def _warm(sender, instance, **_: object) -> None:
     """In the main process, once logging is set up and before the pool forks: every
     pool process inherits it."""
-    if settings.warmup:
-        from workers.warmup import warm_inductor
+    if not settings.warmup:
+        return
+    from workers.warmup import warm_inductor
 
+    try:
         warm_inductor(compile=bool(plan.graph))
+    except Exception as e:  # the first job then pays the same setup, and may fail on it
+        log.warning("Inductor warm-up failed: %s: %s", type(e).__name__, e)
 
 
 @signals.worker_ready.connect

@@ -161,8 +161,8 @@ class KernelStream:
             self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s
         )
         self.sent.update(k.cache_key for k in batch)
-        for keys_ in _send_builds(self.ctx, self.key, self.target, batch):
-            self.sends.append([self.since_open(), keys_])
+        for batch_keys in _send_builds(self.ctx, self.key, self.target, batch):
+            self.sends.append([self.since_open(), batch_keys])
 
     def planned(self, spec: bytes) -> PlannedKernel:
         return self.known.get(spec) or _planned(self.ctx, self.target, spec)
@@ -203,7 +203,7 @@ def fan_out(
     plan = Plan(
         payload=_put(store, lowered.payload), kernels=kernels, target=target,
         guards=list(guards), stages=stages, timings={"decode": decode_s, **t},
-        sends=[s_ for s_ in sends if not set(s_[1]) <= set(strays)],
+        sends=[send for send in sends if not set(send[1]) <= set(strays)],
         lowered_after=lowered_after,
     )
     ttl = ctx.settings.done_ttl_s
@@ -387,9 +387,8 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     if not ctx.store.has_blobs(b.digest for b in manifest.blobs()):
         raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
-    stages, timings = _timings(plan, fields, len(wanted), t0, ctx.name)
-    stages[-2]["sends"] = _schedule(plan, board.build_seconds(wanted))
-    stages[-2]["lowered_after_s"] = plan.lowered_after
+    schedule = _schedule(plan, board.build_seconds(wanted))
+    stages, timings = _timings(plan, fields, len(wanted), schedule, t0, ctx.name)
     manifest = dataclasses.replace(manifest, timings=timings, stages=tuple(stages))
     if ctx.signer is not None:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
@@ -400,11 +399,15 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
 def _schedule(plan: Plan, seconds: dict[str, float]) -> list[list[float]]:
     """Each kernel-build job as [seconds after the lowering began that it was sent, build
     seconds of its kernels]: what bench/scaling.py schedules over N workers."""
-    return [[after, round(sum(seconds.get(k, 0.0) for k in keys_), 3)] for after, keys_ in plan.sends]
+    return [
+        [after, round(sum(seconds.get(k, 0.0) for k in batch_keys), 3)]
+        for after, batch_keys in plan.sends
+    ]
 
 
 def _timings(
-    plan: Plan, fields: dict[str, str], total_kernels: int, t0: float, worker: str
+    plan: Plan, fields: dict[str, str], total_kernels: int, schedule: list[list[float]],
+    t0: float, worker: str,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     def f(name: str) -> float:
         return float(fields.get(name, 0.0) or 0.0)
@@ -416,10 +419,14 @@ def _timings(
     assemble_s = time.time() - t0
     stages = [
         *plan.stages,
-        stage_record(
-            "kernels", kernels_s, f("k_started") - f("k_sent") if built else 0.0,
-            ",".join(workers), total_kernels, hit,
-        ),
+        {
+            **stage_record(
+                "kernels", kernels_s, f("k_started") - f("k_sent") if built else 0.0,
+                ",".join(workers), total_kernels, hit,
+            ),
+            "sends": schedule,
+            "lowered_after_s": plan.lowered_after,
+        },
         stage_record("assemble", assemble_s, t0 - f("a_sent") if f("a_sent") else 0.0, worker),
     ]
     timings = {
