@@ -31,6 +31,7 @@ another process without pickle (ARCHITECTURE.md, "The staged compile").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -128,9 +129,13 @@ class KernelStream:
     """Each build job sent: [seconds after `open`, its cache keys] (`Plan.sends`)."""
     opened: float = 0.0
 
+    @functools.cached_property
+    def board(self) -> StageBoard:
+        return StageBoard(self.ctx.store)
+
     def open(self) -> None:
         self.opened = time.perf_counter()
-        StageBoard(self.ctx.store).open_lowering(self.key, self.ctx.settings.done_ttl_s)
+        self.board.open_lowering(self.key, self.ctx.settings.done_ttl_s)
 
     def since_open(self) -> float:
         return round(time.perf_counter() - self.opened, 3)
@@ -138,15 +143,13 @@ class KernelStream:
     def abandon(self) -> None:
         """The lowering failed or gave way to the whole-graph compile: no assembly will
         run. Builds already sent still run, and only fill the kernel cache."""
-        StageBoard(self.ctx.store).clear(self.key)
+        self.board.clear(self.key)
 
     def __call__(self, spec: bytes) -> None:
-        if spec in self.known:
+        if spec in self.known:  # one spec, one cache key: nothing else can repeat it
             return
         kernel = self.known[spec] = _planned(self.ctx, self.target, spec)
-        if kernel.cache_key in self.sent or any(k.cache_key == kernel.cache_key for k in self.waiting):
-            return
-        if StageBoard(self.ctx.store).cached_binaries([kernel.cache_key]):
+        if self.board.cached_binaries([kernel.cache_key]):
             return  # a hit; fan_out counts it
         self.waiting.append(kernel)
         if len(self.waiting) >= self.ctx.settings.kernel_batch:
@@ -157,9 +160,7 @@ class KernelStream:
         batch, self.waiting = self.waiting, []
         if not batch:
             return
-        StageBoard(self.ctx.store).add_streamed(
-            self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s
-        )
+        self.board.add_streamed(self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s)
         self.sent.update(k.cache_key for k in batch)
         for batch_keys in _send_builds(self.ctx, self.key, self.target, batch):
             self.sends.append([self.since_open(), batch_keys])
