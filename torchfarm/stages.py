@@ -19,7 +19,18 @@ Keys, under the store's prefix:
   before the job knows all of them; the lowering job removes `LOWERING` when it ends
   (`close_lowering`). Each kernel-build job removes its keys once their binaries are
   stored, and whichever removal empties the set sends the assembly job. Nothing waits
-  on anything: a farm of one worker cannot deadlock.
+  on anything: a farm of one worker cannot deadlock. A lowering that gives way to the
+  whole-graph compile leaves the set holding only `ABANDONED`, which no build removes,
+  so builds it had already sent cannot start an assembly.
+- `tf:kclaim:<key>` and `tf:kwait:<key>`: one build per kernel across the jobs in
+  flight. The first job that needs a kernel the cache lacks claims it (SET NX) and sends
+  its build; a job that finds it claimed joins its waiters instead, with the key in its
+  own pending set. The build job that stores the binary then releases every waiter's
+  pending set as it releases its own (`settle`). A build job that ends without the
+  binary (its job failed, or it did) passes the claim to one waiter, which sends a build
+  of its own (`hand_over`). Claims and waiters are keyed like the kernel cache, so they
+  are fleet-wide or per tenant with it; a waiter is named `[namespace, job key,
+  target]`.
 
 `<ref>` is the job's key in its namespace (`Store.ref`).
 """
@@ -45,6 +56,58 @@ LOWERING = "lowering"
 """The pending set's member while the job's lowering runs (never a cache key: those are
 hex digests)."""
 
+ABANDONED = "abandoned"
+"""The pending set's only member after its lowering gave way: no assembly may follow."""
+
+CACHED, BUILD, WAIT = 0, 1, 2
+"""`StageBoard.claim`'s verdict on a kernel: cached meanwhile, this job builds it, or
+another job in flight builds it."""
+
+_CLAIM = """
+local pending, out = KEYS[1], {}
+for i = 0, (#KEYS - 1) / 3 - 1 do
+  local kbin, claim, waiters = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
+  if redis.call('EXISTS', kbin) == 1 then
+    out[i + 1] = 0
+  else
+    redis.call('SADD', pending, ARGV[3 + i])
+    if redis.call('SET', claim, ARGV[1], 'NX', 'EX', ARGV[2])
+        or redis.call('GET', claim) == ARGV[1] then
+      out[i + 1] = 1
+    else
+      redis.call('SADD', waiters, ARGV[1])
+      redis.call('EXPIRE', waiters, ARGV[2])
+      out[i + 1] = 2
+    end
+  end
+end
+redis.call('EXPIRE', pending, ARGV[2])
+return out
+"""
+"""For each kernel, atomically: cached (0), or pending for the job and either claimed by
+it (1) or joined as a waiter of the job that holds the claim (2). A job's own claim
+counts as claimed by it: a redelivered lowering cannot know whether its first delivery
+sent the build before its worker was lost, so it sends it again. KEYS: the pending set,
+then kbin, kclaim, kwait of each kernel. ARGV: the waiter name, TTL, the keys."""
+
+_SETTLE = """
+local waiters = redis.call('SMEMBERS', KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2])
+return waiters
+"""
+"""A claimed kernel's binary is stored: ends the claim and returns its waiters."""
+
+_HAND_OVER = """
+local heir = redis.call('SPOP', KEYS[2])
+if heir then
+  redis.call('SET', KEYS[1], heir, 'EX', ARGV[1])
+else
+  redis.call('DEL', KEYS[1])
+end
+return heir
+"""
+"""A claimed kernel's build ended without its binary: one waiter takes the claim over."""
+
 _RELEASE = """
 local removed = redis.call('SREM', KEYS[1], unpack(ARGV, 4))
 if removed > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
@@ -53,19 +116,16 @@ if removed > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HINCRBYFLOAT', KEYS[2], 'k_busy', ARGV[3])
   redis.call('HSET', KEYS[2], 'k_ended', ARGV[1], 'updated', ARGV[1])
 end
-return redis.call('SCARD', KEYS[1])
+return {removed, redis.call('SCARD', KEYS[1])}
 """
 """Removes finished kernel keys from a job's pending set and counts them on its job
-record, atomically; returns how many are still pending. ARGV: now, cache hits among
-them, build seconds, then the keys."""
+record, atomically; returns how many it removed and how many are still pending. ARGV:
+now, cache hits among them, build seconds, then the keys."""
 
 _CLOSE = """
 local n_strays = tonumber(ARGV[5])
 if n_strays > 0 then
   redis.call('SREM', KEYS[1], unpack(ARGV, 6, 5 + n_strays))
-end
-if #ARGV > 5 + n_strays then
-  redis.call('SADD', KEYS[1], unpack(ARGV, 6 + n_strays))
 end
 redis.call('SREM', KEYS[1], ARGV[4])
 local left = redis.call('SCARD', KEYS[1])
@@ -76,10 +136,20 @@ redis.call('HINCRBY', KEYS[2], 'kernels_hit', ARGV[3])
 return left
 """
 """Ends the lowering's hold on a job's pending set, atomically: drops the kernels sent
-while lowering that the artifact does not load (strays), adds the ones still to build,
-removes `LOWERING`, and sets the job's kernel counts; returns how many are pending.
-ARGV: TTL, total kernels, cache hits, `LOWERING`, the number of strays, the strays, the
-misses."""
+while lowering that the artifact does not load (strays), removes `LOWERING`, and sets
+the job's kernel counts; returns how many are pending. ARGV: TTL, total kernels, cache
+hits, `LOWERING`, the number of strays, the strays."""
+
+
+def waiter_name(namespace: str, key: str, target: str) -> str:
+    """How a job is named among a kernel's claim and waiters: enough to release its
+    pending set and send its assembly."""
+    return json.dumps([namespace, key, target])
+
+
+def parse_waiter(name: str) -> tuple[str, str, str]:
+    namespace, key, target = json.loads(name)
+    return namespace, key, target
 
 
 def kernel_cache_key(
@@ -160,6 +230,9 @@ class StageBoard:
         self.r = store.r
         self._release = self.r.register_script(_RELEASE)
         self._close = self.r.register_script(_CLOSE)
+        self._claim = self.r.register_script(_CLAIM)
+        self._settle = self.r.register_script(_SETTLE)
+        self._hand_over = self.r.register_script(_HAND_OVER)
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.store.prefix, *parts))
@@ -202,6 +275,37 @@ class StageBoard:
     def forget_binary(self, cache_key: str) -> None:
         self.r.delete(self._k("kbin", cache_key))
 
+    # One build per kernel across the jobs in flight.
+
+    def claim(self, key: str, waiter: str, cache_keys: list[str], ttl_s: int) -> list[int]:
+        """Makes the job `key` wait for these kernels (`_CLAIM`): each one's verdict,
+        `CACHED`, `BUILD` (send its build) or `WAIT` (another job's build releases it).
+        `waiter` is `waiter_name` of the job."""
+        if not cache_keys:
+            return []
+        kernel_keys = [
+            name for k in cache_keys
+            for name in (self._k("kbin", k), self._k("kclaim", k), self._k("kwait", k))
+        ]
+        return [int(v) for v in self._claim(
+            keys=[self._k("pending", self.store.ref(key)), *kernel_keys],
+            args=[waiter, ttl_s, *cache_keys],
+        )]
+
+    def settle(self, cache_key: str) -> list[str]:
+        """The kernel's binary is stored: ends its claim; returns its waiters."""
+        return [w.decode() for w in self._settle(
+            keys=[self._k("kclaim", cache_key), self._k("kwait", cache_key)]
+        )]
+
+    def hand_over(self, cache_key: str, ttl_s: int) -> str | None:
+        """The kernel's build ended without a binary: one waiter, if any, now holds the
+        claim and must send the build (its name is returned)."""
+        heir = self._hand_over(
+            keys=[self._k("kclaim", cache_key), self._k("kwait", cache_key)], args=[ttl_s]
+        )
+        return heir.decode() if heir else None
+
     # A staged job's plan and its barrier.
 
     def open_lowering(self, key: str, ttl_s: int) -> None:
@@ -216,28 +320,32 @@ class StageBoard:
         pipe.hset(job, mapping={"kernels_total": 0, "kernels_done": 0, "kernels_hit": 0})
         pipe.execute()
 
-    def add_streamed(self, key: str, cache_keys: list[str], ttl_s: int) -> None:
-        """Kernels sent to be built while the lowering runs: pending, and counted in the
-        job's total so far (`close_lowering` sets the exact total)."""
-        pk, job = self._k("pending", self.store.ref(key)), self._job(key)
+    def abandon_lowering(self, key: str, ttl_s: int) -> None:
+        """The lowering gave way: the pending set holds only `ABANDONED`, so the builds
+        it had sent only fill the kernel cache."""
+        pk = self._k("pending", self.store.ref(key))
         pipe = self.r.pipeline()
-        pipe.sadd(pk, *cache_keys)
+        pipe.delete(pk)
+        pipe.sadd(pk, ABANDONED)
         pipe.expire(pk, ttl_s)
-        pipe.hincrby(job, "kernels_total", len(cache_keys))
-        pipe.hsetnx(job, "k_sent", time.time())
         pipe.execute()
 
-    def close_lowering(
-        self, key: str, total: int, hits: int, strays: list[str], misses: list[str], ttl_s: int
-    ) -> int:
+    def note_waiting(self, key: str, kernels: int, sent: bool) -> None:
+        """Counts kernels the job now waits for in its total so far (`close_lowering`
+        sets the exact total); `sent`: it sent build jobs for some."""
+        pipe = self.r.pipeline()
+        pipe.hincrby(self._job(key), "kernels_total", kernels)
+        if sent:
+            pipe.hsetnx(self._job(key), "k_sent", time.time())
+        pipe.execute()
+
+    def close_lowering(self, key: str, total: int, hits: int, strays: list[str], ttl_s: int) -> int:
         """Ends the lowering's hold (`_CLOSE`); returns how many kernels are pending.
         0 means: send the assembly."""
-        if misses:
-            self.r.hsetnx(self._job(key), "k_sent", time.time())
         return int(
             self._close(
                 keys=[self._k("pending", self.store.ref(key)), self._job(key)],
-                args=[ttl_s, total, hits, LOWERING, len(strays), *strays, *misses],
+                args=[ttl_s, total, hits, LOWERING, len(strays), *strays],
             )
         )
 
@@ -249,26 +357,18 @@ class StageBoard:
         data = self.r.get(self._k("plan", self.store.ref(key)))
         return Plan.from_json(data) if data is not None else None
 
-    def add_pending(self, key: str, cache_keys: list[str], ttl_s: int) -> None:
-        pk = self._k("pending", self.store.ref(key))
-        pipe = self.r.pipeline()
-        pipe.sadd(pk, *cache_keys)
-        pipe.expire(pk, ttl_s)
-        pipe.execute()
-
     def pending(self, key: str) -> set[str]:
         return {m.decode() for m in self.r.smembers(self._k("pending", self.store.ref(key)))}
 
-    def release(self, key: str, cache_keys: list[str], hits: int, busy_s: float) -> int:
-        """Marks these kernels of the job done; returns how many it still waits for.
-        0 means: send the assembly (a redelivered batch may see 0 again; assembly is
-        idempotent)."""
-        return int(
-            self._release(
-                keys=[self._k("pending", self.store.ref(key)), self._job(key)],
-                args=[time.time(), hits, busy_s, *cache_keys],
-            )
+    def release(self, key: str, cache_keys: list[str], hits: int, busy_s: float) -> tuple[int, int]:
+        """Marks these kernels of the job done; returns how many of them were pending and
+        how many it still waits for. 0 left means: send the assembly (a redelivered
+        batch may see 0 again; assembly is idempotent)."""
+        removed, left = self._release(
+            keys=[self._k("pending", self.store.ref(key)), self._job(key)],
+            args=[time.time(), hits, busy_s, *cache_keys],
         )
+        return int(removed), int(left)
 
     def note_kernel_start(self, key: str, worker: str) -> None:
         """The first kernel job's start (HSETNX), and which workers built the job's kernels."""

@@ -23,6 +23,10 @@ assembly cannot start while kernels are still being discovered. A worker lost mi
 is covered by Celery's acks_late redelivery; every stage is idempotent and counts its
 deliveries against `max_attempts` on the job record.
 
+Jobs in flight at once build a kernel they share once: the first claims it and sends
+its build, the others wait on that build, which releases them all (torchfarm/stages.py,
+`StageBoard.claim`, and `_settle` here).
+
 Decomposition (AOTAutograd) runs inside the lowering job and is timed as its own stage:
 torch 2.13 has no serialized form of AOTAutograd's output that Inductor can take in
 another process without pickle (ARCHITECTURE.md, "The staged compile").
@@ -43,8 +47,10 @@ from typing import Any, TypeVar
 from sdk.loader import KernelSpec, kernel_name
 from torchfarm import keys, routing, targets
 from torchfarm.manifest import KernelRef, Manifest
-from torchfarm.stages import Plan, PlannedKernel, StageBoard, kernel_cache_key
-from torchfarm.store import JobState
+from torchfarm.stages import (
+    BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard, kernel_cache_key, parse_waiter, waiter_name,
+)
+from torchfarm.store import JobState, Store
 from workers.compiler import CompileFailed, Kernel, LoweredGraph, start_kernel_build
 from workers.job import JobFailed, WorkerContext, _fail, _put, as_job_failure
 from workers.limits import cpu_time_limit
@@ -93,6 +99,14 @@ def _send_builds(
     return [[k.cache_key for k in batch] for batch in batches]
 
 
+def _claim(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]) -> list[int]:
+    """The job `key` waits for `kernels` (StageBoard.claim); each one's verdict."""
+    return StageBoard(ctx.store).claim(
+        key, waiter_name(ctx.store.namespace, key, target), [k.cache_key for k in kernels],
+        ctx.settings.done_ttl_s,
+    )
+
+
 def _planned(ctx: WorkerContext, target: str, spec: bytes) -> PlannedKernel:
     """A kernel spec as the pipeline knows it: its blob stored, its kernel cache key."""
     return PlannedKernel(
@@ -123,7 +137,9 @@ class KernelStream:
     known: dict[bytes, PlannedKernel] = dataclasses.field(default_factory=dict)
     """Every spec seen, by spec."""
     sent: set[str] = dataclasses.field(default_factory=set)
-    """Cache keys sent to be built."""
+    """Cache keys the job waits for: sent to be built, by this job or (`shared`) another."""
+    shared: int = 0
+    """Of `sent`, kernels another job in flight builds."""
     waiting: list[PlannedKernel] = dataclasses.field(default_factory=list)
     sends: list[list[Any]] = dataclasses.field(default_factory=list)
     """Each build job sent: [seconds after `open`, its cache keys] (`Plan.sends`)."""
@@ -143,7 +159,7 @@ class KernelStream:
     def abandon(self) -> None:
         """The lowering failed or gave way to the whole-graph compile: no assembly will
         run. Builds already sent still run, and only fill the kernel cache."""
-        self.board.clear(self.key)
+        self.board.abandon_lowering(self.key, self.ctx.settings.done_ttl_s)
 
     def __call__(self, spec: bytes) -> None:
         if spec in self.known:  # one spec, one cache key: nothing else can repeat it
@@ -156,13 +172,18 @@ class KernelStream:
             self.flush()
 
     def flush(self) -> None:
-        """Sends the kernels waiting for a full batch."""
+        """Sends the kernels waiting for a full batch: the job waits for each, and builds
+        those no other job in flight is building."""
         batch, self.waiting = self.waiting, []
         if not batch:
             return
-        self.board.add_streamed(self.key, [k.cache_key for k in batch], self.ctx.settings.done_ttl_s)
-        self.sent.update(k.cache_key for k in batch)
-        for batch_keys in _send_builds(self.ctx, self.key, self.target, batch):
+        verdicts = _claim(self.ctx, self.key, self.target, batch)
+        build = [k for k, v in zip(batch, verdicts) if v == BUILD]
+        pending = [k.cache_key for k, v in zip(batch, verdicts) if v != CACHED]
+        self.board.note_waiting(self.key, len(pending), bool(build))
+        self.sent.update(pending)
+        self.shared += sum(v == WAIT for v in verdicts)
+        for batch_keys in _send_builds(self.ctx, self.key, self.target, build):
             self.sends.append([self.since_open(), batch_keys])
 
     def planned(self, spec: bytes) -> PlannedKernel:
@@ -183,9 +204,14 @@ def fan_out(
     t0 = time.perf_counter()
     stream.flush()
     kernels = [stream.planned(spec) for spec in lowered.specs]
-    wanted = list(dict.fromkeys(k.cache_key for k in kernels))
-    hits = board.cached_binaries([k for k in wanted if k not in stream.sent])
-    misses = [k for k in wanted if k not in stream.sent and k not in hits]
+    by_key = {k.cache_key: k for k in kernels}
+    wanted = list(by_key)
+    cached = board.cached_binaries([k for k in wanted if k not in stream.sent])
+    missing = [by_key[k] for k in wanted if k not in stream.sent and k not in cached]
+    verdicts = _claim(ctx, key, target, missing)  # pending from here on, with the streamed
+    build = [k for k, v in zip(missing, verdicts) if v == BUILD]
+    waits = sum(v == WAIT for v in verdicts)
+    hits = len(cached) + sum(v == CACHED for v in verdicts)
     strays = sorted(stream.sent - set(wanted))
     job = store.get_job(key)
     queued = (job.started - job.created) if job is not None and job.started else 0.0
@@ -198,9 +224,9 @@ def fan_out(
             + time.perf_counter() - t0, 0.0, ctx.name,
         ),
     ]
-    by_key = {k.cache_key: k for k in kernels}
     lowered_after = stream.since_open()
-    sends = [*stream.sends, *([lowered_after, b] for b in _batches(misses, ctx.settings.kernel_batch))]
+    batches = _batches([k.cache_key for k in build], ctx.settings.kernel_batch)
+    sends = [*stream.sends, *([lowered_after, b] for b in batches)]
     plan = Plan(
         payload=_put(store, lowered.payload), kernels=kernels, target=target,
         guards=list(guards), stages=stages, timings={"decode": decode_s, **t},
@@ -210,15 +236,16 @@ def fan_out(
     ttl = ctx.settings.done_ttl_s
     board.put_plan(key, plan, ttl)
     store.update_job(key, stage="kernels", stages=stages)
-    left = board.close_lowering(key, len(wanted), len(hits), strays, misses, ttl)
-    jobs = len(_send_builds(ctx, key, target, [by_key[k] for k in misses]))
+    if build:
+        board.note_waiting(key, 0, sent=True)
+    left = board.close_lowering(key, len(wanted), hits, strays, ttl)
+    jobs = len(_send_builds(ctx, key, target, build))
     if left == 0:
-        store.update_job(key, stage="assembling", a_sent=time.time())
-        _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], _queue(target))
+        _send_assembly(store, ctx, key, target)
     log.info(
         "job key=%s lowered: %d kernels, %d in the kernel cache, %d sent while lowering, "
-        "%d build jobs sent now to %s; %d pending",
-        keys.short(key), len(wanted), len(hits), len(stream.sent) - len(strays), jobs,
+        "%d built by other jobs in flight (waited for), %d build jobs sent now to %s; %d pending",
+        keys.short(key), len(wanted), hits, len(stream.sent) - len(strays), stream.shared + waits, jobs,
         _queue(target), left,
     )
 
@@ -236,8 +263,17 @@ def run_kernel_batch(
 ) -> None:
     """Builds the kernels of the staged job `key` that the kernel cache does not hold,
     stores them, and sends the assembly if they were the last the job waited for.
-    `kernels` holds each kernel's cache key and the digest of its spec's blob."""
+    `kernels` holds each kernel's cache key and the digest of its spec's blob. However it
+    ends, the jobs that waited for these kernels' builds are then released, or one of
+    them builds what this job did not (`_settle`)."""
     ctx = dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
+    try:
+        _run_kernel_batch(key, ctx, target, kernels)
+    finally:
+        _settle(ctx, kernels)
+
+
+def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[list[str]]) -> None:
     board = StageBoard(ctx.store)
     if not _live_job(key, ctx):
         return
@@ -258,14 +294,41 @@ def run_kernel_batch(
         _fail(key, ctx, e.code, str(e))
         return
     hits = len(cache_keys) - built
-    left = board.release(key, cache_keys, hits, busy_s)
+    _, left = board.release(key, cache_keys, hits, busy_s)
     log.info(
         "job key=%s: %d kernels built, %d found cached in %.2fs; %d still pending",
         keys.short(key), built, hits, busy_s, left,
     )
     if left == 0:
-        ctx.store.update_job(key, stage="assembling", a_sent=time.time())
-        _send(ctx, routing.ASSEMBLE_TASK, [key, namespace], _queue(target))
+        _send_assembly(ctx.store, ctx, key, target)
+
+
+def _send_assembly(store: Store, ctx: WorkerContext, key: str, target: str) -> None:
+    store.update_job(key, stage="assembling", a_sent=time.time())
+    _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], _queue(target))
+
+
+def _settle(ctx: WorkerContext, kernels: list[list[str]]) -> None:
+    """After a kernel-build job, however it ended: each of its kernels now cached
+    releases the jobs that waited for its build; one still missing passes its claim to
+    one waiter, whose own build job is sent."""
+    board = StageBoard(ctx.store)
+    cached = board.cached_binaries([k for k, _ in kernels])
+    for cache_key, digest in kernels:
+        if cache_key in cached:
+            for waiter in board.settle(cache_key):
+                namespace, key, target = parse_waiter(waiter)
+                store = ctx.store.tenant(namespace)
+                removed, left = StageBoard(store).release(key, [cache_key], 1, 0.0)
+                if removed and left == 0:
+                    _send_assembly(store, ctx, key, target)
+            continue
+        heir = board.hand_over(cache_key, ctx.settings.done_ttl_s)
+        if heir is not None:
+            namespace, key, target = parse_waiter(heir)
+            log.info("kernel %s was not built; job key=%s builds it", cache_key[:12], keys.short(key))
+            _send(ctx, routing.BUILD_KERNELS_TASK, [key, namespace, target, [[cache_key, digest]]],
+                  _queue(target))
 
 
 def build_threads() -> int:
@@ -365,10 +428,15 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
             raise JobFailed("KERNELS_LOST", f"{len(missing)} kernel binaries left the cache again")
         log.warning("job key=%s: %d kernel binaries missing at assembly; building them again",
                     keys.short(key), len(missing))
-        board.add_pending(key, missing, ctx.settings.done_ttl_s)
+        for cache_key in missing:  # a record whose blob is gone would read as cached
+            board.forget_binary(cache_key)
         ctx.store.update_job(key, stage="kernels")
         by_key = {k.cache_key: k for k in plan.kernels}
-        _send_builds(ctx, key, plan.target, [by_key[k] for k in missing])
+        again = [by_key[k] for k in missing]
+        verdicts = _claim(ctx, key, plan.target, again)
+        _send_builds(ctx, key, plan.target, [k for k, v in zip(again, verdicts) if v == BUILD])
+        if all(v == CACHED for v in verdicts):  # built meanwhile: nothing will send it
+            _send_assembly(ctx.store, ctx, key, plan.target)
         return None
     kernels = tuple(
         KernelRef(name=k.name, kind=k.kind, source=k.source, binary=binaries[k.cache_key])

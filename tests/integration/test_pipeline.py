@@ -6,6 +6,7 @@ assembly jobs.
   (TORCHFARM_PIPELINE=whole), on the MLP, the CNN and the tiny GPT;
 - a second model built from the same blocks reuses the first one's kernels from the
   kernel cache and builds fewer;
+- two such models compiled at the same time build each kernel they share once;
 - a farm of one worker completes a staged compile (nothing waits on anything);
 - a worker killed (SIGKILL, whole process group) in the middle of a kernel-build job
   loses nothing: the job is redelivered and the compile completes correctly.
@@ -112,6 +113,23 @@ class TestTwoWorkers:
         stage = next(t for t in status.timings if t.stage == "kernels")
         assert stage.kernels == second.kernels_total and stage.kernels_hit == second.kernels_hit
 
+    def test_models_compiled_at_once_build_each_kernel_once(self, client, tmp_path):
+        """Two clients compile GPTs of the same blocks at the same time, one graph on
+        each worker: a kernel both need is built by one job, and the other job counts
+        it as a hit, whether it waited for that build or found it done."""
+        before = _kbin_count(client)
+        procs = [_train(client, tmp_path, f"gpt:{layers}") for layers in (1, 2)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0 and "TRAINED-OK" in out, err[-4000:]
+        jobs = client.store().recent_jobs()[:2]
+        assert all(j.state == JobState.SUCCEEDED for j in jobs)
+        built = _kbin_count(client) - before
+        assert sum(j.kernels_hit for j in jobs) > 0, "the two models shared no kernel"
+        assert built == sum(j.kernels_total - j.kernels_hit for j in jobs), [
+            (j.kernels_total, j.kernels_hit) for j in jobs
+        ]
+
     def test_the_whole_graph_path_gives_the_same_training(self, client):
         assert set(STAGED) == set(MODELS), "the staged runs above did not all finish"
         for name in ("worker0", "worker1"):
@@ -135,30 +153,36 @@ class TestTwoWorkers:
 TRAIN_SCRIPT = textwrap.dedent(
     """
     import sys
-    from examples.models import make_mlp
+    from examples.models import GPTConfig, make_gpt, make_mlp
     from tests.integration.test_end_to_end import assert_matches_eager, train_step
-    model, inputs = make_mlp(batch=int(sys.argv[2]))
+    kind, size = sys.argv[2].split(":")
+    if kind == "mlp":
+        model, inputs = make_mlp(batch=int(size))
+    else:
+        cfg = GPTConfig(vocab=80, block=12, layers=int(size), heads=2, width=24)
+        model, inputs = make_gpt(cfg, batch=2)
     assert_matches_eager(*train_step(model, inputs, remote=sys.argv[1], fallback="error"))
     print("TRAINED-OK")
     """
 )
-"""A client process: one MLP training step through the farm, checked against eager."""
+"""A client process: one training step through the farm, checked against eager, of the
+MLP ("mlp:<batch>") or a small GPT ("gpt:<layers>", the same blocks at any depth)."""
 
 
-def _train(stack: LocalStack, tmp_path, batch: int) -> subprocess.Popen:
+def _train(stack: LocalStack, tmp_path, model: str) -> subprocess.Popen:
     env = {
         **os.environ, **stack.client_env(), "PYTHONPATH": str(ROOT),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"client-{batch}"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"client-{model.replace(':', '-')}"),
     }
     return subprocess.Popen(
-        [sys.executable, "-c", TRAIN_SCRIPT, stack.address, str(batch)],
+        [sys.executable, "-c", TRAIN_SCRIPT, stack.address, model],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
 def test_a_one_worker_farm_completes_a_staged_compile(tmp_path):
     with LocalStack(workers=1, workdir=tmp_path / "stack") as stack:
-        client = _train(stack, tmp_path, batch=3)
+        client = _train(stack, tmp_path, "mlp:3")
         out, err = client.communicate(timeout=900)
         assert client.returncode == 0 and "TRAINED-OK" in out, err[-4000:]
         job = _latest_job(stack)
@@ -178,7 +202,7 @@ def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path):
     }
     with LocalStack(workers=2, workdir=tmp_path / "stack", extra_env=env) as stack:
         store = stack.store()
-        client = _train(stack, tmp_path, batch=5)
+        client = _train(stack, tmp_path, "mlp:5")
         try:
             def building():
                 jobs = store.recent_jobs()

@@ -20,7 +20,7 @@ from torchfarm.stages import StageBoard
 from torchfarm.store import JobState
 from tests.requests import relu_request
 from workers import pipeline
-from workers.compiler import Kernel, LoweredGraph
+from workers.compiler import CompileFailed, Kernel, LoweredGraph
 from workers.job import WorkerContext
 from workers.settings import WorkerSettings
 
@@ -240,12 +240,14 @@ def test_a_lowering_that_gives_way_leaves_no_barrier(store, ctx, sent):
     stream(_spec(0))
     stream(_spec(1))
     stream.abandon()
-    assert StageBoard(store).pending(key) == set()
+    assert StageBoard(store).pending(key) == {"abandoned"}
     _drain(ctx, sent)  # the build still runs, for the kernel cache; no assembly follows
     assert StageBoard(store).cached_binaries(
         [pipeline.kernel_cache_key(_spec(0), "cpu:avx2", ctx.fingerprint.to_dict())]
     )
     assert store.get_manifest(key) is None
+    # The whole-graph compile that took over is still running: nothing failed it.
+    assert store.get_job(key).state == JobState.RUNNING
 
 
 def test_a_worker_of_another_build_refuses_a_kernel_keyed_for_this_one(store, ctx, sent, built):
@@ -296,3 +298,77 @@ def test_a_kernel_cache_scoped_to_tenants_shares_nothing_between_them(store, ctx
     key = _start(store, ctx, 2, "dave")
     _drain(ctx, sent)
     assert store.tenant("dave").get_job(key).kernels_hit == 2 and len(built) == 6
+
+
+# ---- one build per kernel across the jobs in flight --------------------------------
+
+
+def test_jobs_in_flight_that_share_kernels_build_each_once(store, ctx, sent, built):
+    first = _start(store, ctx, 4, "alice")  # kernels 0-3, their builds not yet run
+    second = _start(store, ctx, 6, "bob")  # kernels 0-5: only 4 and 5 are its own to build
+    builds = [args for task, args, _ in sent if task == routing.BUILD_KERNELS_TASK]
+    assert [len(args[3]) for args in builds if args[1] == "bob"] == [2]
+    sent.reverse()  # bob's build first: alice's builds then release both jobs
+    _drain(ctx, sent)
+    assert sorted(built) == sorted(_spec(i) for i in range(6))  # each once
+    a, b = store.tenant("alice").get_job(first), store.tenant("bob").get_job(second)
+    assert (a.state, a.kernels_done, a.kernels_hit) == (JobState.SUCCEEDED, 4, 0)
+    assert (b.state, b.kernels_done, b.kernels_hit) == (JobState.SUCCEEDED, 6, 4)
+    assert store.r.keys("tf:kclaim:*") == [] and store.r.keys("tf:kwait:*") == []
+
+
+def test_a_streamed_kernel_another_job_builds_is_waited_for(store, ctx, sent, built):
+    first = _start(store, ctx, 2, "alice")
+    alice_builds, sent[:] = list(sent), []
+    key, stream = _open(store, ctx, "bob")
+    stream(_spec(0))
+    stream(_spec(1))  # a full batch, both claimed by alice: no build job
+    assert sent == [] and stream.shared == 2
+    assert StageBoard(store.tenant("bob")).pending(key) > {"lowering"}
+    pipeline.fan_out(key, dataclasses.replace(ctx, store=store.tenant("bob")), "cpu:avx2",
+                     _lowered(2), (), 0.05, stream)
+    assert sent == []
+    _drain(ctx, alice_builds)  # alice's builds send both assemblies
+    assert sorted(t for t, _, _ in sent) == [routing.ASSEMBLE_TASK] * 2
+    _drain(ctx, sent)
+    assert len(built) == 2
+    assert store.tenant("alice").get_job(first).state == JobState.SUCCEEDED
+    assert store.tenant("bob").get_job(key).kernels_hit == 2
+
+
+def test_a_waiter_builds_the_kernel_when_the_claiming_job_fails(store, ctx, sent, built):
+    first = _start(store, ctx, 2, "alice")
+    second = _start(store, ctx, 2, "bob")  # waits for alice's builds
+    assert [args[1] for _, args, _ in sent] == ["alice"]
+    store.tenant("alice").fail_job(first, "CANCELLED", "the client went away", 60)
+    _drain(ctx, sent)  # alice's build is dropped, and hands its kernels to bob
+    job = store.tenant("bob").get_job(second)
+    assert (job.state, job.kernels_hit) == (JobState.SUCCEEDED, 0)
+    assert sorted(built) == sorted(_spec(i) for i in range(2))
+
+
+def test_a_kernel_that_fails_to_build_fails_its_waiters_too(store, ctx, sent, monkeypatch):
+    def start_kernel_build(spec: bytes):
+        raise CompileFailed("g++: internal compiler error")
+
+    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
+    first = _start(store, ctx, 1, "alice")
+    second = _start(store, ctx, 1, "bob")
+    _drain(ctx, sent)
+    for tenant, key in (("alice", first), ("bob", second)):
+        job = store.tenant(tenant).get_job(key)
+        assert job.state == JobState.FAILED and "internal compiler error" in job.message
+
+
+def test_a_redelivered_lowering_sends_the_builds_it_claimed_again(store, ctx, sent, built):
+    key, stream = _open(store, ctx)
+    stream(_spec(0))
+    stream(_spec(1))
+    sent.clear()  # its worker was lost before the build job reached the broker
+    key, stream = _open(store, ctx)  # the lowering, redelivered
+    stream(_spec(0))
+    stream(_spec(1))
+    assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK]
+    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
+    _drain(ctx, sent)
+    assert store.get_job(key).state == JobState.SUCCEEDED and len(built) == 2
