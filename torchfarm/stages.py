@@ -242,20 +242,26 @@ class StageBoard:
 
     # The kernel cache (shared by all tenants).
 
-    def cached_binaries(self, cache_keys: list[str]) -> dict[str, BlobRef]:
-        """The cached binary of each key that has one whose blob is still there."""
+    def cached_kernels(self, cache_keys: list[str]) -> dict[str, tuple[BlobRef, float]]:
+        """The cached binary of each key that has one whose blob is still there, with
+        the seconds its build took."""
         if not cache_keys:
             return {}
         records = self.r.mget([self._k("kbin", k) for k in cache_keys])
         found = {}
         for key, data in zip(cache_keys, records):
             if data is not None:
-                found[key] = BlobRef(**json.loads(data)["binary"])
+                record = json.loads(data)
+                found[key] = (BlobRef(**record["binary"]), float(record["seconds"]))
         present = self.r.pipeline(transaction=False)
-        for ref in found.values():
+        for ref, _ in found.values():
             present.exists(self._k("blob", ref.digest))
         alive = present.execute()
-        return {k: ref for (k, ref), ok in zip(found.items(), alive) if ok}
+        return {k: kernel for (k, kernel), ok in zip(found.items(), alive) if ok}
+
+    def cached_binaries(self, cache_keys: list[str]) -> dict[str, BlobRef]:
+        """The cached binary of each key that has one whose blob is still there."""
+        return {k: ref for k, (ref, _) in self.cached_kernels(cache_keys).items()}
 
     def put_binary(self, cache_key: str, binary: bytes, worker: str, seconds: float) -> BlobRef:
         """Stores a built kernel: blob first, then its record, so a record names a blob."""
@@ -266,11 +272,6 @@ class StageBoard:
         record = {"binary": asdict(ref), "worker": worker, "seconds": round(seconds, 3)}
         self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
         return ref
-
-    def build_seconds(self, cache_keys: list[str]) -> dict[str, float]:
-        """How long each cached kernel took to build, where it is cached."""
-        records = self.r.mget([self._k("kbin", k) for k in cache_keys]) if cache_keys else []
-        return {k: float(json.loads(d)["seconds"]) for k, d in zip(cache_keys, records) if d}
 
     def forget_binary(self, cache_key: str) -> None:
         self.r.delete(self._k("kbin", cache_key))

@@ -237,7 +237,7 @@ def fan_out(
     board.put_plan(key, plan, ttl)
     store.update_job(key, stage="kernels", stages=stages)
     if build:
-        board.note_waiting(key, 0, sent=True)
+        board.note_waiting(key, kernels=0, sent=True)  # close_lowering sets the total
     left = board.close_lowering(key, len(wanted), hits, strays, ttl)
     jobs = len(_send_builds(ctx, key, target, build))
     if left == 0:
@@ -421,7 +421,8 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
 def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Manifest | None:
     t0 = time.time()
     wanted = list(dict.fromkeys(k.cache_key for k in plan.kernels))
-    binaries = board.cached_binaries(wanted)
+    cached = board.cached_kernels(wanted)
+    binaries = {k: ref for k, (ref, _) in cached.items()}
     missing = [k for k in wanted if k not in binaries]
     if missing:
         if board.count(key, "kernel_resends") > ctx.settings.max_attempts:
@@ -456,7 +457,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     if not ctx.store.has_blobs(b.digest for b in manifest.blobs()):
         raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
-    schedule = _schedule(plan, board.build_seconds(wanted))
+    schedule = _schedule(plan, {k: seconds for k, (_, seconds) in cached.items()})
     stages, timings = _timings(plan, fields, len(wanted), schedule, t0, ctx.name)
     manifest = dataclasses.replace(manifest, timings=timings, stages=tuple(stages))
     if ctx.signer is not None:
