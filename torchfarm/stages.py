@@ -27,8 +27,8 @@ Keys, under the store's prefix:
   its build; a job that finds it claimed joins its waiters instead, with the key in its
   own pending set. The build job that stores the binary then releases every waiter's
   pending set as it releases its own (`settle`). A build job that ends without the
-  binary (its job failed, or it did) passes the claim to one waiter, which sends a build
-  of its own (`hand_over`). Claims and waiters are keyed like the kernel cache, so they
+  binary (its job failed, or it did) passes the claim, if its job still holds it, to
+  one waiter, which sends a build of its own (`hand_over`). Claims and waiters are keyed like the kernel cache, so they
   are fleet-wide or per tenant with it; a waiter is named `[namespace, job key,
   target]`.
 
@@ -98,6 +98,10 @@ return waiters
 """A claimed kernel's binary is stored: ends the claim and returns its waiters."""
 
 _HAND_OVER = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[2] then
+  return false
+end
 local heir = redis.call('SPOP', KEYS[2])
 if heir then
   redis.call('SET', KEYS[1], heir, 'EX', ARGV[1])
@@ -106,7 +110,9 @@ else
 end
 return heir
 """
-"""A claimed kernel's build ended without its binary: one waiter takes the claim over."""
+"""A kernel's build ended without its binary: if the claim is the ending job's (ARGV[2])
+or has expired, one waiter takes it over. A claim that already passed to another job
+stays with it."""
 
 _RELEASE = """
 local removed = redis.call('SREM', KEYS[1], unpack(ARGV, 4))
@@ -299,11 +305,12 @@ class StageBoard:
             keys=[self._k("kclaim", cache_key), self._k("kwait", cache_key)]
         )]
 
-    def hand_over(self, cache_key: str, ttl_s: int) -> str | None:
-        """The kernel's build ended without a binary: one waiter, if any, now holds the
-        claim and must send the build (its name is returned)."""
+    def hand_over(self, cache_key: str, owner: str, ttl_s: int) -> str | None:
+        """The build of the job named `owner` ended without the kernel's binary: one
+        waiter, if any, now holds the claim and must send the build (its name is
+        returned)."""
         heir = self._hand_over(
-            keys=[self._k("kclaim", cache_key), self._k("kwait", cache_key)], args=[ttl_s]
+            keys=[self._k("kclaim", cache_key), self._k("kwait", cache_key)], args=[ttl_s, owner]
         )
         return heir.decode() if heir else None
 

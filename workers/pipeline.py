@@ -270,7 +270,7 @@ def run_kernel_batch(
     try:
         _run_kernel_batch(key, ctx, target, kernels)
     finally:
-        _settle(ctx, kernels)
+        _settle(ctx, waiter_name(namespace, key, target), kernels)
 
 
 def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[list[str]]) -> None:
@@ -308,10 +308,10 @@ def _send_assembly(store: Store, ctx: WorkerContext, key: str, target: str) -> N
     _send(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], _queue(target))
 
 
-def _settle(ctx: WorkerContext, kernels: list[list[str]]) -> None:
-    """After a kernel-build job, however it ended: each of its kernels now cached
-    releases the jobs that waited for its build; one still missing passes its claim to
-    one waiter, whose own build job is sent."""
+def _settle(ctx: WorkerContext, owner: str, kernels: list[list[str]]) -> None:
+    """After a kernel-build job of the job named `owner`, however it ended: each of its
+    kernels now cached releases the jobs that waited for its build; one still missing
+    passes its claim to one waiter, whose own build job is sent."""
     board = StageBoard(ctx.store)
     cached = board.cached_binaries([k for k, _ in kernels])
     for cache_key, digest in kernels:
@@ -323,7 +323,7 @@ def _settle(ctx: WorkerContext, kernels: list[list[str]]) -> None:
                 if removed and left == 0:
                     _send_assembly(store, ctx, key, target)
             continue
-        heir = board.hand_over(cache_key, ctx.settings.done_ttl_s)
+        heir = board.hand_over(cache_key, owner, ctx.settings.done_ttl_s)
         if heir is not None:
             namespace, key, target = parse_waiter(heir)
             log.info("kernel %s was not built; job key=%s builds it", cache_key[:12], keys.short(key))

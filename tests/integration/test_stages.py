@@ -16,7 +16,7 @@ from sdk.target import local_fingerprint
 from torchfarm import keys, routing
 from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
-from torchfarm.stages import StageBoard
+from torchfarm.stages import StageBoard, waiter_name
 from torchfarm.store import JobState
 from tests.requests import relu_request
 from workers import pipeline
@@ -341,7 +341,16 @@ def test_a_waiter_builds_the_kernel_when_the_claiming_job_fails(store, ctx, sent
     second = _start(store, ctx, 2, "bob")  # waits for alice's builds
     assert [args[1] for _, args, _ in sent] == ["alice"]
     store.tenant("alice").fail_job(first, "CANCELLED", "the client went away", 60)
-    _drain(ctx, sent)  # alice's build is dropped, and hands its kernels to bob
+    sent.append(sent[0])  # alice's build, delivered twice
+    _, args, _ = sent.pop(0)
+    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # dropped: hands the kernels to bob
+    assert [args[1] for _, args, _ in sent] == ["alice", "bob", "bob"]  # a job per kernel
+    _, args, _ = sent.pop(0)
+    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # bob holds the claims now: no more
+    assert [args[1] for _, args, _ in sent] == ["bob", "bob"]
+    claims = store.r.mget(store.r.keys("tf:kclaim:*"))
+    assert claims == [waiter_name("bob", second, "cpu:avx2").encode()] * 2
+    _drain(ctx, sent)
     job = store.tenant("bob").get_job(second)
     assert (job.state, job.kernels_hit) == (JobState.SUCCEEDED, 0)
     assert sorted(built) == sorted(_spec(i) for i in range(2))
