@@ -70,8 +70,8 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
   if redis.call('EXISTS', kbin) == 1 then
     out[i + 1] = 0
   else
-    redis.call('SADD', pending, ARGV[3 + i])
-    if redis.call('SET', claim, ARGV[1], 'NX', 'EX', ARGV[2])
+    redis.call('SADD', pending, ARGV[4 + i])
+    if redis.call('SET', claim, ARGV[1], 'NX', 'EX', ARGV[3])
         or redis.call('GET', claim) == ARGV[1] then
       out[i + 1] = 1
     else
@@ -88,7 +88,8 @@ return out
 it (1) or joined as a waiter of the job that holds the claim (2). A job's own claim
 counts as claimed by it: a redelivered lowering cannot know whether its first delivery
 sent the build before its worker was lost, so it sends it again. KEYS: the pending set,
-then kbin, kclaim, kwait of each kernel. ARGV: the waiter name, TTL, the keys."""
+then kbin, kclaim, kwait of each kernel. ARGV: the waiter name, the TTL of the pending
+set and the waiters, the claim's TTL, the keys."""
 
 _SETTLE = """
 local waiters = redis.call('SMEMBERS', KEYS[2])
@@ -284,10 +285,14 @@ class StageBoard:
 
     # One build per kernel across the jobs in flight.
 
-    def claim(self, key: str, waiter: str, cache_keys: list[str], ttl_s: int) -> list[int]:
+    def claim(
+        self, key: str, waiter: str, cache_keys: list[str], ttl_s: int, claim_ttl_s: int
+    ) -> list[int]:
         """Makes the job `key` wait for these kernels (`_CLAIM`): each one's verdict,
         `CACHED`, `BUILD` (send its build) or `WAIT` (another job's build releases it).
-        `waiter` is `waiter_name` of the job."""
+        `waiter` is `waiter_name` of the job. A claim lapses after `claim_ttl_s`, so one
+        whose build job was never sent (its worker lost in between) does not hold
+        later compiles of that kernel; a lapsed claim only risks a second build."""
         if not cache_keys:
             return []
         kernel_keys = [
@@ -296,7 +301,7 @@ class StageBoard:
         ]
         return [int(v) for v in self._claim(
             keys=[self._k("pending", self.store.ref(key)), *kernel_keys],
-            args=[waiter, ttl_s, *cache_keys],
+            args=[waiter, ttl_s, claim_ttl_s, *cache_keys],
         )]
 
     def settle(self, cache_key: str) -> list[str]:

@@ -100,10 +100,13 @@ def _send_builds(
 
 
 def _claim(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]) -> list[int]:
-    """The job `key` waits for `kernels` (StageBoard.claim); each one's verdict."""
+    """The job `key` waits for `kernels` (StageBoard.claim); each one's verdict. Claims
+    lapse with the broker's visibility timeout, before the coordinator calls a job that
+    waited on an orphaned claim stale and queues it again (`stale_job_s`), so the new
+    try claims the kernel itself."""
     return StageBoard(ctx.store).claim(
         key, waiter_name(ctx.store.namespace, key, target), [k.cache_key for k in kernels],
-        ctx.settings.done_ttl_s,
+        ctx.settings.done_ttl_s, ctx.settings.visibility_timeout_s,
     )
 
 
@@ -323,7 +326,7 @@ def _settle(ctx: WorkerContext, owner: str, kernels: list[list[str]]) -> None:
                 if removed and left == 0:
                     _send_assembly(store, ctx, key, target)
             continue
-        heir = board.hand_over(cache_key, owner, ctx.settings.done_ttl_s)
+        heir = board.hand_over(cache_key, owner, ctx.settings.visibility_timeout_s)
         if heir is not None:
             namespace, key, target = parse_waiter(heir)
             log.info("kernel %s was not built; job key=%s builds it", cache_key[:12], keys.short(key))

@@ -381,3 +381,19 @@ def test_a_redelivered_lowering_sends_the_builds_it_claimed_again(store, ctx, se
     pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED and len(built) == 2
+
+
+def test_a_claim_whose_build_was_never_sent_lapses(store, ctx, sent, built):
+    _start(store, ctx, 2, "alice")
+    sent.clear()  # alice's worker was lost between the claim and the send, for good
+    _start(store, ctx, 2, "bob")
+    assert sent == []  # bob waits on alice's claims
+    claims = store.r.keys("tf:kclaim:*")
+    assert len(claims) == 2
+    assert all(0 < store.r.ttl(c) <= ctx.settings.visibility_timeout_s for c in claims)
+    store.r.delete(*claims)  # lapsed
+    # The coordinator finds bob's job stale and queues it again: this time it claims
+    # the kernels itself.
+    key = _start(store, ctx, 2, "bob")
+    _drain(ctx, sent)
+    assert store.tenant("bob").get_job(key).state == JobState.SUCCEEDED and len(built) == 2
