@@ -28,8 +28,9 @@ Keys, under the store's prefix:
   own pending set. The build job that stores the binary then releases every waiter's
   pending set as it releases its own (`settle`). A build job that ends without the
   binary (its job failed, or it did) passes the claim, if its job still holds it, to
-  one waiter, which sends a build of its own (`hand_over`). Claims and waiters are keyed like the kernel cache, so they
-  are fleet-wide or per tenant with it; a waiter is named `[namespace, job key,
+  one waiter, which sends a build of its own (`hand_over`). A claim lapses after the
+  broker's visibility timeout. Claims and waiters are keyed like the kernel cache, so
+  they are fleet-wide or per tenant with it; a waiter is named `[namespace, job key,
   target]`.
 
 `<ref>` is the job's key in its namespace (`Store.ref`).

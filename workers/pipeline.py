@@ -48,7 +48,8 @@ from sdk.loader import KernelSpec, kernel_name
 from torchfarm import keys, routing, targets
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.stages import (
-    BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard, kernel_cache_key, parse_waiter, waiter_name,
+    BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard, kernel_cache_key, parse_waiter,
+    waiter_name,
 )
 from torchfarm.store import JobState, Store
 from workers.compiler import CompileFailed, Kernel, LoweredGraph, start_kernel_build
@@ -248,8 +249,8 @@ def fan_out(
     log.info(
         "job key=%s lowered: %d kernels, %d in the kernel cache, %d sent while lowering, "
         "%d built by other jobs in flight (waited for), %d build jobs sent now to %s; %d pending",
-        keys.short(key), len(wanted), hits, len(stream.sent) - len(strays), stream.shared + waits, jobs,
-        _queue(target), left,
+        keys.short(key), len(wanted), hits, len(stream.sent) - len(strays),
+        stream.shared + waits, jobs, _queue(target), left,
     )
 
 
@@ -329,7 +330,8 @@ def _settle(ctx: WorkerContext, owner: str, kernels: list[list[str]]) -> None:
         heir = board.hand_over(cache_key, owner, ctx.settings.visibility_timeout_s)
         if heir is not None:
             namespace, key, target = parse_waiter(heir)
-            log.info("kernel %s was not built; job key=%s builds it", cache_key[:12], keys.short(key))
+            log.info("kernel %s was not built; job key=%s builds it",
+                     cache_key[:12], keys.short(key))
             _send(ctx, routing.BUILD_KERNELS_TASK, [key, namespace, target, [[cache_key, digest]]],
                   _queue(target))
 
