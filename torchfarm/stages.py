@@ -131,9 +131,12 @@ record, atomically; returns how many it removed and how many are still pending. 
 now, cache hits among them, build seconds, then the keys."""
 
 _CLOSE = """
-local n_strays = tonumber(ARGV[5])
+local n_strays = tonumber(ARGV[6])
 if n_strays > 0 then
-  redis.call('SREM', KEYS[1], unpack(ARGV, 6, 5 + n_strays))
+  redis.call('SREM', KEYS[1], unpack(ARGV, 7, 6 + n_strays))
+end
+if ARGV[5] ~= '' then
+  redis.call('HSETNX', KEYS[2], 'k_sent', ARGV[5])
 end
 redis.call('SREM', KEYS[1], ARGV[4])
 local left = redis.call('SCARD', KEYS[1])
@@ -144,9 +147,10 @@ redis.call('HINCRBY', KEYS[2], 'kernels_hit', ARGV[3])
 return left
 """
 """Ends the lowering's hold on a job's pending set, atomically: drops the kernels sent
-while lowering that the artifact does not load (strays), removes `LOWERING`, and sets
-the job's kernel counts; returns how many are pending. ARGV: TTL, total kernels, cache
-hits, `LOWERING`, the number of strays, the strays."""
+while lowering that the artifact does not load (strays), removes `LOWERING`, sets the
+job's kernel counts and, if it now sends builds, when the first were sent; returns how
+many are pending. ARGV: TTL, total kernels, cache hits, `LOWERING`, now or "" (no
+builds sent), the number of strays, the strays."""
 
 
 def waiter_name(namespace: str, key: str, target: str) -> str:
@@ -281,8 +285,9 @@ class StageBoard:
         self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
         return ref
 
-    def forget_binary(self, cache_key: str) -> None:
-        self.r.delete(self._k("kbin", cache_key))
+    def forget_binaries(self, cache_keys: list[str]) -> None:
+        if cache_keys:
+            self.r.delete(*(self._k("kbin", k) for k in cache_keys))
 
     # One build per kernel across the jobs in flight.
 
@@ -353,13 +358,16 @@ class StageBoard:
             pipe.hsetnx(self._job(key), "k_sent", time.time())
         pipe.execute()
 
-    def close_lowering(self, key: str, total: int, hits: int, strays: list[str], ttl_s: int) -> int:
+    def close_lowering(
+        self, key: str, total: int, hits: int, strays: list[str], sends_builds: bool, ttl_s: int
+    ) -> int:
         """Ends the lowering's hold (`_CLOSE`); returns how many kernels are pending.
-        0 means: send the assembly."""
+        0 means: send the assembly. `sends_builds`: the lowering sends build jobs now."""
+        sent = time.time() if sends_builds else ""
         return int(
             self._close(
                 keys=[self._k("pending", self.store.ref(key)), self._job(key)],
-                args=[ttl_s, total, hits, LOWERING, len(strays), *strays],
+                args=[ttl_s, total, hits, LOWERING, sent, len(strays), *strays],
             )
         )
 

@@ -240,9 +240,7 @@ def fan_out(
     ttl = ctx.settings.done_ttl_s
     board.put_plan(key, plan, ttl)
     store.update_job(key, stage="kernels", stages=stages)
-    if build:
-        board.note_waiting(key, kernels=0, sent=True)  # close_lowering sets the total
-    left = board.close_lowering(key, len(wanted), hits, strays, ttl)
+    left = board.close_lowering(key, len(wanted), hits, strays, bool(build), ttl)
     jobs = len(_send_builds(ctx, key, target, build))
     if left == 0:
         _send_assembly(store, ctx, key, target)
@@ -434,8 +432,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
             raise JobFailed("KERNELS_LOST", f"{len(missing)} kernel binaries left the cache again")
         log.warning("job key=%s: %d kernel binaries missing at assembly; building them again",
                     keys.short(key), len(missing))
-        for cache_key in missing:  # a record whose blob is gone would read as cached
-            board.forget_binary(cache_key)
+        board.forget_binaries(missing)  # a record whose blob is gone would read as cached
         ctx.store.update_job(key, stage="kernels")
         by_key = {k.cache_key: k for k in plan.kernels}
         again = [by_key[k] for k in missing]
