@@ -29,11 +29,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
 from sdk.codec import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 from workers.graph_build import resolve_qualified_name  # noqa: E402
 
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
+
+# Dispatcher namespaces whose ops are tensor ops: ATen, and PrimTorch's prims, which a
+# decomposed graph (workers/decompose.py) holds beside core ATen.
+DISPATCHER_NAMESPACES = ("aten", "prims")
 
 # Namespaces whose public callables are tensor ops.
 OP_NAMESPACES = (
@@ -178,7 +183,7 @@ TENSOR_DUNDERS = tuple(
 def denied(name: str) -> bool:
     last = name.rsplit(".", 1)[-1]
     if name.startswith("torch.ops."):
-        last = name.split(".")[3]  # torch.ops.aten.<op>[.<overload>]
+        last = name.split(".")[3]  # torch.ops.<namespace>.<op>[.<overload>]
     return last in DENIED_NAMES or any(part in last for part in DENIED_PARTS)
 
 
@@ -192,13 +197,14 @@ def _public_callables(namespace: str) -> Iterable[object]:
             yield obj
 
 
-def _aten_ops() -> Iterable[object]:
+def _dispatcher_ops() -> Iterable[object]:
+    """ATen ops, and the PrimTorch prims that decompositions lower ATen ops to."""
     for full in sorted(torch._C._dispatch_get_all_op_names()):
         ns, _, rest = full.partition("::")
-        if ns != "aten":
+        if ns not in DISPATCHER_NAMESPACES:
             continue
         op, _, overload = rest.partition(".")
-        packet = getattr(torch.ops.aten, op, None)
+        packet = getattr(getattr(torch.ops, ns), op, None)
         if packet is None:
             continue
         yield packet
@@ -210,14 +216,15 @@ def functions() -> list[str]:
     candidates: list[object] = []
     for namespace in OP_NAMESPACES:
         candidates.extend(_public_callables(namespace))
-    candidates.extend(_aten_ops())
+    candidates.extend(_dispatcher_ops())
     for obj in candidates:
         try:
             name = qualified_name(obj)
         except UnsupportedGraph:
             continue  # shadowed by a Python wrapper of the same name; Dynamo sees that one
         if (
-            name.rsplit(".", 1)[0] in OP_MODULES or name.startswith("torch.ops.aten.")
+            name.rsplit(".", 1)[0] in OP_MODULES
+            or name.startswith(tuple(f"torch.ops.{ns}." for ns in DISPATCHER_NAMESPACES))
         ) and not denied(name):
             names.add(name)
     names.update(f"_operator.{n}" for n in OPERATOR_FUNCTIONS)

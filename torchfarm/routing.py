@@ -23,14 +23,16 @@ from torchfarm.targets import DEVICES, Target, TargetError
 from torchfarm.v1 import farm_pb2
 
 __all__ = [
-    "ASSEMBLE_TASK", "BUILD_KERNELS_TASK", "COMPILE_TASK", "DEVICES", "EXPORT", "EXPORT_TASK", "GRAPH", "KERNEL", "KERNEL_TASK", "UnknownDevice",
+    "ASSEMBLE_TASK", "BUILD_KERNELS_TASK", "COMPILE_TASK", "DEVICES", "EXPORT", "EXPORT_TASK",
+    "GRAPH", "KERNEL", "KERNEL_TASK", "LOWER_TASK", "UnknownDevice",
     "describe", "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "stage_queue",
     "target_of",
     "target_of_queue", "unserved_message",
 ]
 
 COMPILE_TASK = "torchfarm.compile"
-"""The Celery task name of a graph compile; its one argument is the cache key."""
+"""The Celery task name of a graph compile; its one argument is the cache key. On the
+staged path it is the decomposition stage, which sends `LOWER_TASK`."""
 
 KERNEL_TASK = "torchfarm.compile_kernel"
 """The Celery task name of a Triton kernel compile; its one argument is the kernel key."""
@@ -51,6 +53,10 @@ graph compile needs, so it shares the target's graph queue (workers/export_job.p
 KERNEL_QUEUE_PREFIX = "kernels."
 """Queues of kernel jobs are the target's queue name under this prefix."""
 
+LOWER_TASK = "torchfarm.lower"
+"""The Celery task name of a staged compile's lowering (workers/lowering.py), sent by its
+decomposition: the graph's key, its namespace and its exact target."""
+
 BUILD_KERNELS_TASK = "torchfarm.build_kernels"
 """The Celery task name of a staged compile's C++ kernel builds (workers/pipeline.py):
 the graph's key, its namespace, and a batch of kernel cache keys."""
@@ -60,9 +66,9 @@ ASSEMBLE_TASK = "torchfarm.assemble"
 artifact (workers/pipeline.py); its arguments are the graph's key and namespace."""
 
 STAGE_QUEUE_PREFIX = "stages."
-"""Queues of a staged compile's kernel-build and assembly jobs: the graph target's queue
-name under this prefix ("stages.cpu.avx512"). Every worker that lowers graphs for the
-target consumes it, so one graph's kernels build on all of them at once."""
+"""Queues of a staged compile's lowering, kernel-build and assembly jobs: the graph
+target's queue name under this prefix ("stages.cpu.avx512"). Every worker that lowers
+graphs for the target consumes it, so one graph's kernels build on all of them at once."""
 
 UnknownDevice = TargetError
 """Raised for a target the farm cannot route (kept under its old name for callers)."""
@@ -92,7 +98,8 @@ def queue_for(msg: farm_pb2.Target, kind: str = GRAPH) -> str:
 
 
 def stage_queue(target: Target) -> str:
-    """"cpu:avx512" → "stages.cpu.avx512": kernel builds and assembly of staged compiles."""
+    """"cpu:avx512" → "stages.cpu.avx512": lowering, kernel builds and assembly of staged
+    compiles."""
     return STAGE_QUEUE_PREFIX + queue_name(target, GRAPH)
 
 

@@ -11,6 +11,9 @@ Keys, under the store's prefix:
   its kernel-hit counts that some other compile had a kernel of the same source; a farm
   whose tenants must not learn that sets `TORCHFARM_KERNEL_CACHE_SCOPE=tenant`, which
   adds the tenant's namespace to the key.
+- `tf:decomp:<ref>`: a staged job's decomposition (workers/decompose.py): AOTAutograd's
+  forward and backward graphs in the graph format and a JSON head, from the
+  decomposition job to the lowering job (TTL).
 - `tf:plan:<ref>`: what a staged job's lowering produced (payload and kernel spec blobs,
   shape guards, stage timings), until assembly turns it into the manifest (TTL).
 - `tf:pending:<ref>`: the kernel cache keys the job still waits for, plus the member
@@ -371,6 +374,18 @@ class StageBoard:
             )
         )
 
+    def put_decomposition(self, key: str, fields: dict[str, bytes], ttl_s: int) -> None:
+        """Writes a decomposition's hash fields (`Decomposition.to_fields`), whole."""
+        name = self._k("decomp", self.store.ref(key))
+        pipe = self.r.pipeline()
+        pipe.delete(name)
+        pipe.hset(name, mapping=fields)
+        pipe.expire(name, ttl_s)
+        pipe.execute()
+
+    def get_decomposition(self, key: str) -> dict[bytes, bytes] | None:
+        return self.r.hgetall(self._k("decomp", self.store.ref(key))) or None
+
     def put_plan(self, key: str, plan: Plan, ttl_s: int) -> None:
         """Writes what the assembly needs; before `close_lowering`, which can send it."""
         self.r.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
@@ -407,4 +422,5 @@ class StageBoard:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(self._job(key)).items()}
 
     def clear(self, key: str) -> None:
-        self.r.delete(self._k("plan", self.store.ref(key)), self._k("pending", self.store.ref(key)))
+        ref = self.store.ref(key)
+        self.r.delete(self._k("plan", ref), self._k("pending", ref), self._k("decomp", ref))

@@ -23,6 +23,7 @@ tests/unit/test_deferral.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -146,7 +147,11 @@ def compile_graph(
     return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats)
 
 
-class NeedsWholeGraph(Exception):
+class WrongPath(Exception):
+    """The compile cannot go on this way; the subclass says which way it can."""
+
+
+class NeedsWholeGraph(WrongPath):
     """The compile called a kernel while its build was deferred (autotuning benchmarks
     kernels, for one): only the whole-graph path, which builds as it goes, can run it."""
 
@@ -174,6 +179,7 @@ def lower_graph(
     mode: str = "",
     inductor_options: dict[str, Any] | None = None,
     on_kernel: Callable[[bytes], None] | None = None,
+    aot_seam: contextlib.AbstractContextManager[Any] | None = None,
 ) -> LoweredGraph:
     """`compile_graph` up to the kernel sources: AOTAutograd and Inductor run in full,
     the C++ compiler never does. Raises NeedsWholeGraph when that cannot work.
@@ -182,7 +188,12 @@ def lower_graph(
     graph's kernels while the backward graph is still to lower). These are what the
     compile asked for; `LoweredGraph.specs`, collected afterwards, are what a client
     loads, and only they count. An `on_kernel` that raises is logged and not called
-    again: the specs still come back in `LoweredGraph.specs`."""
+    again: the specs still come back in `LoweredGraph.specs`.
+
+    `aot_seam` is entered around the compile, under the compile lock: the
+    decomposition stage's stand-in for AOTAutograd's tracing
+    (`workers.decompose.using_decomposition`). A `WrongPath` it raises comes out as
+    itself."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
     from workers.deferral import defer_kernel_builds, forgetting_new_loaders
@@ -192,10 +203,17 @@ def lower_graph(
     with _COMPILE_LOCK:
         before = _metric_totals()
         t0 = time.perf_counter()
-        with count_kernel_builds() as builds, defer_kernel_builds(_streaming(on_kernel)) as deferred:
+        with (
+            count_kernel_builds() as builds,
+            defer_kernel_builds(_streaming(on_kernel)) as deferred,
+            aot_seam or contextlib.nullcontext(),
+        ):
             try:
                 payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
             except Exception as e:
+                wrong = wrong_path(e)
+                if wrong is not None:
+                    raise wrong from None
                 if deferred.stub_calls:
                     raise NeedsWholeGraph(f"{type(e).__name__}: {e}") from e
                 raise CompileFailed(f"{type(e).__name__}: {e}") from e
@@ -221,6 +239,18 @@ def lower_graph(
         len(specs), len(payload), builds.count, timings["compile"], timings["collect"],
     )
     return LoweredGraph(payload=payload, specs=specs, timings=timings, stats=stats)
+
+
+def wrong_path(e: BaseException) -> WrongPath | None:
+    """The `WrongPath` that caused `e`, however torch wrapped it, or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, WrongPath):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def build_kernel(source: bytes) -> Kernel:

@@ -283,15 +283,25 @@ def _constant_tensor(const: graph_pb2.Constant) -> torch.Tensor:
 
 
 class _Decoder:
-    def __init__(self, graph: graph_pb2.Graph, limits: GraphLimits) -> None:
+    def __init__(
+        self, graph: graph_pb2.Graph, limits: GraphLimits,
+        fake_mode: FakeTensorMode | None = None, bound: dict[str, sympy.Expr] | None = None,
+    ) -> None:
         self.pb = graph
         self.limits = limits
-        self.shape_env = ShapeEnv()
-        self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        self.fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv())
+        self.shape_env = self.fake_mode.shape_env
+        self.bound = bound
+        """Set when the graph's symbols are an existing ShapeEnv's: name → expression."""
         self.symbols: dict[str, sympy.Expr] = {}
         self.env: dict[str, torch.fx.Node] = {}
 
     def declare(self, sym: graph_pb2.Symbol) -> None:
+        if self.bound is not None:
+            if sym.name not in self.bound:
+                raise MalformedGraph(f"symbol {sym.name} is not one of the request's")
+            self.symbols[sym.name] = self.bound[sym.name]
+            return
         expr = self.shape_env.create_symbol(
             sym.hint,
             source=ConstantSource(f"torchfarm_{sym.name}"),
@@ -419,8 +429,34 @@ class _Decoder:
 def decode_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> DecodedGraph:
     """Validates and rebuilds `graph`; raises `GraphError` subclasses only."""
     validate_graph(graph, limits)
-    try:
+    with _type_errors():
         return _Decoder(graph, limits).run()
+
+
+def decode_graph_into(
+    graph: graph_pb2.Graph, fake_mode: FakeTensorMode, symbols: dict[str, sympy.Expr],
+    inputs: Sequence[Any] | None = None, limits: GraphLimits = GraphLimits(),
+) -> torch.fx.GraphModule:
+    """Rebuilds a graph derived from a decoded request (workers/decompose.py) inside that
+    request's `fake_mode`: `symbols` binds each symbol name the graph uses to the
+    ShapeEnv's expression, and `inputs`, when given, are the placeholders' values
+    (else fake tensors are made from the graph's metadata). Every node gets its fake
+    value in `meta["val"]`, as Inductor expects. Raises `GraphError` subclasses only."""
+    validate_graph(graph, limits)
+    with _type_errors():
+        decoder = _Decoder(graph, limits, fake_mode=fake_mode, bound=symbols)
+        gm, made = decoder.build()
+        with _preserve_global_state():
+            _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(
+                *(made if inputs is None else inputs)
+            )
+        return gm
+
+
+@contextlib.contextmanager
+def _type_errors() -> Iterator[None]:
+    try:
+        yield
     except GraphError:
         raise
     except Exception as e:  # noqa: BLE001 - torch rejected the graph while building it

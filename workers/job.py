@@ -8,9 +8,9 @@ Each job belongs to a tenant namespace; everything it reads and writes goes thro
 worker signs the manifest for its key, namespace, content and fingerprint
 (torchfarm/signing.py) before it is written.
 
-On the staged path (`TORCHFARM_PIPELINE=staged`, the default) this job is the lowering
-stage: it ends with `workers/pipeline.py`'s fan-out, and the kernel-build and assembly
-jobs write the artifact and finish the record.
+On the staged path (`TORCHFARM_PIPELINE=staged`, the default) this job is the
+decomposition stage (workers/lowering.py): it sends the lowering job, and the later
+stage jobs write the artifact and finish the record.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 
 from sdk import guards as shape_guards
 from sdk.target import Fingerprint
-from torchfarm import keys, options, routing
+from torchfarm import keys, options
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
 from torchfarm.signing import Signer
@@ -35,10 +35,7 @@ from torchfarm.v1 import farm_pb2
 from workers.compiler import (
     CompileFailed,
     CompileResult,
-    LoweredGraph,
-    NeedsWholeGraph,
     compile_graph,
-    lower_graph,
 )
 from workers.graph_build import DecodedGraph, decode_graph
 from workers.limits import cpu_time_limit
@@ -178,7 +175,25 @@ def _check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
         )
 
 
-def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
+@dataclass
+class Prepared:
+    """A job's request, checked and decoded: what every compile path starts from."""
+
+    request: farm_pb2.CompileRequest
+    decoded: DecodedGraph
+    inductor_options: dict[str, Any]
+    decode_s: float
+    began: float
+    """`time.perf_counter()` when this job began."""
+
+    def redecoded(self) -> Prepared:
+        """The same, decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
+        return dataclasses.replace(self, decoded=decode_graph(self.request.graph))
+
+
+def prepare(key: str, ctx: WorkerContext) -> Prepared:
+    """Loads the job's request, refuses a build mismatch, decodes the graph and checks
+    its options; raises JobFailed."""
     t0 = time.perf_counter()
     request = _load_request(key, ctx.store)
     _check_build(request, ctx.fingerprint)
@@ -193,29 +208,25 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
         )
     except options.OptionNotAllowed as e:
         raise JobFailed("OPTION_NOT_ALLOWED", str(e)) from e
+    return Prepared(request, decoded, inductor_options, t_decode, t0)
+
+
+def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
+    job = prepare(key, ctx)
     ctx.store.update_job(key, stage="compile")
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
     if ctx.settings.pipeline == "staged" and ctx.send is not None:
-        from workers import pipeline  # it builds on this module
+        from workers import lowering  # it builds on this module
 
-        ctx.store.update_job(key, stage="lowering")
-        target = str(routing.target_of(request.target))
-        stream = pipeline.KernelStream(key, ctx, target)
-        stream.open()
-        mark = shape_guards.snapshot(decoded.shape_env)
-        lowered = None
-        try:
-            lowered = _lower(key, ctx, request, decoded, inductor_options, stream)
-        finally:
-            if lowered is None:
-                stream.abandon()
-        if lowered is not None:
-            guards = _added_guards(decoded, mark)
-            pipeline.fan_out(key, ctx, target, lowered, guards, t_decode, stream)
-            return None
-        decoded = decode_graph(request.graph)  # afresh: the lowering left guards in its ShapeEnv
-        ctx.store.update_job(key, stage="compile")
+        return lowering.decompose_or_lower(key, ctx, job)
+    return compile_whole(key, ctx, job)
+
+
+def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
+    """The whole-graph compile, in this job, to the stored and signed manifest."""
+    request, decoded = job.request, job.decoded
+    ctx.store.update_job(key, stage="compile")
     mark = shape_guards.snapshot(decoded.shape_env)
     try:
         with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
@@ -225,11 +236,11 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
                 fake_mode=decoded.fake_mode,
                 dynamic=request.options.dynamic,
                 mode=request.options.mode,
-                inductor_options=inductor_options,
+                inductor_options=job.inductor_options,
             )
     except CompileFailed as e:
         raise as_job_failure(e, ctx) from e
-    guards = _added_guards(decoded, mark)
+    guards = added_guards(decoded, mark)
     size = len(result.payload) + sum(len(k.source) + len(k.binary) for k in result.kernels)
     if size > ctx.settings.max_artifact_bytes:
         raise JobFailed(
@@ -238,12 +249,12 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
         )
     ctx.store.update_job(key, stage="store")
     t1 = time.perf_counter()
-    manifest = _store(key, ctx, result, {"decode": t_decode, **result.timings})
+    manifest = _store(key, ctx, result, {"decode": job.decode_s, **result.timings})
     manifest = dataclasses.replace(manifest, guards=guards)
     timings = {
         **manifest.timings,
         "store": time.perf_counter() - t1,
-        "total": time.perf_counter() - t0,
+        "total": time.perf_counter() - job.began,
     }
     manifest = dataclasses.replace(manifest, timings=timings)
     if ctx.signer is not None:
@@ -259,30 +270,7 @@ def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
     return JobFailed("COMPILE_ERROR", str(e))
 
 
-def _lower(
-    key: str, ctx: WorkerContext, request: farm_pb2.CompileRequest, decoded: DecodedGraph,
-    inductor_options: dict[str, Any], on_kernel: Callable[[bytes], None],
-) -> LoweredGraph | None:
-    """The staged path's lowering; None when only the whole-graph path can compile it."""
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
-            return lower_graph(
-                decoded.gm,
-                decoded.example_inputs,
-                fake_mode=decoded.fake_mode,
-                dynamic=request.options.dynamic,
-                mode=request.options.mode,
-                inductor_options=inductor_options,
-                on_kernel=on_kernel,
-            )
-    except NeedsWholeGraph as e:
-        log.info("job key=%s compiles whole: %s", keys.short(key), e)
-        return None
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e
-
-
-def _added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
+def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
     """The shape guards the compile added, over the client's symbol names: in a local
     torch.compile they would be Dynamo's guards, so they travel with the artifact."""
     names = {expr: name for name, expr in decoded.symbols.items() if expr.is_Symbol}

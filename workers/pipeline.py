@@ -1,15 +1,17 @@
-"""The staged compile: lowering, then C++ kernel builds on every worker of the target,
-then assembly. Plain functions, no Celery; workers/tasks.py wraps them.
+"""The staged compile after its decomposition (workers/lowering.py): lowering, then C++
+kernel builds on every worker of the target, then assembly. Plain functions, no Celery;
+workers/tasks.py wraps them.
 
-    compile_task (graph queue)        build_kernels × N (stages queue)    assemble (stages queue)
-    ──────────────────────────        ────────────────────────────────    ───────────────────────
-    run_job: decode, lower_graph      run_kernel_batch: cache check,      run_assembly: every
-    (AOTAutograd + Inductor, C++      build the specs (in threads, up     binary cached? → sign
-    builds deferred). KernelStream    to the worker's cores), store the   the manifest, job
-    sends each kernel's build as  ──▶ binaries, release their keys    ──▶ SUCCEEDED. Missing
-    Inductor asks for it; fan_out     from the job's pending set; the     ones → sent again.
-    sends the rest, writes the        removal that empties it sends
-    plan, releases the barrier        the assembly
+    lower_task (stages queue)         build_kernels × N (stages queue)    assemble (stages queue)
+    ─────────────────────────         ────────────────────────────────    ───────────────────────
+    run_lowering: lower_graph         run_kernel_batch: cache check,      run_assembly: every
+    (Inductor on the decomposed       build the specs (in threads, up     binary cached? → sign
+    graphs, C++ builds deferred).     to the worker's cores), store the   the manifest, job
+    KernelStream sends each       ──▶ binaries, release their keys    ──▶ SUCCEEDED. Missing
+    kernel's build as Inductor        from the job's pending set; the     ones → sent again.
+    asks for it; fan_out sends the    removal that empties it sends
+    rest, writes the plan, releases   the assembly
+    the barrier
 
 The forward graph's kernels are built while the backward graph is still lowered: Inductor
 asks for a graph's kernels when it loads that graph's wrapper code, and `KernelStream`
@@ -27,9 +29,9 @@ Jobs in flight at once build a kernel they share once: the first claims it and s
 its build, the others wait on that build, which releases them all (torchfarm/stages.py,
 `StageBoard.claim`, and `_settle` here).
 
-Decomposition (AOTAutograd) runs inside the lowering job and is timed as its own stage:
-torch 2.13 has no serialized form of AOTAutograd's output that Inductor can take in
-another process without pickle (ARCHITECTURE.md, "The staged compile").
+A graph that cannot be decomposed apart is lowered in its graph job, decomposition
+included; `fan_out` then times AOTAutograd's part of that lowering as the decompose
+stage.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ from workers.limits import cpu_time_limit
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HANDED_ON = frozenset({"kernels", "assembling"})
-"""Stages of a staged job after its lowering job has ended: later jobs finish it."""
+HANDED_ON = frozenset({"lowering", "kernels", "assembling"})
+"""Stages of a staged job after its graph job has ended: later jobs finish it."""
 
 
 def stage_record(
@@ -197,10 +199,14 @@ class KernelStream:
 def fan_out(
     key: str, ctx: WorkerContext, target: str, lowered: LoweredGraph,
     guards: tuple[Any, ...], decode_s: float, stream: KernelStream | None = None,
+    decomposed: dict[str, Any] | None = None, lower_queued: float = 0.0,
 ) -> None:
     """Ends the lowering job: sends the kernel builds the stream has not, records the
     plan, and releases the job's barrier, which sends the assembly at once when every
-    kernel is built or cached."""
+    kernel is built or cached. `decomposed` is the stage record of the decomposition
+    job the lowering took its graphs from (workers/lowering.py), `lower_queued` how long
+    the lowering job was queued; without it, the lowering decomposed too and its
+    AOTAutograd time is the decompose stage."""
     if stream is None:
         stream = KernelStream(key, ctx, target)
         stream.open()
@@ -217,17 +223,25 @@ def fan_out(
     waits = sum(v == WAIT for v in verdicts)
     hits = len(cached) + sum(v == CACHED for v in verdicts)
     strays = sorted(stream.sent - set(wanted))
-    job = store.get_job(key)
-    queued = (job.started - job.created) if job is not None and job.started else 0.0
     t = lowered.timings
-    decompose = decode_s + t.get("decompose", 0.0)
-    stages = [
-        stage_record("decompose", decompose, queued, ctx.name),
-        stage_record(
-            "lower", t["compile"] - t.get("decompose", 0.0) + t["collect"]
-            + time.perf_counter() - t0, 0.0, ctx.name,
-        ),
-    ]
+    fan_out_s = time.perf_counter() - t0
+    if decomposed is not None:
+        stages = [
+            decomposed,
+            stage_record(
+                "lower", decode_s + t["compile"] + t["collect"] + fan_out_s, lower_queued, ctx.name
+            ),
+        ]
+    else:
+        job = store.get_job(key)
+        queued = (job.started - job.created) if job is not None and job.started else 0.0
+        stages = [
+            stage_record("decompose", decode_s + t.get("decompose", 0.0), queued, ctx.name),
+            stage_record(
+                "lower", t["compile"] - t.get("decompose", 0.0) + t["collect"] + fan_out_s,
+                0.0, ctx.name,
+            ),
+        ]
     lowered_after = stream.since_open()
     batches = _batches([k.cache_key for k in build], ctx.settings.kernel_batch)
     sends = [*stream.sends, *([lowered_after, b] for b in batches)]

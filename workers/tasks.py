@@ -14,7 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from sdk.target import fingerprint_for, local_fingerprint
 from torchfarm.routing import (
-    ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK,
+    ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
 )
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
@@ -23,6 +23,7 @@ from workers.app import app, plan, settings
 from workers.export_job import run_export_job
 from workers.job import WorkerContext, fail_job, run_job
 from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
+from workers.lowering import run_lowering
 from workers.pipeline import HANDED_ON, run_assembly, run_kernel_batch
 
 
@@ -89,6 +90,21 @@ def export_task(key: str, namespace: str = "") -> None:
     finally:
         if settings.metrics_port:
             worker_metrics.record_job(_context().store.tenant(namespace), key, began)
+
+
+@app.task(name=LOWER_TASK)
+def lower_task(key: str, namespace: str, target: str) -> None:
+    """Lowers a staged compile from its stored decomposition (workers/lowering.py)."""
+    try:
+        run_lowering(key, _context(), namespace, target)
+    except SoftTimeLimitExceeded:
+        fail_job(
+            key, _context(), "COMPILE_TIMEOUT", "the lowering ran past the farm's time limit",
+            namespace,
+        )
+    finally:
+        if settings.metrics_port:
+            _record(key, namespace, None)
 
 
 @app.task(name=BUILD_KERNELS_TASK)

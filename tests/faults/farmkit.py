@@ -21,6 +21,7 @@ from sdk.target import local_fingerprint
 from torchfarm import keys
 from torchfarm.manifest import Manifest
 from torchfarm.stack import LocalStack
+from torchfarm.stages import StageBoard
 from torchfarm.store import JobRecord, JobState, Store
 from torchfarm.v1 import farm_pb2
 
@@ -126,10 +127,19 @@ def join_client(t, box: dict, timeout_s: float = 300):
 
 
 def compiling(store: Store, key: str) -> bool:
-    """True while a worker is inside the compile stage of `key`'s job (its lowering job,
-    on the staged path: workers/pipeline.py)."""
+    """True while a worker runs the lowering job of `key`'s staged compile
+    (workers/lowering.py), where Inductor runs: the longest stage of a small graph."""
     j = job(store, key)
-    return j is not None and j.state == JobState.RUNNING and j.stage in ("compile", "lowering")
+    return (
+        j is not None and j.state == JobState.RUNNING and j.stage == "lowering"
+        and "l_worker" in StageBoard(store).job_fields(key)
+    )
+
+
+def deliveries(store: Store, key: str) -> tuple[int, int]:
+    """How often `key`'s graph job (the decomposition) and its lowering job were delivered."""
+    fields = StageBoard(store).job_fields(key)
+    return int(fields.get("attempts", 0)), int(fields.get("lower_attempts", 0))
 
 
 def job(store: Store, key: str) -> JobRecord | None:

@@ -1,9 +1,10 @@
-"""The staged compile (workers/pipeline.py) with real parts: redis-server, the gRPC
-coordinator, and Celery workers that split each graph into lowering, kernel-build and
-assembly jobs.
+"""The staged compile (workers/lowering.py, workers/pipeline.py) with real parts:
+redis-server, the gRPC coordinator, and Celery workers that split each graph into
+decomposition, lowering, kernel-build and assembly jobs.
 
 - training through the staged path matches eager, and matches the whole-graph path
-  (TORCHFARM_PIPELINE=whole), on the MLP, the CNN and the tiny GPT;
+  (TORCHFARM_PIPELINE=whole), on the MLP, the CNN and the tiny GPT, each decomposed in
+  a job of its own;
 - a second model built from the same blocks reuses the first one's kernels from the
   kernel cache and builds fewer;
 - two such models compiled at the same time build each kernel they share once;
@@ -31,6 +32,7 @@ from tests.conftest import ROOT
 from tests.faults.farmkit import kill_group, wait_for
 from tests.integration.test_end_to_end import assert_matches_eager, train_step
 from torchfarm.stack import LocalStack
+from torchfarm.stages import StageBoard
 from torchfarm.store import JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
@@ -91,6 +93,11 @@ class TestTwoWorkers:
         assert len(manifest.kernels) == job.kernels_total
         lines = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
         assert any("kernels " in line and " hit" in line for line in lines), lines
+        fields = StageBoard(client.store()).job_fields(job.key)
+        assert fields.get("decomposed") == "separately", fields.get("decomposed")
+        assert fields.get("l_worker") in (job.stages[0]["worker"], job.stages[1]["worker"])
+        assert job.stages[1]["worker"] == fields["l_worker"]
+        assert not list(client.store().r.scan_iter(match="tf:decomp:*")), "decomposition left behind"
 
     def test_a_second_model_from_the_same_blocks_reuses_kernels(self, client):
         cfg = GPTConfig(vocab=96, block=16, layers=1, heads=2, width=32)
