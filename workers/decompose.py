@@ -257,9 +257,11 @@ def using_decomposition(
         _check_plain(maybe_subclass_meta, fw_metadata)
         primals = list(joint_inputs[0])
         fake_mode = _fake_mode(primals)
-        fw = _decode(dec.forward, fake_mode, symbols, primals)
+        # Inductor propagates fake values through a partitioned graph before anything
+        # reads them (compile_fx's additional_fake_tensor_prop): placeholders suffice.
+        fw = _decode(dec.forward, fake_mode, symbols, primals, propagate=False)
         assert dec.backward is not None  # from_fields checks it for JOINT
-        bw = _decode(dec.backward, fake_mode, symbols, None)
+        bw = _decode(dec.backward, fake_mode, symbols, None, propagate=False)
         _restore(dec, fw_metadata)
         used.append("partition")
         p = dec.partition
@@ -276,7 +278,9 @@ def using_decomposition(
         if fw_metadata.tokens:
             raise NotDecomposable("the graph has effect tokens")
         args = list(flat_args)
-        graph = _decode(dec.forward, _fake_mode(args), symbols, args)
+        # Inductor runs the joint-graph passes on an inference graph first, and their
+        # pattern matcher reads every node's fake value.
+        graph = _decode(dec.forward, _fake_mode(args), symbols, args, propagate=True)
         _restore(dec, fw_metadata)
         used.append("base")
         return graph, args, list(flat_args_descs), None
@@ -327,10 +331,11 @@ def _encode(gm: torch.fx.GraphModule, names: dict[str, str]) -> graph_pb2.Graph:
 
 
 def _decode(
-    graph: graph_pb2.Graph, fake_mode: Any, symbols: dict[str, sympy.Expr], inputs: Sequence[Any] | None
+    graph: graph_pb2.Graph, fake_mode: Any, symbols: dict[str, sympy.Expr],
+    inputs: Sequence[Any] | None, *, propagate: bool,
 ) -> torch.fx.GraphModule:
     try:
-        return decode_graph_into(graph, fake_mode, symbols, inputs)
+        return decode_graph_into(graph, fake_mode, symbols, inputs, propagate=propagate)
     except GraphError as e:
         raise NotDecomposable(f"the stored decomposition does not decode: {e}") from e
 

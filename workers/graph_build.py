@@ -435,21 +435,27 @@ def decode_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) ->
 
 def decode_graph_into(
     graph: graph_pb2.Graph, fake_mode: FakeTensorMode, symbols: dict[str, sympy.Expr],
-    inputs: Sequence[Any] | None = None, limits: GraphLimits = GraphLimits(),
+    inputs: Sequence[Any] | None = None, *, propagate: bool = True,
+    limits: GraphLimits = GraphLimits(),
 ) -> torch.fx.GraphModule:
     """Rebuilds a graph derived from a decoded request (workers/decompose.py) inside that
     request's `fake_mode`: `symbols` binds each symbol name the graph uses to the
     ShapeEnv's expression, and `inputs`, when given, are the placeholders' values
     (else fake tensors are made from the graph's metadata). Every node gets its fake
-    value in `meta["val"]`, as Inductor expects. Raises `GraphError` subclasses only."""
+    value in `meta["val"]`; with `propagate=False` only the placeholders do, for a
+    graph whose every reader propagates fake values itself first (Inductor compiling a
+    partitioned graph). Raises `GraphError` subclasses only."""
     validate_graph(graph, limits)
     with _type_errors():
         decoder = _Decoder(graph, limits, fake_mode=fake_mode, bound=symbols)
         gm, made = decoder.build()
-        with _preserve_global_state():
-            _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(
-                *(made if inputs is None else inputs)
-            )
+        values = made if inputs is None else list(inputs)
+        if propagate:
+            with _preserve_global_state():
+                _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
+        else:
+            for node, value in zip(gm.graph.find_nodes(op="placeholder"), values, strict=True):
+                node.meta["val"] = value
         return gm
 
 

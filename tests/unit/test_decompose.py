@@ -55,6 +55,12 @@ def test_internals_the_seams_stand_in_for():
     stage1 = inspect.getsource(graph_compile.aot_stage1_graph_capture)
     assert "= aot_dispatch_autograd_graph(" in stage1 and "aot_dispatch_base_graph(" in stage1
     assert "= _aot_stage2a_partition(" in inspect.getsource(graph_compile.aot_stage2_autograd)
+    # Inductor propagates fake values through a graph before its passes read them, so
+    # a partitioned graph's decoded interior needs none (`propagate=False`).
+    from torch._inductor import compile_fx
+
+    codegen = inspect.getsource(compile_fx._InProcessFxCompile.codegen_and_compile)
+    assert codegen.index("fake_tensor_prop(gm, example_inputs") < codegen.index("post_grad_passes")
     # Attributes of the runtime metadata, fields or set in __post_init__.
     source = inspect.getsource(ViewAndMutationMeta)
     fields = {f.name for f in dataclasses.fields(ViewAndMutationMeta)}
