@@ -241,16 +241,23 @@ def lower_graph(
     return LoweredGraph(payload=payload, specs=specs, timings=timings, stats=stats)
 
 
-def wrong_path(e: BaseException) -> WrongPath | None:
-    """The `WrongPath` that caused `e`, however torch wrapped it, or None."""
+def cause_of(e: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `kinds` in `e`'s chain of causes (`e` included), however
+    torch wrapped it, or None."""
     seen: set[int] = set()
     cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, WrongPath):
+    while cur is not None and id(cur) not in seen and kinds:
+        if isinstance(cur, kinds):
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def wrong_path(e: BaseException) -> WrongPath | None:
+    """The `WrongPath` that caused `e`, or None."""
+    cause = cause_of(e, (WrongPath,))
+    return cause if isinstance(cause, WrongPath) else None
 
 
 def build_kernel(source: bytes) -> Kernel:

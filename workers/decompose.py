@@ -5,8 +5,9 @@ config patch), and stops it where AOTAutograd has traced the joint graph with th
 PrimTorch / core-ATen decompositions and partitioned it into forward and backward
 graphs (an inference graph: where it has traced the one decomposed graph). Those
 graphs leave the job in the project's own graph format (`sdk.codec`, no pickle),
-with a map from their symbols to the client's symbol names, and with the few numbers
-the partition wrote into AOTAutograd's runtime metadata.
+with a map from their symbols to the client's symbol names, the few numbers tracing
+and the partition wrote into AOTAutograd's runtime metadata, and the shape guards
+tracing added (the lowering ships them with its own).
 
 `using_decomposition` is the other half. During the lowering job's compile it stands in
 for AOTAutograd's graph capture and partition: the capture returns without tracing,
@@ -25,14 +26,15 @@ Pinned against torch 2.13.0 (tests/unit/test_decompose.py):
   `aot_dispatch_base_graph` for inference) by its module-global name, and
   `graph_compile.aot_stage2_autograd` calls `_aot_stage2a_partition` so too;
 - `_aot_stage2a_partition` writes `_SAVED_META` into the runtime metadata
-  (`_partition_joint_graph_into_fw_bw`, `_categorize_saved_tensors_for_backward`).
+  (`_partition_joint_graph_into_fw_bw`, `_categorize_saved_tensors_for_backward`);
+- Inductor propagates fake values through a partitioned graph before any pass reads
+  them, so the lowering decodes only its placeholders' values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,8 +49,6 @@ from torchfarm.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import compiler
 from workers.graph_build import DecodedGraph, decode_graph_into
-
-log = logging.getLogger(__name__)
 
 JOINT = "joint"
 """A training graph: forward and backward graphs."""

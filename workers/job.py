@@ -35,6 +35,7 @@ from torchfarm.v1 import farm_pb2
 from workers.compiler import (
     CompileFailed,
     CompileResult,
+    cause_of,
     compile_graph,
 )
 from workers.graph_build import DecodedGraph, decode_graph
@@ -265,7 +266,7 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
 
 def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
     """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
-    if _caused_by(e, ctx.timeout_errors):
+    if cause_of(e, ctx.timeout_errors) is not None:
         return JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit")
     return JobFailed("COMPILE_ERROR", str(e))
 
@@ -283,17 +284,6 @@ def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
         raise JobFailed(
             "UNSHIPPABLE_GUARD", f"the compile added a shape guard the farm cannot ship: {e}"
         ) from e
-
-
-def _caused_by(e: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen and kinds:
-        if isinstance(cur, kinds):
-            return True
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return False
 
 
 def _put(store: Store, data: bytes) -> BlobRef:

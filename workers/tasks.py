@@ -66,9 +66,9 @@ def compile_task(key: str, namespace: str = "") -> None:
 
 
 def _record(key: str, namespace: str, began: float | None) -> None:
-    """Counts a graph job in the metrics once it has ended: a staged compile's lowering
-    leaves it running, and its assembly (`began=None`: the job began with its lowering)
-    ends it."""
+    """Counts a graph job in the metrics once it has ended: a staged compile's graph job
+    (its decomposition) and lowering job leave it running, and its assembly ends it
+    (`began=None`: the job began with its graph job)."""
     store = _context().store.tenant(namespace)
     job = store.get_job(key)
     if job is None or (job.state not in JobState.TERMINAL and (began is None or job.stage in HANDED_ON)):
