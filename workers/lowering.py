@@ -99,12 +99,13 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
     except JobFailed as e:
         _fail(key, ctx, e.code, str(e))
         return
-    if manifest is not None:
+    if manifest is not None:  # compiled whole here: no assembly will clear the records
         store.update_job(
             key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
             artifact_bytes=manifest.total_bytes(),
         )
         store.expire_job(key, ctx.settings.done_ttl_s)
+        board.clear(key)
 
 
 def _stored(board: StageBoard, key: str) -> tuple[Decomposition | None, dict[str, Any] | None]:
