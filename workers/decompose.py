@@ -93,12 +93,14 @@ class Decomposition:
     """Shape guards the decomposition added (`sdk.guards` trees): they are part of what
     the artifact assumes, so they travel with it."""
     seconds: float = 0.0
+    """How long the decomposition took, for its log line; the stored stage record
+    (workers/lowering.py) carries it on."""
 
     def to_fields(self) -> dict[str, bytes]:
         """The Redis hash fields this is stored as (`Store.put_decomposition`)."""
         head = {
             "kind": self.kind, "symbols": self.symbols, "partition": self.partition,
-            "guards": self.guards, "seconds": self.seconds,
+            "guards": self.guards,
         }
         out = {
             "head": json.dumps(head, sort_keys=True).encode(),
@@ -124,7 +126,7 @@ class Decomposition:
             raise NotDecomposable(f"the stored decomposition is inconsistent (kind {kind!r})")
         return cls(
             kind, forward, backward, dict(head.get("symbols", {})), head.get("partition", {}),
-            head.get("guards", []), float(head.get("seconds", 0.0)),
+            head.get("guards", []),
         )
 
 

@@ -9,7 +9,7 @@
     the lowering                             (workers/pipeline.py)
 
 The decomposition is device-agnostic work, so any worker of the target may take either
-job: on a farm of several workers the lowering usually starts on another one. A graph
+job: on a farm of several workers the lowering may start on another one. A graph
 whose decomposition cannot leave its job (`NotDecomposable`) is lowered in the graph job,
 decomposition included, as one job; so is one whose stored decomposition is gone or
 does not fit when its lowering runs. Neither job waits for the other.
@@ -91,7 +91,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
             raise JobFailed(
                 "TOO_MANY_ATTEMPTS", "the lowering was delivered too often; a worker was lost each time"
             )
-        store.update_job(key, stage="lowering", l_worker=ctx.name)
+        store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
         job = prepare(key, ctx)
         dec, front = _stored(board, key)
         sent = float(board.job_fields(key).get("l_sent") or began)

@@ -7,8 +7,10 @@ compile itself are deterministic and are never retried.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Iterator
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -49,17 +51,24 @@ def _send(task: str, args: list, queue: str) -> None:
     app.send_task(task, args=args, queue=queue)
 
 
+@contextlib.contextmanager
+def _time_limit_fails(key: str, namespace: str, what: str) -> Iterator[None]:
+    """Celery's soft time limit, hit inside the block, fails the job COMPILE_TIMEOUT."""
+    try:
+        yield
+    except SoftTimeLimitExceeded:
+        fail_job(
+            key, _context(), "COMPILE_TIMEOUT", f"{what} ran past the farm's time limit", namespace
+        )
+
+
 @app.task(name=COMPILE_TASK)
 def compile_task(key: str, namespace: str = "") -> None:
     """Compiles the job `key` of the tenant namespace `namespace` ("" on an open farm)."""
     began = time.time()
     try:
-        run_job(key, _context(), namespace)
-    except SoftTimeLimitExceeded:
-        fail_job(
-            key, _context(), "COMPILE_TIMEOUT", "the compile ran past the farm's time limit",
-            namespace,
-        )
+        with _time_limit_fails(key, namespace, "the compile"):
+            run_job(key, _context(), namespace)
     finally:
         if settings.metrics_port:
             _record(key, namespace, began)
@@ -81,12 +90,8 @@ def export_task(key: str, namespace: str = "") -> None:
     """Builds the AOTInductor package of the export job `key` (workers/export_job.py)."""
     began = time.time()
     try:
-        run_export_job(key, _context(), namespace)
-    except SoftTimeLimitExceeded:
-        fail_job(
-            key, _context(), "COMPILE_TIMEOUT", "the export ran past the farm's time limit",
-            namespace,
-        )
+        with _time_limit_fails(key, namespace, "the export"):
+            run_export_job(key, _context(), namespace)
     finally:
         if settings.metrics_port:
             worker_metrics.record_job(_context().store.tenant(namespace), key, began)
@@ -96,12 +101,8 @@ def export_task(key: str, namespace: str = "") -> None:
 def lower_task(key: str, namespace: str, target: str) -> None:
     """Lowers a staged compile from its stored decomposition (workers/lowering.py)."""
     try:
-        run_lowering(key, _context(), namespace, target)
-    except SoftTimeLimitExceeded:
-        fail_job(
-            key, _context(), "COMPILE_TIMEOUT", "the lowering ran past the farm's time limit",
-            namespace,
-        )
+        with _time_limit_fails(key, namespace, "the lowering"):
+            run_lowering(key, _context(), namespace, target)
     finally:
         if settings.metrics_port:
             _record(key, namespace, None)
@@ -110,13 +111,8 @@ def lower_task(key: str, namespace: str, target: str) -> None:
 @app.task(name=BUILD_KERNELS_TASK)
 def build_kernels_task(key: str, namespace: str, target: str, kernels: list[list[str]]) -> None:
     """Builds a batch of a staged compile's C++ kernels (workers/pipeline.py)."""
-    try:
+    with _time_limit_fails(key, namespace, "a kernel build"):
         run_kernel_batch(key, _context(), namespace, target, kernels)
-    except SoftTimeLimitExceeded:
-        fail_job(
-            key, _context(), "COMPILE_TIMEOUT", "a kernel build ran past the farm's time limit",
-            namespace,
-        )
 
 
 @app.task(name=ASSEMBLE_TASK)
