@@ -95,7 +95,7 @@ def _send_builds(
     ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]
 ) -> list[list[str]]:
     """Sends `kernels`' build jobs, `kernel_batch` a job; returns each job's cache keys."""
-    batches = _batches(kernels, ctx.settings.kernel_batch)
+    batches = _batches(kernels, kernel_batch(ctx))
     for batch in batches:
         refs = [[k.cache_key, k.source.digest] for k in batch]
         _send(ctx, routing.BUILD_KERNELS_TASK, [key, ctx.store.namespace, target, refs], _queue(target))
@@ -174,7 +174,7 @@ class KernelStream:
         if self.board.cached_binaries([kernel.cache_key]):
             return  # a hit; fan_out counts it
         self.waiting.append(kernel)
-        if len(self.waiting) >= self.ctx.settings.kernel_batch:
+        if len(self.waiting) >= kernel_batch(self.ctx):
             self.flush()
 
     def flush(self) -> None:
@@ -247,7 +247,7 @@ def fan_out(
             ),
         ]
     lowered_after = stream.since_open()
-    batches = _batches([k.cache_key for k in build], ctx.settings.kernel_batch)
+    batches = _batches([k.cache_key for k in build], kernel_batch(ctx))
     sends = [*stream.sends, *([lowered_after, b] for b in batches)]
     plan = Plan(
         payload=_put(store, lowered.payload), kernels=kernels, target=target,
@@ -356,6 +356,12 @@ def build_threads() -> int:
     """How many kernels a kernel-build job builds at once: the cores this worker process
     may run on (one, for a worker pinned to a core)."""
     return max(len(os.sched_getaffinity(0)), 1)
+
+
+def kernel_batch(ctx: WorkerContext) -> int:
+    """Kernels per build job this worker sends: `TORCHFARM_KERNEL_BATCH`, or by default
+    what one job builds at once here. The workers of one target are taken to be alike."""
+    return ctx.settings.kernel_batch or build_threads()
 
 
 def _build_missing(

@@ -36,9 +36,12 @@ class WorkerSettings:
     spread over every worker of the target, then assembly; workers/pipeline.py). "whole":
     one job compiles the whole graph on one worker. Staged falls back to whole by itself
     for a compile that must run kernels while it compiles (max-autotune benchmarks)."""
-    kernel_batch: int = 2
-    """C++ kernels per kernel-build job: fewer jobs (less task overhead, ~10 ms each)
-    against less spread over workers (one kernel builds in seconds)."""
+    kernel_batch: int = 0
+    """C++ kernels per kernel-build job; 0: as many as the sending worker's process may
+    run at once (`pipeline.build_threads`), since a job builds its batch at once on
+    those cores. More kernels a job would queue inside it what an idle worker could
+    take (one kernel builds in seconds); fewer would leave cores idle and send more
+    jobs (about 10 ms each)."""
     kernel_cache_scope: str = "fleet"
     """"fleet": a C++ kernel built for any tenant's graph is reused by every tenant's
     (torchfarm/stages.py). "tenant": each tenant's kernels are cached apart, so no
@@ -93,8 +96,8 @@ class WorkerSettings:
             raise ValueError(
                 f"TORCHFARM_KERNEL_CACHE_SCOPE={self.kernel_cache_scope!r}: want 'fleet' or 'tenant'"
             )
-        if self.kernel_batch < 1:
-            raise ValueError(f"TORCHFARM_KERNEL_BATCH={self.kernel_batch}: want at least 1")
+        if self.kernel_batch < 0:
+            raise ValueError(f"TORCHFARM_KERNEL_BATCH={self.kernel_batch}: want 0 (auto) or more")
 
     def worker_name(self) -> str:
         return self.name or f"{socket.gethostname()}-{os.getpid()}"
