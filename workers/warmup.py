@@ -12,12 +12,20 @@ inherit it, and so do those that replace a recycled one (`worker_max_tasks_per_c
   torch's sources, and `triton_key()`; `prefetchable_cache`d for the process): 0.8 to
   2.6 s on the same machine.
 - The first compile's own start-up: Inductor's lazily built pattern-matcher passes,
-  lowerings and decomposition tables, and the modules they import. A tiny training
-  graph is lowered with its kernel builds deferred (`lower_graph`: no compiler runs,
-  nothing stays loaded) and with one compile thread, so no thread or process pool
-  exists when Celery forks. Measured on the GPT example's graph, pinned to one core:
-  its lowering took 12.7 s after this against 14.4 s without, and its first kernels
-  were ready 2.1 s sooner.
+  lowerings and decomposition tables, and the modules they import, and what each op
+  costs the first time a process traces, decomposes and lowers it. A small
+  transformer block's training graph (an embedding, layer norms, causal attention, an
+  MLP with GELU, a cross-entropy loss: the ops most models are built from) goes the
+  way a staged compile goes: encoded and decoded, decomposed (`decompose_graph`),
+  stored and lowered from the stored graphs (`using_decomposition`), with its kernel
+  builds deferred (no compiler runs, nothing stays loaded) and one compile thread, so
+  no thread or process pool exists when Celery forks. Measured on the 2-core
+  development machine, pinned to one core, the GPT example's graph lowered from its
+  decomposition in a process other than the one that decomposed it: 11.0 and 11.8 s
+  (first kernel ready at 6.2 s) after the tiny MLP this warm-up lowered before, 9.9
+  and 10.3 s (first kernel at 5.0 s) after this block. The warm-up itself takes 7 to
+  9 s on that core, against about 2 s for the MLP. A convolution block was tried too
+  and left out: it added 6 s and did not make the CNN example's first compile faster.
 
 Nothing here changes what a compile does: the same functions run, earlier. Torch 2.13
 internals, pinned in tests/unit/test_warmup.py: `torch._inductor.cpu_vec_isa.
@@ -30,11 +38,13 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
+
 log = logging.getLogger(__name__)
 
 
 def warm_inductor(compile: bool = True) -> dict[str, float]:
-    """Runs the ISA probe, the build hashes and, with `compile`, a tiny lowering;
+    """Runs the ISA probe, the build hashes and, with `compile`, a small staged compile;
     returns the seconds each took."""
     from torch._inductor.codecache import torch_key, triton_key
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -46,7 +56,7 @@ def warm_inductor(compile: bool = True) -> dict[str, float]:
     triton_key()
     t2 = time.perf_counter()
     if compile:
-        _tiny_lowering()
+        _staged_lowering()
     t3 = time.perf_counter()
     seconds = {"isa_probe": t1 - t0, "build_keys": t2 - t1, "first_compile": t3 - t2}
     log.info(
@@ -56,23 +66,63 @@ def warm_inductor(compile: bool = True) -> dict[str, float]:
     return seconds
 
 
-def _tiny_lowering() -> None:
-    """A small MLP's training graph, captured by Dynamo and lowered as a staged job
-    lowers one, its kernels deferred."""
-    import torch
+class _Block(torch.nn.Module):
+    """A transformer block with an embedding and a loss, tiny: what the warm-up compiles."""
 
+    def __init__(self, vocab: int = 32, width: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.tok = torch.nn.Embedding(vocab, width)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 2 * width), torch.nn.GELU(), torch.nn.Linear(2 * width, width)
+        )
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + self.mlp(self.ln2(x))
+        return torch.nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def _staged_lowering() -> None:
+    """`_Block`'s training graph, captured by Dynamo and compiled as a staged job
+    compiles one: decomposed, then lowered from its stored decomposition, its kernels
+    deferred. Raises if the lowering did not take the decomposition."""
+    from torch._inductor.utils import fresh_cache
+
+    from sdk.codec import encode_graph
     from workers.compiler import lower_graph
+    from workers.decompose import Decomposition, decompose_graph, using_decomposition
+    from workers.graph_build import decode_graph
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
-    captured: list[tuple[torch.fx.GraphModule, list[torch.Tensor]]] = []
+    graphs = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
-        captured.append((gm, example_inputs))
+        graphs.append(encode_graph(gm, example_inputs))
         return gm.forward
 
-    torch.compile(model, backend=capture, dynamic=False)(torch.randn(4, 8, requires_grad=True))
+    gen = torch.Generator().manual_seed(0)
+    idx, targets = (torch.randint(0, 32, (2, 8), generator=gen) for _ in range(2))
     try:
-        with torch._inductor.config.patch(compile_threads=1):
-            lower_graph(*captured[0])
+        torch.compile(_Block(), backend=capture, dynamic=False)(idx, targets)
     finally:
         torch._dynamo.reset()
+    # In a cache dir of its own, deleted after: a restarted worker would find this graph
+    # in its Inductor cache dir and skip the very work the warm-up is for.
+    with fresh_cache(), torch._inductor.config.patch(compile_threads=1):
+        fields = decompose_graph(decode_graph(graphs[0])).to_fields()
+        dec = Decomposition.from_fields({k.encode(): v for k, v in fields.items()})
+        decoded, used = decode_graph(graphs[0]), []
+        lower_graph(
+            decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
+            aot_seam=using_decomposition(dec, decoded, used),
+        )
+    if used != ["capture", "partition"]:
+        raise RuntimeError(f"the warm-up's lowering did not take its decomposition: {used}")
