@@ -1,4 +1,7 @@
 """Celery tasks: decode the message, call the plain job function, map time limits.
+Each job function runs at the start of an interpreter stack chunk of its own
+(workers/stackroom.py): at the depth Celery calls a task, Inductor's loops crossed a
+chunk boundary, and the lowering ran 25 % slower for it.
 
 Retries of a lost worker come from `acks_late` + `task_reject_on_worker_lost`
 (torchfarm.celeryconf); `run_job` counts deliveries and stops at the cap. Errors of the
@@ -27,6 +30,7 @@ from workers.job import WorkerContext, fail_job, run_job
 from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
 from workers.lowering import run_lowering
 from workers.pipeline import HANDED_ON, run_assembly, run_kernel_batch
+from workers.stackroom import in_stack_room
 
 
 @functools.cache
@@ -68,7 +72,7 @@ def compile_task(key: str, namespace: str = "") -> None:
     began = time.time()
     try:
         with _time_limit_fails(key, namespace, "the compile"):
-            run_job(key, _context(), namespace)
+            in_stack_room(run_job, key, _context(), namespace)
     finally:
         if settings.metrics_port:
             _record(key, namespace, began)
@@ -91,7 +95,7 @@ def export_task(key: str, namespace: str = "") -> None:
     began = time.time()
     try:
         with _time_limit_fails(key, namespace, "the export"):
-            run_export_job(key, _context(), namespace)
+            in_stack_room(run_export_job, key, _context(), namespace)
     finally:
         if settings.metrics_port:
             worker_metrics.record_job(_context().store.tenant(namespace), key, began)
@@ -102,7 +106,7 @@ def lower_task(key: str, namespace: str, target: str) -> None:
     """Lowers a staged compile from its stored decomposition (workers/lowering.py)."""
     try:
         with _time_limit_fails(key, namespace, "the lowering"):
-            run_lowering(key, _context(), namespace, target)
+            in_stack_room(run_lowering, key, _context(), namespace, target)
     finally:
         if settings.metrics_port:
             _record(key, namespace, None)
@@ -112,14 +116,14 @@ def lower_task(key: str, namespace: str, target: str) -> None:
 def build_kernels_task(key: str, namespace: str, target: str, kernels: list[list[str]]) -> None:
     """Builds a batch of a staged compile's C++ kernels (workers/pipeline.py)."""
     with _time_limit_fails(key, namespace, "a kernel build"):
-        run_kernel_batch(key, _context(), namespace, target, kernels)
+        in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels)
 
 
 @app.task(name=ASSEMBLE_TASK)
 def assemble_task(key: str, namespace: str) -> None:
     """Writes a staged compile's artifact once all its kernels are built (workers/pipeline.py)."""
     try:
-        run_assembly(key, _context(), namespace)
+        in_stack_room(run_assembly, key, _context(), namespace)
     finally:
         if settings.metrics_port:
             _record(key, namespace, None)
@@ -161,7 +165,7 @@ def _kernel_context() -> KernelContext:
 def compile_kernel_task(key: str, namespace: str = "") -> None:
     """Compiles the Triton kernel job `key` (workers/kernel_job.py)."""
     try:
-        run_kernel_job(key, _kernel_context(), namespace)
+        in_stack_room(run_kernel_job, key, _kernel_context(), namespace)
     except SoftTimeLimitExceeded:
         fail_kernel_job(
             key, _kernel_context(), "KERNEL_TIMEOUT",
