@@ -23,9 +23,11 @@ inherit it, and so do those that replace a recycled one (`worker_max_tasks_per_c
   development machine, pinned to one core, the GPT example's graph lowered from its
   decomposition in a process other than the one that decomposed it: 11.0 and 11.8 s
   (first kernel ready at 6.2 s) after the tiny MLP this warm-up lowered before, 9.9
-  and 10.3 s (first kernel at 5.0 s) after this block. The warm-up itself takes 7 to
-  9 s on that core, against about 2 s for the MLP. A convolution block was tried too
-  and left out: it added 6 s and did not make the CNN example's first compile faster.
+  and 10.3 s (first kernel at 5.0 s) after this block. The block's compile itself
+  takes about 9 s on that core (9.1 to 9.5 s in the scaling benchmark's workers),
+  against about 2 s for the MLP. A convolution block was tried too and left out: it
+  added 6 s and did not make the CNN example's first compile faster. Like every job,
+  it runs in a stack chunk of its own (workers/stackroom.py).
 
 Nothing here changes what a compile does: the same functions run, earlier. Torch 2.13
 internals, pinned in tests/unit/test_warmup.py: `torch._inductor.cpu_vec_isa.
@@ -39,6 +41,8 @@ import logging
 import time
 
 import torch
+
+from workers.stackroom import in_stack_room
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ def warm_inductor(compile: bool = True) -> dict[str, float]:
     triton_key()
     t2 = time.perf_counter()
     if compile:
-        _staged_lowering()
+        in_stack_room(_staged_lowering)
     t3 = time.perf_counter()
     seconds = {"isa_probe": t1 - t0, "build_keys": t2 - t1, "first_compile": t3 - t2}
     log.info(
