@@ -22,6 +22,7 @@ from torchfarm.routing import (
     ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
 )
 from torchfarm.signing import Signer
+from torchfarm.stages import StageBoard
 from torchfarm.store import JobState, Store
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
@@ -81,10 +82,14 @@ def compile_task(key: str, namespace: str = "") -> None:
 def _record(key: str, namespace: str, began: float | None) -> None:
     """Counts a graph job in the metrics once it has ended: a staged compile's graph job
     (its decomposition) and lowering job leave it running, and its assembly ends it
-    (`began=None`: the job began with its graph job)."""
+    (`began=None`: the job began with its graph job). The lowering and the assembly can
+    both find it ended (a fast assembly ends it before its lowering task returns): the
+    first to mark the job record counts it."""
     store = _context().store.tenant(namespace)
     job = store.get_job(key)
     if job is None or (job.state not in JobState.TERMINAL and (began is None or job.stage in HANDED_ON)):
+        return
+    if began is None and StageBoard(store).count(key, "metrics_counted") > 1:
         return
     worker_metrics.record_job(store, key, job.started if began is None else began)
 

@@ -113,3 +113,37 @@ def test_reset_dir_removes_earlier_samples(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in d.iterdir()) == ["keep.txt"]
+
+
+_STAGED_END = textwrap.dedent(
+    """
+    import time, urllib.request
+    from workers import metrics as wm
+    wm.install(port={port}, queues=("cpu",))
+    wm.reset_dir()
+    from torchfarm.store import JobState
+    from workers import tasks
+
+    store = tasks._context().store
+    store.create_job("k1", "cpu", "", 60)
+    store.update_job("k1", state=JobState.SUCCEEDED, stage="done", started=time.time())
+    tasks._record("k1", "", None)  # the assembly ends the staged job
+    tasks._record("k1", "", None)  # its lowering task returns after that
+    wm.serve({port}, queues=("cpu",), torch_version="test")
+    print(urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+    """
+)
+
+
+def test_a_staged_job_ended_before_its_lowering_returns_counts_once(tmp_path, redis_url):
+    from torchfarm.stack import free_port
+
+    port = free_port()
+    out = run_python(
+        _STAGED_END.format(port=port),
+        {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "mp"), "TORCHFARM_CACHE_URL": redis_url,
+         "TORCHFARM_REDIS_PREFIX": f"tf-{port}"},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert _value(out.stdout, 'torchfarm_worker_jobs_total{code="",outcome="succeeded",target="cpu"}') == 1
