@@ -3,10 +3,10 @@
 CPython (3.11 on) keeps a thread's Python frames in a data stack made of chunks, 16 KiB
 at first. A call that does not fit in the current chunk maps a new one (mmap), and its
 return unmaps it (munmap). A hot loop whose calls cross a chunk boundary pays a map,
-an unmap and fresh page faults on every call (CPython gh-142183; 3.13 and 3.14 keep one
-spare chunk since March 2026, 3.11 and 3.12 do not). Where a job's frames start depends
-on the Celery and billiard frames above the task, so whether Inductor's loops land on a
-boundary is luck of the call depth.
+an unmap and fresh page faults on every call (CPython gh-142183: 3.13 and 3.14 keep
+one spare chunk since March 2026; 3.11, which the farm runs, does not). Where a job's
+frames start depends on the Celery and billiard frames above the task, so whether
+Inductor's loops land on a boundary is luck of the call depth.
 
 In the worker, they did. Measured on the 2-core development machine, the GPT
 example's lowering in a pool process pinned to one core: 190,000 mmap/munmap pairs
