@@ -27,7 +27,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.harness import run_case  # noqa: E402
-from torchfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 CASES = ("local cold", "local warm", "pt-remote hit", "farm cold", "farm hit")

@@ -36,8 +36,8 @@ def build_requests(count: int) -> list[bytes]:
     import torch
 
     from sdk.backend import build_request
-    from sdk.codec import encode_graph
-    from sdk.target import local_fingerprint
+    from torchfarm.fx.encode import encode_graph
+    from torchfarm.fx.fingerprint import local_fingerprint
 
     out = []
     for i in range(count):
@@ -114,8 +114,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from sdk.target import local_fingerprint
-    from torchfarm.stack import LocalStack
+    from torchfarm.fx.fingerprint import local_fingerprint
+    from torchfarm.testing.stack import LocalStack
 
     requests = build_requests(args.graphs)
     fingerprint = local_fingerprint().to_dict()

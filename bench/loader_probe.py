@@ -73,7 +73,8 @@ def client(bundle: Path, batch: int, with_kernels: bool) -> dict[str, Any]:
     t_start = time.perf_counter()
     import torch
 
-    from sdk.loader import count_kernel_builds, install_kernels, load_compiled
+    from sdk.loader import install_kernels, load_compiled
+    from torchfarm.fx.hooks import count_kernel_builds
 
     t_import = time.perf_counter() - t_start
     n = len(list(bundle.glob("*.src")))

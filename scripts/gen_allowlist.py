@@ -7,8 +7,8 @@
 The list is built from the pinned torch by enumerating namespaces of pure tensor ops,
 then removing a deny-list of anything that does I/O, touches storage or pointers,
 changes process-wide state, registers hooks or runs arbitrary callables. Names are
-canonical as `sdk.codec.qualified_name` writes them, and every one is checked to resolve
-back to the same object through `workers.graph_build.resolve_qualified_name`.
+canonical as `torchfarm.fx.encode.qualified_name` writes them, and every one is checked to resolve
+back to the same object through `torchfarm.fx.decode.resolve_qualified_name`.
 
 The output depends only on the installed torch, so a unit test regenerates it and
 compares with the committed file.
@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from sdk.codec import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
-from workers.graph_build import resolve_qualified_name  # noqa: E402
+from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
+from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
 
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
 

@@ -42,9 +42,9 @@ import torch
 
 import sdk
 from examples.harness import run_case, table
-from sdk.target import local_target
+from torchfarm.fx.fingerprint import local_target
 from torchfarm import elf
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 
 t_start = time.monotonic()
 target = local_target("cuda")

@@ -170,7 +170,7 @@ def demo(out: Path) -> None:
     import yaml
 
     from tests.ops.farm import foreign_build_request
-    from torchfarm.stack import LocalStack, free_port
+    from torchfarm.testing.stack import LocalStack, free_port
     from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
     with tempfile.TemporaryDirectory(prefix="torchfarm-render-") as tmp:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from sdk import nonblocking, warmup
-from sdk import target as sdk_target
+from torchfarm.fx import fingerprint as sdk_target
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings

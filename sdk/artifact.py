@@ -22,7 +22,7 @@ from collections.abc import Callable
 from sdk import loader
 from sdk.errors import ArtifactRejected
 from sdk.metrics import ARTIFACTS_REJECTED
-from sdk.target import Fingerprint
+from torchfarm.fx.fingerprint import Fingerprint
 from sdk.trust import Trust
 from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
 from torchfarm.signing import SignatureError, TrustedKeys

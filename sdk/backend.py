@@ -22,14 +22,14 @@ import torch
 
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
-from sdk.codec import UnsupportedGraph, encode_graph
+from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected, JobLost
-from sdk.guards import CaptureShapes, GuardError
+from torchfarm.fx.guards import CaptureShapes, GuardError
 from sdk.metrics import FALLBACKS
 from sdk.nonblocking import Swapper
 from sdk.progress import GraphTrack, Progress
 from sdk.settings import SDKSettings
-from sdk.target import Fingerprint, device_kind, local_fingerprint, local_target
+from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from sdk.trust import Trust
 from torchfarm import keys
 from torchfarm.targets import Target
@@ -121,7 +121,7 @@ class FarmBackend:
         self.settings = settings
         self.mode = mode or ""
         self.target = target
-        """The target asked for; None is this process's own (sdk/target.py)."""
+        """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
         # The same wrapper torch.compile builds: it turns mode and options into the
         # Inductor config patch, and it is the local fallback compiler.
         self.local = torch._TorchCompileInductorWrapper(mode, options, dynamic)
@@ -219,7 +219,7 @@ class FarmBackend:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
 
         The key leaves the symbols' hints out, so a dynamic graph shares its artifact
-        across sizes. The artifact's shape guards (sdk/guards.py) are what its compile
+        across sizes. The artifact's shape guards (torchfarm/fx/guards.py) are what its compile
         decided from the hints: if one is false at this capture's sizes, the graph is
         submitted again with `specialize_hints`. They go into Dynamo's guards, which
         only works `in_backend` (before Dynamo builds the frame's guards)."""

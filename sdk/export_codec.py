@@ -30,7 +30,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from sdk.codec import UnsupportedGraph, dtype_name, encode_graph
+from torchfarm.fx.encode import UnsupportedGraph, dtype_name, encode_graph
 from torchfarm import exportcheck
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits

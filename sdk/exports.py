@@ -36,11 +36,11 @@ import torch
 from sdk import artifact, prewarm
 from sdk.backend import build_request
 from sdk.client import FarmClient, parse_address
-from sdk.codec import UnsupportedGraph
+from torchfarm.fx.encode import UnsupportedGraph
 from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, JobLost, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
-from sdk.target import Fingerprint, device_kind, local_fingerprint, local_target, resolve
+from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from sdk.trust import Trust
 from torchfarm import keys
 from torchfarm.manifest import EXPORT

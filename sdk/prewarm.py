@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 
 from sdk.client import FarmClient
 from sdk.errors import FarmUnavailable
-from sdk.target import Fingerprint
+from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.targets import Target
 from torchfarm.v1 import graph_pb2
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
 
 

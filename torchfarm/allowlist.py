@@ -4,7 +4,7 @@
 `scripts/gen_allowlist.py` and committed; a unit test fails if regenerating changes it.
 It holds two sorted lists:
 
-- `functions`: canonical qualified names of call_function targets, as `sdk.codec`
+- `functions`: canonical qualified names of call_function targets, as `torchfarm.fx.encode`
   writes them ("torch._C._nn.linear", "_operator.getitem", "torch.ops.aten.add.Tensor");
 - `methods`: Tensor method names allowed as call_method targets ("view", "__getitem__").
 

@@ -121,7 +121,7 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 # ---------------------------------------------------------------------------
 
 SymAst = tuple
-"""Parse tree of a size expression, read by `workers.graph_build`:
+"""Parse tree of a size expression, read by `torchfarm.fx.decode`:
 ("int", value), ("sym", name), ("neg", tree), ("pow", tree, exponent),
 ("call", function, (tree, ...)), and ("chain", tree, ((op, tree), ...)) for a run of
 same-precedence operators ("+", "-" or "*", "//") applied left to right. Runs are flat so

@@ -19,7 +19,7 @@ A dynamic graph's symbols carry hints, the sizes seen at capture time. The key l
 them out, so the same symbolic graph captured at batch 4 and at batch 8 shares one
 artifact; the shapes stay in as expressions over the symbols, with the symbols' ranges.
 What Inductor decided from the hints comes back as shape guards in the manifest
-(sdk/guards.py). When those are false for a client's hints, it resubmits with
+(torchfarm/fx/guards.py). When those are false for a client's hints, it resubmits with
 `specialize_hints`, and the key then covers the hints too.
 """
 

@@ -85,7 +85,7 @@ class Manifest:
     AOTInductor .pt2 package for sdk.export). Clients refuse the other kind."""
     guards: tuple[Any, ...] = ()
     """Shape guards the compile added, each a JSON tree over the client's symbol names
-    (sdk/guards.py); the client installs them in Dynamo's guards. Empty for a static graph."""
+    (torchfarm/fx/guards.py); the client installs them in Dynamo's guards. Empty for a static graph."""
     stages: tuple[dict[str, Any], ...] = ()
     """A staged compile's stage records (workers/pipeline.py): each has "stage",
     "seconds" (running), "queued_seconds", "worker", "kernels", "kernels_hit". Empty for
@@ -173,7 +173,7 @@ def _kind(body: Any) -> str:
 
 
 def _guards(body: Any) -> tuple[Any, ...]:
-    # Only the outer shape here; sdk/guards.py reads each tree against an allow-list.
+    # Only the outer shape here; torchfarm/fx/guards.py reads each tree against an allow-list.
     if not isinstance(body, list) or not all(isinstance(g, list) for g in body):
         raise ManifestError("malformed guards")
     return tuple(body)

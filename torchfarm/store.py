@@ -7,14 +7,14 @@ Layout, under a configurable prefix (default "tf"):
   that sees a manifest can fetch every blob it names;
 - `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle);
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
-  staged compile's stage records and kernel counts, torchfarm/stages.py);
+  staged compile's stage records and kernel counts, workers/board.py);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
   queues, the targets it serves with the job kinds it takes for each, and its build;
 - `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the record
   of its compiled binary, whose bytes are blobs like any other;
 - `tf:recent`: the latest job keys, for `torchfarm status`;
 - `tf:kbin:<key>`, `tf:plan:<key>`, `tf:pending:<key>`: the staged compile's kernel cache,
-  plans and barriers (torchfarm/stages.py);
+  plans and barriers (workers/board.py);
 - `tf:stat:<key>`: a hash of an artifact's use: `hits`, `last_hit` (unix seconds), and
   the `label` of the request that created its job; for `torchfarm cache`;
 - `tf:inflight:<tenant>`: the tenant's jobs not yet seen to finish, for its queue quota.

@@ -13,7 +13,7 @@ Text form (what users type, what errors and `torchfarm status` print):
 
 A target without its detail ("cpu", "cuda") is *inexact*: it names a device kind and
 means "this machine's" when a worker or the SDK resolves it locally
-(`sdk.target.local_target`). A compile or kernel request must carry an exact target,
+(`torchfarm.fx.fingerprint.local_target`). A compile or kernel request must carry an exact target,
 since the generated code differs per ISA and per architecture.
 """
 

@@ -56,7 +56,7 @@ def _build_label() -> str:
 
 
 def _heartbeat(store: Store, name: str, build: str) -> None:
-    from sdk.target import build_fields, fingerprint_for
+    from torchfarm.fx.fingerprint import build_fields, fingerprint_for
 
     fingerprint = build_fields(fingerprint_for(plan.graph[0] if plan.graph else plan.kernel[0]))
     while not _stop_heartbeat.is_set():

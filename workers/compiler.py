@@ -2,7 +2,7 @@
 
 Plain functions, no Celery. `compile_graph` runs `torch._inductor.standalone_compile(...,
 aot=True)`, serializes the `AOTCompiledArtifact`, then collects kernels by deserializing
-that payload once more under `sdk.loader.record_kernel_loads`. Deserializing re-imports
+that payload once more under `torchfarm.fx.hooks.record_kernel_loads`. Deserializing re-imports
 the generated wrapper modules (`CompiledFxGraph.after_deserialization` loads them with
 attrs, which bypasses `PyCodeCache`'s module memo), and those call
 `CppCodeCache.load_async` for every kernel: so we record exactly the kernels a client's
@@ -16,7 +16,7 @@ every C++ kernel build is deferred (workers/deferral.py), and the specs come bac
 the same deserialize-and-record step; `build_kernel` later builds one spec on whichever
 worker takes it.
 
-The torch 2.13 internals this relies on are listed in `sdk/loader.py` and
+The torch 2.13 internals this relies on are listed in `torchfarm/fx/kernelspec.py` and
 `workers/deferral.py`, and pinned by tests/unit/test_compiler_loader.py and
 tests/unit/test_deferral.py.
 """
@@ -33,14 +33,8 @@ from typing import Any
 
 import torch
 
-from sdk.loader import (
-    KernelSpec,
-    count_kernel_builds,
-    kernel_name,
-    load_fn_outputs,
-    local_outputs,
-    record_kernel_loads,
-)
+from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
+from torchfarm.fx.kernelspec import KernelSpec, kernel_name, load_fn_outputs, local_outputs
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +59,7 @@ class Kernel:
     kind: str
     """"cpp" for a kernel library, "cpp-object" for an object file of a split build."""
     source: bytes
-    """`sdk.loader.KernelSpec` JSON: the source text and the options that enter the key."""
+    """`torchfarm.fx.kernelspec.KernelSpec` JSON: the source text and the options that enter the key."""
     binary: bytes
 
 
@@ -163,7 +157,7 @@ class LoweredGraph:
     payload: bytes
     """`AOTCompiledArtifact.serialize()`, exactly as `compile_graph` would return it."""
     specs: list[bytes]
-    """`sdk.loader.KernelSpec` JSON of every build output a client's `deserialize` loads,
+    """`torchfarm.fx.kernelspec.KernelSpec` JSON of every build output a client's `deserialize` loads,
     in load order: what the kernel-generation jobs build."""
     timings: dict[str, float]
     """Seconds: "compile", "collect"; "decompose" and "lower" when measured."""
@@ -271,11 +265,11 @@ def start_kernel_build(source: bytes) -> Callable[[], Kernel]:
     with its binary. Ready builds one at a time (this registers the kernel's loader in
     Inductor's code cache, as Inductor itself does from one thread); the returned
     functions may run in threads at once, as Inductor's own compile pool runs them."""
-    from sdk.loader import _code_cache, _call_args
+    from torchfarm.fx.kernelspec import code_cache, call_args
 
     spec = KernelSpec.from_bytes(source)
-    cache_cls = _code_cache(spec.cache)
-    load_fn = cache_cls.load_async(**_call_args(spec.args))
+    cache_cls = code_cache(spec.cache)
+    load_fn = cache_cls.load_async(**call_args(spec.args))
     # load_fn() would also dlopen the library into this process; its worker_fn only
     # builds (pinned with the rest of load_async in tests/unit/test_compiler_loader.py).
     cells = dict(zip(load_fn.__code__.co_freevars, load_fn.__closure__ or (), strict=True))

@@ -4,7 +4,7 @@
 config patch), and stops it where AOTAutograd has traced the joint graph with the
 PrimTorch / core-ATen decompositions and partitioned it into forward and backward
 graphs (an inference graph: where it has traced the one decomposed graph). Those
-graphs leave the job in the project's own graph format (`sdk.codec`, no pickle),
+graphs leave the job in the project's own graph format (`torchfarm.fx.encode`, no pickle),
 with a map from their symbols to the client's symbol names, the few numbers tracing
 and the partition wrote into AOTAutograd's runtime metadata, and the shape guards
 tracing added (the lowering ships them with its own).
@@ -43,12 +43,12 @@ from typing import Any
 import sympy
 import torch
 
-from sdk import guards as shape_guards
-from sdk.codec import UnsupportedGraph, encode_graph
+from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import compiler
-from workers.graph_build import DecodedGraph, decode_graph_into
+from torchfarm.fx.decode import DecodedGraph, decode_graph_into
 
 JOINT = "joint"
 """A training graph: forward and backward graphs."""
@@ -90,7 +90,7 @@ class Decomposition:
     counts (`num_fw_outs_saved_for_bw`, `num_symints_saved_for_bw`,
     `indices_of_inps_to_detach`)."""
     guards: list[Any] = field(default_factory=list)
-    """Shape guards the decomposition added (`sdk.guards` trees): they are part of what
+    """Shape guards the decomposition added (`torchfarm.fx.guards` trees): they are part of what
     the artifact assumes, so they travel with it."""
     seconds: float = 0.0
     """How long the decomposition took, for its log line; the stored stage record

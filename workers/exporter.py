@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 
 from torchfarm import exportcheck
 from torchfarm.v1 import farm_pb2, graph_pb2
-from workers.graph_build import decode_graph
+from torchfarm.fx.decode import decode_graph
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from sdk import guards as shape_guards
-from sdk.target import Fingerprint
+from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm import keys, options
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
@@ -38,7 +38,7 @@ from workers.compiler import (
     cause_of,
     compile_graph,
 )
-from workers.graph_build import DecodedGraph, decode_graph
+from torchfarm.fx.decode import DecodedGraph, decode_graph
 from workers.limits import cpu_time_limit
 from workers.settings import WorkerSettings
 

@@ -23,10 +23,10 @@ import logging
 import time
 from typing import Any
 
-from sdk import guards as shape_guards
+from torchfarm.fx import guards as shape_guards
 from torchfarm import keys, routing, targets
 from torchfarm.manifest import Manifest
-from torchfarm.stages import StageBoard
+from workers.board import StageBoard
 from torchfarm.store import JobState
 from workers.compiler import CompileFailed, LoweredGraph, NeedsWholeGraph, lower_graph
 from workers.decompose import Decomposition, NotDecomposable, decompose_graph, using_decomposition

@@ -20,13 +20,13 @@ sends their builds then. What the compile asks for is not yet what a client will
 and drops any stray that was sent but is not loaded.
 
 No task waits for another: each stage ends by sending the next one, and the barrier is
-a Redis set (torchfarm/stages.py) that holds `LOWERING` until the lowering ends, so the
+a Redis set (workers/board.py) that holds `LOWERING` until the lowering ends, so the
 assembly cannot start while kernels are still being discovered. A worker lost mid-stage
 is covered by Celery's acks_late redelivery; every stage is idempotent and counts its
 deliveries against `max_attempts` on the job record.
 
 Jobs in flight at once build a kernel they share once: the first claims it and sends
-its build, the others wait on that build, which releases them all (torchfarm/stages.py,
+its build, the others wait on that build, which releases them all (workers/board.py,
 `StageBoard.claim`, and `_settle` here).
 
 A graph that cannot be decomposed apart is lowered in its graph job, decomposition
@@ -46,10 +46,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sdk.loader import KernelSpec, kernel_name
+from torchfarm.fx.kernelspec import KernelSpec, kernel_name
 from torchfarm import keys, routing, targets
 from torchfarm.manifest import KernelRef, Manifest
-from torchfarm.stages import (
+from workers.board import (
     BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard, kernel_cache_key, parse_waiter,
     waiter_name,
 )

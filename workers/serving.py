@@ -67,7 +67,7 @@ def make_plan(
     lower_without_gpu: bool = False,
     extra_queues: Iterable[str] = (),
 ) -> ServingPlan:
-    """Decides what to serve. `local` is `sdk.target.local_targets()` (CPU first)."""
+    """Decides what to serve. `local` is `torchfarm.fx.fingerprint.local_targets()` (CPU first)."""
     graph: list[Target] = []
     kernel: list[Target] = []
     fake_gpu = None
@@ -130,7 +130,7 @@ def plan_for(settings: WorkerSettings) -> ServingPlan:
     """The plan for a worker's settings, on this machine (imports torch)."""
     import torch
 
-    from sdk.target import local_targets
+    from torchfarm.fx.fingerprint import local_targets
 
     return make_plan(
         settings.targets,

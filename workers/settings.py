@@ -44,7 +44,7 @@ class WorkerSettings:
     jobs (about 10 ms each)."""
     kernel_cache_scope: str = "fleet"
     """"fleet": a C++ kernel built for any tenant's graph is reused by every tenant's
-    (torchfarm/stages.py). "tenant": each tenant's kernels are cached apart, so no
+    (workers/board.py). "tenant": each tenant's kernels are cached apart, so no
     tenant's kernel-hit counts reveal what another compiled."""
     warmup: bool = True
     """Run Inductor's once-per-process setup (the vector ISA probe, the build hashes;

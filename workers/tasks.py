@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from sdk.target import fingerprint_for, local_fingerprint
+from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint
 from torchfarm.routing import (
     ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
 )
 from torchfarm.signing import Signer
-from torchfarm.stages import StageBoard
+from workers.board import StageBoard
 from torchfarm.store import JobState, Store
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings

@@ -101,10 +101,10 @@ def _staged_lowering() -> None:
     deferred. Raises if the lowering did not take the decomposition."""
     from torch._inductor.utils import fresh_cache
 
-    from sdk.codec import encode_graph
+    from torchfarm.fx.encode import encode_graph
     from workers.compiler import lower_graph
     from workers.decompose import Decomposition, decompose_graph, using_decomposition
-    from workers.graph_build import decode_graph
+    from torchfarm.fx.decode import decode_graph
 
     graphs = []
 

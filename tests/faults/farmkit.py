@@ -15,13 +15,13 @@ import torch
 
 from sdk import artifact
 from sdk.backend import FarmBackend, build_request
-from sdk.codec import encode_graph
+from torchfarm.fx.encode import encode_graph
 from sdk.settings import SDKSettings
-from sdk.target import local_fingerprint
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys
 from torchfarm.manifest import Manifest
-from torchfarm.stack import LocalStack
-from torchfarm.stages import StageBoard
+from torchfarm.testing.stack import LocalStack
+from workers.board import StageBoard
 from torchfarm.store import JobRecord, JobState, Store
 from torchfarm.v1 import farm_pb2
 

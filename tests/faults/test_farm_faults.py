@@ -28,7 +28,7 @@ from tests.faults.farmkit import (
 )
 from torchfarm.manifest import Manifest
 from torchfarm.signing import Signer
-from torchfarm.stack import LocalStack, free_port
+from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,7 +60,7 @@ def test_tenants_are_isolated_end_to_end(stack):
     # An artifact of Alice's namespace, handed to a Bob client, fails Bob's checks.
     manifest_bytes, blobs = alice.farm.fetch(a.reply.key)
     from sdk import artifact
-    from sdk.target import local_fingerprint
+    from torchfarm.fx.fingerprint import local_fingerprint
 
     with pytest.raises(ArtifactRejected) as info:
         artifact.verify(manifest_bytes, blobs, a.reply.key, local_fingerprint(), bob.trust)

@@ -24,7 +24,7 @@ from tests.faults.farmkit import (
     pool_child,
     wait_for,
 )
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 from torchfarm.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

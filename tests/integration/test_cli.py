@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm.stack import free_port
+from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
 

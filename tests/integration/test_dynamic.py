@@ -36,7 +36,7 @@ BATCH_SCRIPT = textwrap.dedent(
     import copy, json, logging, sys
     import torch
     import sdk
-    from sdk.loader import count_kernel_builds
+    from torchfarm.fx.hooks import count_kernel_builds
     records = []
     class Keep(logging.Handler):
         def emit(self, r):

@@ -18,7 +18,7 @@ import torch
 import sdk
 from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
 from tests.conftest import run_python
-from torchfarm.stack import free_port
+from torchfarm.testing.stack import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ HIT_SCRIPT = textwrap.dedent(
     import json, logging, sys
     import torch
     import sdk
-    from sdk.loader import count_kernel_builds
+    from torchfarm.fx.hooks import count_kernel_builds
     from examples.models import make_mlp
     records = []
     class Keep(logging.Handler):

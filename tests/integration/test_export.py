@@ -19,7 +19,7 @@ from sdk.client import FarmClient, parse_address
 from sdk.errors import ArtifactRejected, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
-from sdk.target import local_fingerprint
+from torchfarm.fx.fingerprint import local_fingerprint
 from sdk.trust import Trust
 from torchfarm.settings import from_env
 from sdk.backend import build_request

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
 from tests.requests import relu_request
-from torchfarm.stack import free_port, start_redis_server
+from torchfarm.testing.stack import free_port, start_redis_server
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2, graph_pb2
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from sdk.backend import build_request
-from sdk.codec import encode_graph
-from sdk.target import local_fingerprint
+from torchfarm.fx.encode import encode_graph
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys, routing, targets
-from torchfarm.stages import StageBoard
+from workers.board import StageBoard
 from torchfarm.store import JobState
 from workers.job import WorkerContext, run_job
 from workers.lowering import run_lowering

@@ -24,7 +24,7 @@ import sdk
 from examples.models import TINY_GPT, make_gpt, make_mlp
 from sdk.nonblocking import COMPILED, COMPILING, EAGER, swapper_of
 from tests.conftest import run_python
-from torchfarm.stack import LocalStack, free_port
+from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 
 import sdk
 from examples.models import make_cnn, make_mlp
-from sdk.loader import count_kernel_builds
+from torchfarm.fx.hooks import count_kernel_builds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -108,9 +108,9 @@ def test_modes_and_options_have_their_own_keys():
     """Requests only: each compile setting names another artifact (mode "default" and
     no mode are the same compile, as in torch.compile)."""
     from sdk.backend import FarmBackend, build_request
-    from sdk.codec import encode_graph
+    from torchfarm.fx.encode import encode_graph
     from sdk.settings import SDKSettings
-    from sdk.target import local_fingerprint
+    from torchfarm.fx.fingerprint import local_fingerprint
     from torchfarm import keys
 
     graphs = []

@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-from sdk.loader import KernelSpec, spec_args
-from sdk.target import local_fingerprint
+from torchfarm.fx.kernelspec import KernelSpec, spec_args
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys, routing
 from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
-from torchfarm.stages import StageBoard, waiter_name
+from workers.board import StageBoard, waiter_name
 from torchfarm.store import JobState
 from tests.requests import relu_request
 from workers import pipeline

@@ -14,7 +14,7 @@ from tests.coordinator_server import Recorder, running_coordinator
 from tests.requests import relu_request
 from tests.tls import make_pki
 from torchfarm import tokens
-from torchfarm.stack import free_port
+from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -63,7 +63,7 @@ FRESH_PROCESS = MODEL_SOURCE + textwrap.dedent(
     import copy, json, sys
     import sdk
     from sdk import report
-    from sdk.loader import count_kernel_builds
+    from torchfarm.fx.hooks import count_kernel_builds
 
     width, training = int(sys.argv[1]), sys.argv[2] == "train"
     model, inputs = make(width)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from sdk.target import local_fingerprint
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys
 from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.store import JobState

@@ -19,7 +19,7 @@ import redis
 
 from tests.conftest import ROOT
 from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 from torchfarm.store import JobState
 from torchfarm.v1 import farm_pb2_grpc
 

@@ -33,7 +33,7 @@ from tests.conftest import run_python
 from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
 from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
 from torchfarm import routing
-from torchfarm.stack import LocalStack, free_port
+from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 pytestmark = [

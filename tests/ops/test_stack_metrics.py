@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 
 
 def test_metrics_ports_and_multiprocess_dirs(tmp_path):

@@ -50,7 +50,7 @@ def _value(text: str, sample: str) -> float:
 
 
 def test_pool_processes_are_merged_by_the_main_process(tmp_path):
-    from torchfarm.stack import free_port
+    from torchfarm.testing.stack import free_port
 
     port = free_port()
     out = run_python(
@@ -136,7 +136,7 @@ _STAGED_END = textwrap.dedent(
 
 
 def test_a_staged_job_ended_before_its_lowering_returns_counts_once(tmp_path, redis_url):
-    from torchfarm.stack import free_port
+    from torchfarm.testing.stack import free_port
 
     port = free_port()
     out = run_python(

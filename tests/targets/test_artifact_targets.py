@@ -10,7 +10,7 @@ import pytest
 from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.kernels import from_reply
-from sdk.target import fingerprint_for, local_fingerprint, resolve
+from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
 from torchfarm import kernelreq, targets
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2

@@ -1,4 +1,4 @@
-"""sdk/target.py: the local target detected from torch, and fingerprints serialized.
+"""torchfarm/fx/fingerprint.py: the local target detected from torch, and fingerprints serialized.
 
 GPUs are simulated by replacing the torch.cuda / torch.xpu / torch.backends.mps calls
 that detection makes; the real CUDA path runs in test_gpu.py where a GPU exists.
@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from sdk import target as sdk_target
-from sdk.target import Fingerprint, device_kind, local_target, local_targets, resolve
+from torchfarm.fx import fingerprint as sdk_target
+from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_target, local_targets, resolve
 from torchfarm.targets import TargetError
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import sdk
-from sdk.target import local_fingerprint, local_target
-from torchfarm.stack import LocalStack
+from torchfarm.fx.fingerprint import local_fingerprint, local_target
+from torchfarm.testing.stack import LocalStack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
 

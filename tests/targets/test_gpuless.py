@@ -41,7 +41,7 @@ def f(a):
 
 gm = torch.fx.symbolic_trace(f)
 FakeTensorProp(gm, fake).propagate(x)
-for node in gm.graph.nodes:  # as workers/graph_build.py does
+for node in gm.graph.nodes:  # as torchfarm/fx/decode.py does
     if "val" in node.meta:
         node.meta["example_value"] = node.meta["val"]
 art = torch._inductor.standalone_compile(gm, [x], dynamic_shapes="from_example_inputs", aot=True, fake_mode=fake)

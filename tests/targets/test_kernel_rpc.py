@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 import sdk
-from sdk.target import local_target
+from torchfarm.fx.fingerprint import local_target
 from tests.requests import relu_request
 from torchfarm import elf, kernelreq
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ import pytest
 
 from sdk import prewarm
 from sdk.errors import FarmUnavailable
-from sdk.target import fingerprint_for, local_target
+from torchfarm.fx.fingerprint import fingerprint_for, local_target
 from tests.conftest import run_python
 from tests.requests import relu_request
 from torchfarm import targets
-from torchfarm.stack import LocalStack
+from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdk.codec import UnsupportedGraph, qualified_name
+from torchfarm.fx.encode import UnsupportedGraph, qualified_name
 from torchfarm.allowlist import is_allowed_function, is_allowed_method, load_allowlist
 from torchfarm.graph_errors import DisallowedOp
-from workers.graph_build import resolve_function
+from torchfarm.fx.decode import resolve_function
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
-from sdk.target import Fingerprint
+from torchfarm.fx.fingerprint import Fingerprint
 from sdk.trust import Trust, is_loopback
 from torchfarm import tokens
 from torchfarm.manifest import BlobRef, Manifest, blob_digest

@@ -3,7 +3,7 @@
 Three groups:
 - torch internals that `sdk/loader.py` and `workers/compiler.py` hook, pinned for torch
   2.13.0: these fail loudly, with the reason, when an upgrade moves them;
-- `sdk.target` fingerprints;
+- `torchfarm.fx.fingerprint` fingerprints;
 - end to end (slow): the test process is the worker; each client is a fresh process with
   an empty TORCHINDUCTOR_CACHE_DIR and an empty TMPDIR (so no precompiled header or ISA
   probe from this machine either), first from this venv, then from a second venv at
@@ -30,15 +30,10 @@ import torch
 
 from examples.models import TINY_GPT, make_gpt, make_mlp
 from sdk.errors import ArtifactRejected
-from sdk.loader import (
-    KernelSpec,
-    count_kernel_builds,
-    install_kernels,
-    load_fn_outputs,
-    local_outputs,
-    spec_args,
-)
-from sdk.target import Fingerprint, local_fingerprint
+from sdk.loader import install_kernels
+from torchfarm.fx.hooks import count_kernel_builds
+from torchfarm.fx.kernelspec import KernelSpec, load_fn_outputs, local_outputs, spec_args
+from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
 from tests.second_venv import VenvUnavailable, second_venv
 from workers.compiler import CompileFailed, CompileResult, compile_graph, inductor_config_patch
 
@@ -66,7 +61,7 @@ def test_load_async_signature_is_what_specs_record():
     assert params == [
         "main_code", "device_type", "submit_fn", "extra_flags",
         "optimized_code", "needs_vec_isa", "kernel_needs_vec_isa",
-    ], "CppCodeCache.load_async changed: update sdk.loader.SPEC_ARGS and the spec format"
+    ], "CppCodeCache.load_async changed: update torchfarm.fx.kernelspec.SPEC_ARGS and the spec format"
 
 
 def test_every_cpp_code_cache_inherits_load_async():
@@ -230,7 +225,7 @@ def test_fingerprint_isa_follows_aten_cpu_capability():
     # avx2 on an AVX-512 machine (the case torch-facts.md measured); elsewhere the
     # portable "default", which every x86 CPU accepts.
     wanted = "avx2" if local.isa == "avx512" else "default"
-    code = "import json; from sdk.target import local_fingerprint as f; print(json.dumps(f().to_dict()))"
+    code = "import json; from torchfarm.fx.fingerprint import local_fingerprint as f; print(json.dumps(f().to_dict()))"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "ATEN_CPU_CAPABILITY": wanted, "PYTHONPATH": str(ROOT)},
@@ -370,7 +365,9 @@ CLIENT = r"""
 import copy, json, sys, time
 import torch
 from examples.models import TINY_GPT, make_gpt, make_mlp
-from sdk.loader import KernelSpec, count_kernel_builds, install_kernels, load_compiled, local_outputs
+from sdk.loader import install_kernels, load_compiled
+from torchfarm.fx.hooks import count_kernel_builds
+from torchfarm.fx.kernelspec import KernelSpec, local_outputs
 
 bundle, rtol, atol = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 makers = {"mlp": lambda: make_mlp(batch=8), "tiny_gpt": lambda: make_gpt(TINY_GPT, batch=2)}

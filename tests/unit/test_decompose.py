@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from examples.models import make_cnn, make_mlp
-from sdk.codec import encode_graph
-from sdk.loader import kernel_name
+from torchfarm.fx.encode import encode_graph
+from torchfarm.fx.kernelspec import kernel_name
 from workers.compiler import lower_graph
 from workers.decompose import (
     _SAVED_META, INFERENCE, JOINT, Decomposition, NotDecomposable, decompose_graph,
     using_decomposition,
 )
-from workers.graph_build import decode_graph
+from torchfarm.fx.decode import decode_graph
 
 RTOL, ATOL = 1e-5, 1e-6
 GRAD_TOL = 1e-4

@@ -1,6 +1,6 @@
 """The staged pipeline's worker pieces, without servers: lowering with deferred kernel
 builds (workers/deferral.py, `workers.compiler.lower_graph`), building one kernel spec
-(`build_kernel`), and the kernel cache key (torchfarm/stages.py).
+(`build_kernel`), and the kernel cache key (workers/board.py).
 
 Torch 2.13 internals that workers/deferral.py relies on are pinned first. Numerics
 against eager: rtol=1e-5, atol=1e-6, as tests/unit/test_compiler_loader.py.
@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from examples.models import make_mlp
-from sdk.loader import KernelSpec, count_kernel_builds, spec_args
-from torchfarm.stages import kernel_cache_key
+from torchfarm.fx.hooks import count_kernel_builds
+from torchfarm.fx.kernelspec import KernelSpec, spec_args
+from workers.board import kernel_cache_key
 from workers.compiler import NeedsWholeGraph, build_kernel, compile_graph, lower_graph
 from workers.deferral import DeferredKernelCalled, defer_kernel_builds
 

@@ -18,7 +18,7 @@ from sdk import artifact
 from sdk.backend import build_request
 from sdk.errors import ArtifactRejected
 from sdk.export_codec import encode_export, tensor_bytes
-from sdk.target import local_fingerprint
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import exportcheck, keys, routing, targets
 from torchfarm.graph_errors import MalformedGraph
 from torchfarm.manifest import COMPILE, EXPORT, BlobRef, Manifest, ManifestError, blob_digest
@@ -123,7 +123,7 @@ class Scaled(torch.nn.Module):
 
 
 def test_a_non_tensor_input_is_refused_with_the_reason():
-    from sdk.codec import UnsupportedGraph
+    from torchfarm.fx.encode import UnsupportedGraph
 
     ep = torch.export.export(Scaled(), (torch.randn(3), 2))
     with pytest.raises(UnsupportedGraph, match="inputs are all tensors"):
@@ -250,7 +250,7 @@ def test_the_sdk_refuses_an_artifact_of_the_other_kind():
 
 def test_rebuilt_module_exports_again_with_the_clients_calling_convention():
     from workers.exporter import ExportedModule, weight_tensor
-    from workers.graph_build import decode_graph
+    from torchfarm.fx.decode import decode_graph
 
     model = WithBuffer().eval()
     x, bias = torch.randn(2, 4), torch.randn(3)
@@ -310,7 +310,7 @@ def _other_cpu_target():
 
 def test_another_target_is_verified_against_its_fleets_fingerprint():
     from sdk.exports import _target_build
-    from sdk.target import build_fields
+    from torchfarm.fx.fingerprint import build_fields
 
     other = _other_cpu_target()
     fleet = {**build_fields(local_fingerprint()), "isa": other.isa, "compiler": "fleet-gcc"}

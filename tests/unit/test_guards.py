@@ -1,4 +1,4 @@
-"""The shape-guard wire form (sdk/guards.py), and the torch 2.13 internals it relies on."""
+"""The shape-guard wire form (torchfarm/fx/guards.py), and the torch 2.13 internals it relies on."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy import functions as F
 
-from sdk import guards
-from sdk.guards import GuardError
+from torchfarm.fx import guards
+from torchfarm.fx.guards import GuardError
 from torchfarm.manifest import BlobRef, Manifest
 
 s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
@@ -137,7 +137,7 @@ def test_install_adds_a_guard_dynamo_reads():
 
 def test_shipped_guard_makes_dynamo_recompile():
     """A guard installed from the backend joins the frame's guards (sdk/backend.py)."""
-    from sdk.codec import encode_graph
+    from torchfarm.fx.encode import encode_graph
 
     hints = []
 

@@ -1,10 +1,10 @@
 """How a staged compile's stage timings read in the SDK's per-graph log line and in
-`torchfarm status`'s recent jobs (sdk/backend.py `farm_stages`, torchfarm/cli.py)."""
+`torchfarm status`'s recent jobs (sdk/backend.py `farm_stages`, torchfarm/cli/main.py)."""
 
 from __future__ import annotations
 
 from sdk.backend import farm_stages
-from torchfarm.cli import recent_jobs_table
+from torchfarm.cli.main import recent_jobs_table
 from torchfarm.v1 import farm_pb2
 
 

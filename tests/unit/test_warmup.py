@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = textwrap.dedent(
     """
     import os
-    from sdk.loader import count_kernel_builds
+    from torchfarm.fx.hooks import count_kernel_builds
     from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
     from workers.warmup import warm_inductor
 

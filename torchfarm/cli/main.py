@@ -28,14 +28,14 @@ import sys
 import threading
 
 from torchfarm import tables
-from torchfarm.cli_cache import add_cache_parser, as_json, call
-from torchfarm.cli_targets import add_kernel_parser, targets_table
-from torchfarm.cli_warm import add_warm_parser
+from torchfarm.cli.cache import add_cache_parser, as_json, call
+from torchfarm.cli.targets import add_kernel_parser, targets_table
+from torchfarm.cli.warm import add_warm_parser
 from torchfarm.v1 import farm_pb2
 
 
 def _up(args: argparse.Namespace) -> int:
-    from torchfarm.stack import LocalStack
+    from torchfarm.testing.stack import LocalStack
 
     stack = LocalStack(
         workers=args.workers,

@@ -188,7 +188,7 @@ def kernel_cache_key(
 @dataclass(frozen=True)
 class PlannedKernel:
     name: str
-    """`sdk.loader.kernel_name` of the spec, as in the manifest."""
+    """`torchfarm.fx.kernelspec.kernel_name` of the spec, as in the manifest."""
     kind: str
     source: BlobRef
     """The spec's blob."""

@@ -1,0 +1,189 @@
+"""C++ kernel specs: a kernel as the arguments of the `CppCodeCache.load_async` call that
+Inductor made for it, and what the *local* Inductor would build it to.
+
+Why (torch-facts.md): Inductor finds each kernel's .so by a hash of its source plus the
+full compiler command line, which holds absolute include paths of the torch
+installation. A worker and a client whose torch live at different paths compute
+different keys, so a kernel travels as a spec (source text included) plus its binary;
+the client asks its own Inductor where that spec builds to (`sdk/loader.py`), and the
+worker builds from the spec (`workers/compiler.py`).
+
+Torch internals relied on, pinned for torch 2.13.0 (tests/unit/test_compiler_loader.py
+fails loudly if any changes):
+- `torch._inductor.codecache.CppCodeCache.load_async(cls, main_code, device_type,
+  submit_fn, extra_flags, optimized_code, needs_vec_isa, kernel_needs_vec_isa)`: every C++
+  kernel, whether from `AsyncCompile.cpp`, `.cpp_pybinding` (`CppPythonBindingsCodeCache`)
+  or the cpp_wrapper (`CppWrapperCodeCache`), is keyed and loaded here. Called without
+  `submit_fn` it computes the key and writes the source, but builds nothing.
+- It stores the returned `load_fn` in `cls.cache[key]`, and `load_fn` closes over
+  `worker_fn = partial(_worker_compile_cpp, lock_path, builders)`: `_worker_compile_cpp`
+  runs a `CppBuilder` only when its `get_target_file_path()` is missing. Those target
+  paths are exactly the files that must exist for "no local build".
+- With `config.cpp_cache_precompile_headers` on (the OSS default), the first
+  `load_async` of a key in a process calls the module-level `_precompile_header`, which
+  runs the compiler on a header even when the .so exists. The header only speeds up
+  builds and is not in the key, so we stub that function while asking for keys.
+- `CppBuilder.build` is the one place a C++ compiler is started (`hooks.py` counts it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class KernelSpecError(ValueError):
+    """A kernel spec that is malformed, names an unknown code cache, or that the local
+    Inductor cannot place."""
+
+
+KERNEL_SPEC_FORMAT = "torchfarm.cpp-kernel/1"
+"""Schema of a kernel's `source` blob: canonical JSON of one `load_async` call."""
+
+CODE_CACHES = ("CppCodeCache", "CppPythonBindingsCodeCache", "CppWrapperCodeCache")
+"""Inductor code-cache classes a spec may name; each sets its own compile flags."""
+
+SPEC_ARGS = (
+    "main_code",
+    "device_type",
+    "extra_flags",
+    "optimized_code",
+    "needs_vec_isa",
+    "kernel_needs_vec_isa",
+)
+"""`load_async` parameters that feed the key. `submit_fn` only schedules the build."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One build output of one `load_async` call: `output` indexes its builders'
+    targets, the last being the linked library (earlier ones are object files that the
+    cpp_wrapper's split build links)."""
+
+    cache: str
+    args: dict[str, Any]
+    output: int
+    outputs: int
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format": KERNEL_SPEC_FORMAT,
+            "cache": self.cache,
+            "args": self.args,
+            "output": self.output,
+            "outputs": self.outputs,
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KernelSpec:
+        try:
+            body = json.loads(data)
+            if body.get("format") != KERNEL_SPEC_FORMAT:
+                raise ValueError(f"unknown kernel spec format {body.get('format')!r}")
+            if body["cache"] not in CODE_CACHES:
+                raise ValueError(f"unknown code cache {body['cache']!r}")
+            args = body["args"]
+            _check_args(args)
+            spec = cls(body["cache"], args, int(body["output"]), int(body["outputs"]))
+            if not 0 <= spec.output < spec.outputs:
+                raise ValueError(f"output {spec.output} of {spec.outputs}")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise KernelSpecError(f"malformed kernel spec: {e}") from e
+        return spec
+
+    def is_library(self) -> bool:
+        return self.output == self.outputs - 1
+
+
+def _check_args(args: dict[str, Any]) -> None:
+    if set(args) != set(SPEC_ARGS):
+        raise ValueError(f"arguments {sorted(args)} != {sorted(SPEC_ARGS)}")
+    ok = (
+        isinstance(args["main_code"], str)
+        and isinstance(args["device_type"], str)
+        and isinstance(args["extra_flags"], list)
+        and all(isinstance(f, str) for f in args["extra_flags"])
+        and isinstance(args["optimized_code"], (str, type(None)))
+        and all(isinstance(args[k], (bool, type(None))) for k in ("needs_vec_isa", "kernel_needs_vec_isa"))
+    )
+    if not ok:
+        raise ValueError("argument of the wrong type")
+
+
+def spec_args(bound: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form of `load_async`'s key-relevant arguments (tuples become lists)."""
+    args = {name: bound.get(name) for name in SPEC_ARGS}
+    args["extra_flags"] = list(args["extra_flags"] or ())
+    return args
+
+
+def call_args(args: dict[str, Any]) -> dict[str, Any]:
+    # The command line renders extra_flags by iteration, so list or tuple hash alike;
+    # a tuple is what Inductor's default passes.
+    return {**args, "extra_flags": tuple(args["extra_flags"])}
+
+
+def code_cache(name: str) -> type:
+    from torch._inductor import codecache
+
+    if name not in CODE_CACHES:
+        raise KernelSpecError(f"unknown code cache {name!r}")
+    return getattr(codecache, name)
+
+
+def load_fn_outputs(cache_cls: type, load_fn: Callable[[], Any]) -> tuple[str, list[str]]:
+    """(key, build target paths) of a `load_fn` that `cache_cls.load_async` returned."""
+    key = next((k for k, v in cache_cls.cache.items() if v is load_fn), None)
+    cells = dict(zip(load_fn.__code__.co_freevars, load_fn.__closure__ or (), strict=True))
+    worker_fn = cells["worker_fn"].cell_contents if "worker_fn" in cells else None
+    builders = getattr(worker_fn, "args", (None, None))[1]
+    if key is None or not builders:
+        raise RuntimeError(
+            f"{cache_cls.__name__}.load_async no longer looks like torch 2.13's "
+            "(cache entry or closure over worker_fn missing); cannot locate kernel binaries"
+        )
+    return key, [b.get_target_file_path() for b in builders]
+
+
+def local_outputs(spec: KernelSpec) -> tuple[str, list[str]]:
+    """Asks the local Inductor for the key and build targets of `spec`, building nothing.
+
+    `load_async` without `submit_fn` only keys the source and registers a lazy loader,
+    which `deserialize` then reuses, so it never takes the precompiled-header branch.
+    That branch would run the compiler (preprocess the header, then build the .gch if
+    this machine has none) although the binary is in place; we stub it for this call.
+    Switching `config.cpp_cache_precompile_headers` off instead would change the key:
+    it adds `-D TORCH_INDUCTOR_PRECOMPILE_HEADERS` to the command line.
+    """
+    from torch._inductor import codecache
+
+    cache_cls = code_cache(spec.cache)
+    with _PRECOMPILE_LOCK:
+        real = codecache._precompile_header
+        codecache._precompile_header = _no_precompiled_header
+        try:
+            load_fn = cache_cls.load_async(**call_args(spec.args))
+        finally:
+            codecache._precompile_header = real
+    return load_fn_outputs(cache_cls, load_fn)
+
+
+_PRECOMPILE_LOCK = threading.Lock()
+
+
+def _no_precompiled_header(*args: Any, **kwargs: Any) -> None:
+    # A build that does happen later (binary missing) then simply compiles without one.
+    return None
+
+
+
+def kernel_name(source: bytes) -> str:
+    """A kernel's stable name: the digest of its spec, the same on every worker (the
+    local key is not: it depends on where torch is installed)."""
+    return hashlib.sha256(source).hexdigest()
+
