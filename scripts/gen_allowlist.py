@@ -37,7 +37,7 @@ from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
 
 # Dispatcher namespaces whose ops are tensor ops: ATen, and PrimTorch's prims, which a
-# decomposed graph (workers/decompose.py) holds beside core ATen.
+# decomposed graph (workers/aot_seam.py) holds beside core ATen.
 DISPATCHER_NAMESPACES = ("aten", "prims")
 
 # Namespaces whose public callables are tensor ops.

@@ -20,7 +20,7 @@ from sdk.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
-from sdk.kernels import compile_kernel
+from sdk.kernel_client import compile_kernel
 
 __all__ = [
     "ArtifactRejected",
@@ -56,7 +56,7 @@ def __getattr__(name: str) -> Any:
 
         return wait_ready
     if name == "warm":
-        from sdk.warmup import warm
+        from sdk.warm import warm
 
         return warm
     raise AttributeError(f"module 'sdk' has no attribute {name!r}")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sdk import nonblocking, warmup
+from sdk import nonblocking, warm_mode
 from torchfarm.fx import fingerprint as sdk_target
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
@@ -76,11 +76,11 @@ def compile(
             dynamic=torch_compile_kwargs.get("dynamic"),
             name=name,
             target=wanted,
-            wait=wait or warmup.active(),  # `torchfarm warm` reports each compile as it ends
+            wait=wait or warm_mode.active(),  # `torchfarm warm` reports each compile as it ends
         )
         compiled = torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
         if farm_backend.swapper is not None:
             compiled = nonblocking.attach(compiled, farm_backend.swapper)
-        return warmup.observe(compiled)
+        return warm_mode.observe(compiled)
 
     return wrap if model is None else wrap(model)

@@ -316,8 +316,8 @@ class FarmBackend:
 
     def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
         """Compiles the graph on the farm for `self.target`, which this process is not,
-        and runs it eagerly here (sdk/prewarm.py; docs/targets.md)."""
-        from sdk import prewarm
+        and runs it eagerly here (sdk/fleet.py; docs/targets.md)."""
+        from sdk import fleet
 
         target = self.target
         assert target is not None
@@ -335,9 +335,9 @@ class FarmBackend:
                 graph = encode_graph(gm, example_inputs)
             except UnsupportedGraph as e:
                 raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
-            graph = prewarm.retarget_graph(graph, target)
-            fleet = prewarm.fleet_fingerprints(self._client, target)
-            builds = prewarm.usable_builds(fleet, torch.__version__, target)
+            graph = fleet.retarget_graph(graph, target)
+            workers = fleet.fleet_fingerprints(self._client, target)
+            builds = fleet.usable_builds(workers, torch.__version__, target)
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, self.local.config, label)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sdk import artifact, prewarm
+from sdk import artifact, fleet
 from sdk.backend import build_request
 from sdk.client import FarmClient, parse_address
 from torchfarm.fx.encode import UnsupportedGraph
@@ -120,7 +120,7 @@ def export(
             raise GraphRejected(f"the exported program cannot be sent to the farm: {e}") from e
         wanted, fp = _target_build(client, target, [*args, *(kwargs or {}).values()])
         if wanted.device != "cpu":  # the graph's devices become the target's
-            graph = prewarm.retarget_graph(graph, wanted)
+            graph = fleet.retarget_graph(graph, wanted)
         label = f"export {type(model).__qualname__} from {socket.gethostname()} for {wanted}"
         request = build_request(graph, fp, "", inductor_configs or {}, label)
         request.export.CopyFrom(spec)
@@ -164,7 +164,7 @@ def _target_build(client: FarmClient, target: str | Target | None, inputs: list[
             raise ConfigError(str(e)) from e
     if wanted == here:
         return wanted, local_fingerprint(device_kind(inputs))
-    builds = prewarm.usable_builds(prewarm.fleet_fingerprints(client, wanted), torch.__version__, wanted)
+    builds = fleet.usable_builds(fleet.fleet_fingerprints(client, wanted), torch.__version__, wanted)
     chosen = sorted(builds, key=lambda fp: sorted(fp.to_dict().items()))[0]
     if len(builds) > 1:
         log.warning("torchfarm: %d builds serve %s; exporting for %s (torch %s)",

@@ -22,7 +22,7 @@ function body can name:
 - a call's callee is a builtin above, an attribute chain rooted at a Triton import,
   or a method of a local value (`x.to(...)`); a local is never called itself.
 
-On the worker, `workers/kernels.py` resolves every attribute chain rooted at a Triton
+On the worker, `workers/triton_compile.py` resolves every attribute chain rooted at a Triton
 import against the installed Triton and accepts it only if it ends in a Triton
 builtin, a `@triton.jit` function of Triton's own, a dtype, a constexpr or a
 `triton.language` class, passing only through `triton.language` modules. Then it

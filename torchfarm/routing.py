@@ -48,22 +48,22 @@ KERNEL = "kernel"
 
 EXPORT = "export"
 """Job kind: a torch.export program built into an AOTInductor package. It needs what a
-graph compile needs, so it shares the target's graph queue (workers/export_job.py)."""
+graph compile needs, so it shares the target's graph queue (workers/jobs/export.py)."""
 
 KERNEL_QUEUE_PREFIX = "kernels."
 """Queues of kernel jobs are the target's queue name under this prefix."""
 
 LOWER_TASK = "torchfarm.lower"
-"""The Celery task name of a staged compile's lowering (workers/lowering.py), sent by its
+"""The Celery task name of a staged compile's lowering (workers/jobs/lower.py), sent by its
 decomposition: the graph's key, its namespace and its exact target."""
 
 BUILD_KERNELS_TASK = "torchfarm.build_kernels"
-"""The Celery task name of a staged compile's C++ kernel builds (workers/pipeline.py):
+"""The Celery task name of a staged compile's C++ kernel builds (workers/jobs/ (lower, build, assemble)):
 the graph's key, its namespace, and a batch of kernel cache keys."""
 
 ASSEMBLE_TASK = "torchfarm.assemble"
 """The Celery task name of a staged compile's last stage: kernels and payload into the
-artifact (workers/pipeline.py); its arguments are the graph's key and namespace."""
+artifact (workers/jobs/ (lower, build, assemble)); its arguments are the graph's key and namespace."""
 
 STAGE_QUEUE_PREFIX = "stages."
 """Queues of a staged compile's lowering, kernel-build and assembly jobs: the graph

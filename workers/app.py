@@ -76,7 +76,7 @@ def _warm(sender, instance, **_: object) -> None:
     pool process inherits it."""
     if not settings.warmup:
         return
-    from workers.warmup import warm_inductor
+    from workers.priming import warm_inductor
 
     try:
         warm_inductor(compile=bool(plan.graph))

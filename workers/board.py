@@ -1,4 +1,4 @@
-"""Redis records of the staged compile pipeline (workers/pipeline.py): the fleet-wide
+"""Redis records of the staged compile pipeline (workers/jobs/ (lower, build, assemble)): the fleet-wide
 kernel cache, each staged job's plan, and the barrier that starts its assembly.
 
 Keys, under the store's prefix:
@@ -11,7 +11,7 @@ Keys, under the store's prefix:
   its kernel-hit counts that some other compile had a kernel of the same source; a farm
   whose tenants must not learn that sets `TORCHFARM_KERNEL_CACHE_SCOPE=tenant`, which
   adds the tenant's namespace to the key.
-- `tf:decomp:<ref>`: a staged job's decomposition (workers/decompose.py): AOTAutograd's
+- `tf:decomp:<ref>`: a staged job's decomposition (workers/aot_seam.py): AOTAutograd's
   forward and backward graphs in the graph format and a JSON head, from the
   decomposition job to the lowering job (TTL).
 - `tf:plan:<ref>`: what a staged job's lowering produced (payload and kernel spec blobs,
@@ -204,7 +204,7 @@ class Plan:
     target: str
     guards: list[Any] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
-    """Stage records so far (workers/pipeline.py `stage_record`)."""
+    """Stage records so far (workers/jobs/ (lower, build, assemble) `stage_record`)."""
     timings: dict[str, float] = field(default_factory=dict)
     sends: list[list[Any]] = field(default_factory=list)
     """Each kernel-build job the lowering sent: [seconds after the lowering began, its

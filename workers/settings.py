@@ -33,7 +33,7 @@ class WorkerSettings:
     """Wall seconds before a Triton kernel compile fails with KERNEL_TIMEOUT."""
     pipeline: str = "staged"
     """"staged": a graph compile is split into stage jobs (lowering, then C++ kernel builds
-    spread over every worker of the target, then assembly; workers/pipeline.py). "whole":
+    spread over every worker of the target, then assembly; workers/jobs/ (lower, build, assemble)). "whole":
     one job compiles the whole graph on one worker. Staged falls back to whole by itself
     for a compile that must run kernels while it compiles (max-autotune benchmarks)."""
     kernel_batch: int = 0
@@ -48,7 +48,7 @@ class WorkerSettings:
     tenant's kernel-hit counts reveal what another compiled."""
     warmup: bool = True
     """Run Inductor's once-per-process setup (the vector ISA probe, the build hashes;
-    workers/warmup.py) when the worker starts, before its pool forks, instead of in
+    workers/priming.py) when the worker starts, before its pool forks, instead of in
     its first job."""
     kernel_job_delay_s: float = 0.0
     """Test hook: seconds each kernel-build job sleeps before it builds, so a fault test

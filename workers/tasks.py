@@ -26,11 +26,14 @@ from workers.board import StageBoard
 from torchfarm.store import JobState, Store
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
-from workers.export_job import run_export_job
-from workers.job import WorkerContext, fail_job, run_job
-from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
-from workers.lowering import run_lowering
-from workers.pipeline import HANDED_ON, run_assembly, run_kernel_batch
+from workers.jobs.export import run_export_job
+from workers.jobs.graph import run_job
+from workers.runtime import WorkerContext, fail_job
+from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
+from workers.jobs.lower import run_lowering
+from workers.jobs.assemble import run_assembly
+from workers.jobs.build import run_kernel_batch
+from workers.jobs.sending import HANDED_ON
 from workers.stackroom import in_stack_room
 
 
@@ -96,7 +99,7 @@ def _record(key: str, namespace: str, began: float | None) -> None:
 
 @app.task(name=EXPORT_TASK)
 def export_task(key: str, namespace: str = "") -> None:
-    """Builds the AOTInductor package of the export job `key` (workers/export_job.py)."""
+    """Builds the AOTInductor package of the export job `key` (workers/jobs/export.py)."""
     began = time.time()
     try:
         with _time_limit_fails(key, namespace, "the export"):
@@ -108,7 +111,7 @@ def export_task(key: str, namespace: str = "") -> None:
 
 @app.task(name=LOWER_TASK)
 def lower_task(key: str, namespace: str, target: str) -> None:
-    """Lowers a staged compile from its stored decomposition (workers/lowering.py)."""
+    """Lowers a staged compile from its stored decomposition (workers/jobs/lower.py)."""
     try:
         with _time_limit_fails(key, namespace, "the lowering"):
             in_stack_room(run_lowering, key, _context(), namespace, target)
@@ -119,14 +122,14 @@ def lower_task(key: str, namespace: str, target: str) -> None:
 
 @app.task(name=BUILD_KERNELS_TASK)
 def build_kernels_task(key: str, namespace: str, target: str, kernels: list[list[str]]) -> None:
-    """Builds a batch of a staged compile's C++ kernels (workers/pipeline.py)."""
+    """Builds a batch of a staged compile's C++ kernels (workers/jobs/ (lower, build, assemble))."""
     with _time_limit_fails(key, namespace, "a kernel build"):
         in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels)
 
 
 @app.task(name=ASSEMBLE_TASK)
 def assemble_task(key: str, namespace: str) -> None:
-    """Writes a staged compile's artifact once all its kernels are built (workers/pipeline.py)."""
+    """Writes a staged compile's artifact once all its kernels are built (workers/jobs/ (lower, build, assemble))."""
     try:
         in_stack_room(run_assembly, key, _context(), namespace)
     finally:
@@ -168,7 +171,7 @@ def _kernel_context() -> KernelContext:
     time_limit=settings.kernel_soft_time_limit_s + 30,
 )
 def compile_kernel_task(key: str, namespace: str = "") -> None:
-    """Compiles the Triton kernel job `key` (workers/kernel_job.py)."""
+    """Compiles the Triton kernel job `key` (workers/jobs/triton.py)."""
     try:
         in_stack_room(run_kernel_job, key, _kernel_context(), namespace)
     except SoftTimeLimitExceeded:

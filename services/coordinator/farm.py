@@ -91,11 +91,11 @@ class Dispatcher:
         raise NotImplementedError
 
     def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
-        """Queues the Triton kernel compile of `key` (services/coordinator/kernels.py)."""
+        """Queues the Triton kernel compile of `key` (services/coordinator/kernel_rpc.py)."""
         raise NotImplementedError
 
     def send_export(self, key: str, queue: str, namespace: str = "") -> None:
-        """Queues the AOTInductor export of `key` (workers/export_job.py)."""
+        """Queues the AOTInductor export of `key` (workers/jobs/export.py)."""
         raise NotImplementedError
 
     def depth(self, queue: str) -> int:

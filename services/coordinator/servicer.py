@@ -16,7 +16,7 @@ import grpc
 from services.coordinator import auth, errors, metrics
 from services.coordinator.cache import CacheService, Entry, Filters, Totals
 from services.coordinator.farm import Farm
-from services.coordinator.kernels import KernelService
+from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import __version__, routing
 from torchfarm.store import JobRecord, JobState
@@ -54,7 +54,7 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
 
 
 def _stage_timings(job: JobRecord) -> list[farm_pb2.StageTiming]:
-    """A staged compile's stage records (workers/pipeline.py); else the flat timings."""
+    """A staged compile's stage records (workers/jobs/ (lower, build, assemble)); else the flat timings."""
     if job.stages:
         return [
             farm_pb2.StageTiming(

@@ -128,7 +128,7 @@ def join_client(t, box: dict, timeout_s: float = 300):
 
 def compiling(store: Store, key: str) -> bool:
     """True while a worker runs the lowering job of `key`'s staged compile
-    (workers/lowering.py), where Inductor runs: the longest stage of a small graph."""
+    (workers/jobs/lower.py), where Inductor runs: the longest stage of a small graph."""
     j = job(store, key)
     return (
         j is not None and j.state == JobState.RUNNING and j.stage == "lowering"

@@ -1,4 +1,4 @@
-"""The staged compile's decomposition and lowering jobs (workers/lowering.py) against a
+"""The staged compile's decomposition and lowering jobs (workers/jobs/lower.py) against a
 real redis-server, with real compiles of a small training graph: the graph job
 decomposes and sends the lowering; the lowering job lowers from the stored graphs and
 fans out; and the two ways a lowering decomposes in place instead: its decomposition
@@ -21,8 +21,9 @@ from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys, routing, targets
 from workers.board import StageBoard
 from torchfarm.store import JobState
-from workers.job import WorkerContext, run_job
-from workers.lowering import run_lowering
+from workers.jobs.graph import run_job
+from workers.runtime import WorkerContext
+from workers.jobs.lower import run_lowering
 from workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,12 +16,12 @@ from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys, routing
 from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
-from workers.board import StageBoard, waiter_name
+from workers.board import StageBoard, kernel_cache_key, waiter_name
 from torchfarm.store import JobState
 from tests.requests import relu_request
-from workers import pipeline
+from workers.jobs import assemble, build, lower
 from workers.compiler import CompileFailed, Kernel, LoweredGraph
-from workers.job import WorkerContext
+from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def ctx(store, sent, built, monkeypatch):
 
         return build
 
-    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
     return WorkerContext(
         settings=WorkerSettings(kernel_batch=2, max_attempts=2),
         store=store,
@@ -76,7 +76,7 @@ def _start(store, ctx, n: int, namespace: str = "") -> str:
     view = store.tenant(namespace)
     view.create_job(key, "cpu.avx2", "test", 600)
     view.update_job(key, state=JobState.RUNNING, started=1.0)
-    pipeline.fan_out(key, dataclasses.replace(ctx, store=view), "cpu:avx2", _lowered(n), (), 0.05)
+    lower.fan_out(key, dataclasses.replace(ctx, store=view), "cpu:avx2", _lowered(n), (), 0.05)
     return key
 
 
@@ -85,10 +85,10 @@ def _drain(ctx, sent, namespace: str = "") -> None:
         task, args, queue = sent.pop(0)
         assert queue == "stages.cpu.avx2"
         if task == routing.BUILD_KERNELS_TASK:
-            pipeline.run_kernel_batch(args[0], ctx, *args[1:])
+            build.run_kernel_batch(args[0], ctx, *args[1:])
         else:
             assert task == routing.ASSEMBLE_TASK
-            pipeline.run_assembly(args[0], ctx, args[1])
+            assemble.run_assembly(args[0], ctx, args[1])
 
 
 def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, ctx, sent):
@@ -100,7 +100,7 @@ def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, c
     sent.reverse()
     for _ in range(3):
         task, args, _ = sent.pop(0)
-        pipeline.run_kernel_batch(args[0], ctx, *args[1:])
+        build.run_kernel_batch(args[0], ctx, *args[1:])
     assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
     _drain(ctx, sent)
     job = view.get_job(key)
@@ -119,14 +119,14 @@ def test_kernels_fan_out_in_batches_and_the_last_one_sends_the_assembly(store, c
 def test_redelivered_jobs_do_nothing_twice(store, ctx, sent, built):
     key = _start(store, ctx, 2)
     task, args, _ = sent[0]
-    pipeline.run_kernel_batch(args[0], ctx, *args[1:])
-    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # redelivered
+    build.run_kernel_batch(args[0], ctx, *args[1:])
+    build.run_kernel_batch(args[0], ctx, *args[1:])  # redelivered
     assert len(built) == 2  # the second delivery found both in the kernel cache
     assert store.get_job(key).kernels_done == 2
     _drain(ctx, sent[1:])
     assert store.get_job(key).state == JobState.SUCCEEDED
     before = store.get_manifest_bytes(key)
-    pipeline.run_assembly(key, ctx, "")  # redelivered after it finished
+    assemble.run_assembly(key, ctx, "")  # redelivered after it finished
     assert store.get_manifest_bytes(key) == before
 
 
@@ -136,7 +136,7 @@ def test_a_graph_whose_kernels_are_all_cached_skips_kernel_generation(store, ctx
     other = relu_request(torch_version="other-graph")  # another key, the same kernels
     key = keys.compute_key(other, "")
     store.create_job(key, "cpu.avx2", "test", 600)
-    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(3), (), 0.05)
+    lower.fan_out(key, ctx, "cpu:avx2", _lowered(3), (), 0.05)
     assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
     _drain(ctx, sent)
     job = store.get_job(key)
@@ -148,7 +148,7 @@ def test_a_binary_evicted_before_assembly_is_built_again(store, ctx, sent, built
     key = _start(store, ctx, 2)
     while sent[0][0] == routing.BUILD_KERNELS_TASK:
         _, args, _ = sent.pop(0)
-        pipeline.run_kernel_batch(args[0], ctx, *args[1:])
+        build.run_kernel_batch(args[0], ctx, *args[1:])
     store.delete_blob(blob_digest(b"\x7fELF" + _spec(0)))  # LRU eviction
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED
@@ -162,7 +162,7 @@ def test_a_kernel_job_delivered_past_the_cap_fails_the_compile(store, ctx, sent,
     batch = hashlib.sha256(",".join(sorted(k for k, _ in args[3])).encode()).hexdigest()[:16]
     for _ in range(ctx.settings.max_attempts):  # earlier deliveries, each lost with its worker
         board.count(key, f"kattempts:{batch}")
-    pipeline.run_kernel_batch(args[0], ctx, *args[1:])
+    build.run_kernel_batch(args[0], ctx, *args[1:])
     job = store.get_job(key)
     assert (job.state, job.error_code) == (JobState.FAILED, "TOO_MANY_ATTEMPTS")
     assert sent == [] and built == []
@@ -171,13 +171,13 @@ def test_a_kernel_job_delivered_past_the_cap_fails_the_compile(store, ctx, sent,
 # ---- kernels sent while the lowering runs ----------------------------------------
 
 
-def _open(store, ctx, namespace: str = "") -> tuple[str, pipeline.KernelStream]:
+def _open(store, ctx, namespace: str = "") -> tuple[str, lower.KernelStream]:
     request = relu_request()
     key = keys.compute_key(request, namespace)
     view = store.tenant(namespace)
     view.create_job(key, "cpu.avx2", "test", 600)
     view.update_job(key, state=JobState.RUNNING, started=1.0)
-    stream = pipeline.KernelStream(key, dataclasses.replace(ctx, store=view), "cpu:avx2")
+    stream = lower.KernelStream(key, dataclasses.replace(ctx, store=view), "cpu:avx2")
     stream.open()
     return key, stream
 
@@ -194,7 +194,7 @@ def test_kernels_streamed_during_lowering_are_built_before_it_ends(store, ctx, s
     assert sent == [] and store.get_job(key).stage != "assembling"
     assert StageBoard(store).pending(key) == {"lowering"}
     # Lowering ends: the artifact loads kernels 0-3. 2 is flushed, 3 was never streamed.
-    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(4), (), 0.05, stream)
+    lower.fan_out(key, ctx, "cpu:avx2", _lowered(4), (), 0.05, stream)
     assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK] * 2
     assert store.get_job(key).kernels_total == 4 and store.get_job(key).kernels_done == 2
     _drain(ctx, sent)
@@ -212,9 +212,9 @@ def test_a_streamed_kernel_the_artifact_does_not_load_is_not_waited_for(store, c
     stream(_spec(9))  # asked for during the compile (an autotuning candidate, say)
     stream(_spec(0))
     stray_job = sent.pop(0)  # not delivered yet: a slow worker has it
-    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(1), (), 0.05, stream)
+    lower.fan_out(key, ctx, "cpu:avx2", _lowered(1), (), 0.05, stream)
     assert sent == [] or [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
-    assert StageBoard(store).pending(key) == {pipeline.kernel_cache_key(
+    assert StageBoard(store).pending(key) == {kernel_cache_key(
         _spec(0), "cpu:avx2", ctx.fingerprint.to_dict())}
     # The batch holds the stray and kernel 0; built, it releases 0 and the job assembles.
     sent.append(stray_job)
@@ -229,7 +229,7 @@ def test_when_streamed_builds_finish_first_the_lowering_sends_the_assembly(store
     stream(_spec(0))
     stream(_spec(1))
     _drain(ctx, sent)
-    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
+    lower.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
     assert [t for t, _, _ in sent] == [routing.ASSEMBLE_TASK]
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED
@@ -243,7 +243,7 @@ def test_a_lowering_that_gives_way_leaves_no_barrier(store, ctx, sent):
     assert StageBoard(store).pending(key) == {"abandoned"}
     _drain(ctx, sent)  # the build still runs, for the kernel cache; no assembly follows
     assert StageBoard(store).cached_binaries(
-        [pipeline.kernel_cache_key(_spec(0), "cpu:avx2", ctx.fingerprint.to_dict())]
+        [kernel_cache_key(_spec(0), "cpu:avx2", ctx.fingerprint.to_dict())]
     )
     assert store.get_manifest(key) is None
     # The whole-graph compile that took over is still running: nothing failed it.
@@ -258,7 +258,7 @@ def test_a_worker_of_another_build_refuses_a_kernel_keyed_for_this_one(store, ct
     other = dataclasses.replace(
         ctx, fingerprint=dataclasses.replace(ctx.fingerprint, torch_git="another-build")
     )
-    pipeline.run_kernel_batch(args[0], other, *args[1:])
+    build.run_kernel_batch(args[0], other, *args[1:])
     job = store.get_job(key)
     assert (job.state, job.error_code) == (JobState.FAILED, "BUILD_MISMATCH") and built == []
 
@@ -273,8 +273,8 @@ def test_a_batch_builds_its_kernels_at_once_up_to_the_cores(store, ctx, sent, mo
 
         return build
 
-    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
-    monkeypatch.setattr(pipeline, "build_threads", lambda: 2)
+    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(build, "build_threads", lambda: 2)
     key = _start(store, ctx, 2)
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED
@@ -325,7 +325,7 @@ def test_a_streamed_kernel_another_job_builds_is_waited_for(store, ctx, sent, bu
     stream(_spec(1))  # a full batch, both claimed by alice: no build job
     assert sent == [] and stream.shared == 2
     assert StageBoard(store.tenant("bob")).pending(key) > {"lowering"}
-    pipeline.fan_out(key, dataclasses.replace(ctx, store=store.tenant("bob")), "cpu:avx2",
+    lower.fan_out(key, dataclasses.replace(ctx, store=store.tenant("bob")), "cpu:avx2",
                      _lowered(2), (), 0.05, stream)
     assert sent == []
     _drain(ctx, alice_builds)  # alice's builds send both assemblies
@@ -343,10 +343,10 @@ def test_a_waiter_builds_the_kernel_when_the_claiming_job_fails(store, ctx, sent
     store.tenant("alice").fail_job(first, "CANCELLED", "the client went away", 60)
     sent.append(sent[0])  # alice's build, delivered twice
     _, args, _ = sent.pop(0)
-    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # dropped: hands the kernels to bob
+    build.run_kernel_batch(args[0], ctx, *args[1:])  # dropped: hands the kernels to bob
     assert [args[1] for _, args, _ in sent] == ["alice", "bob", "bob"]  # a job per kernel
     _, args, _ = sent.pop(0)
-    pipeline.run_kernel_batch(args[0], ctx, *args[1:])  # bob holds the claims now: no more
+    build.run_kernel_batch(args[0], ctx, *args[1:])  # bob holds the claims now: no more
     assert [args[1] for _, args, _ in sent] == ["bob", "bob"]
     claims = store.r.mget(store.r.keys("tf:kclaim:*"))
     assert claims == [waiter_name("bob", second, "cpu:avx2").encode()] * 2
@@ -360,7 +360,7 @@ def test_a_kernel_that_fails_to_build_fails_its_waiters_too(store, ctx, sent, mo
     def start_kernel_build(spec: bytes):
         raise CompileFailed("g++: internal compiler error")
 
-    monkeypatch.setattr(pipeline, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
     first = _start(store, ctx, 1, "alice")
     second = _start(store, ctx, 1, "bob")
     _drain(ctx, sent)
@@ -378,7 +378,7 @@ def test_a_redelivered_lowering_sends_the_builds_it_claimed_again(store, ctx, se
     stream(_spec(0))
     stream(_spec(1))
     assert [t for t, _, _ in sent] == [routing.BUILD_KERNELS_TASK]
-    pipeline.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
+    lower.fan_out(key, ctx, "cpu:avx2", _lowered(2), (), 0.05, stream)
     _drain(ctx, sent)
     assert store.get_job(key).state == JobState.SUCCEEDED and len(built) == 2
 

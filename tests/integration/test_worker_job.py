@@ -12,9 +12,11 @@ from torchfarm import keys
 from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.store import JobState
 from tests.requests import relu_request
-from workers import job as job_module
+from workers import runtime
+from workers.jobs import whole
 from workers.compiler import CompileFailed, CompileResult, Kernel
-from workers.job import WorkerContext, run_job
+from workers.jobs.graph import run_job
+from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -26,8 +28,8 @@ class FakeTimeLimit(Exception):
 
 @pytest.fixture
 def ctx(store, monkeypatch):
-    monkeypatch.setattr(job_module, "decode_graph", lambda graph: _Decoded())
-    monkeypatch.setattr(job_module, "_check_build", lambda request, local: None)
+    monkeypatch.setattr(runtime, "decode_graph", lambda graph: _Decoded())
+    monkeypatch.setattr(runtime, "check_build", lambda request, local: None)
     return WorkerContext(
         settings=WorkerSettings(max_artifact_bytes=1000),
         store=store,
@@ -64,7 +66,7 @@ def _compile_returning(payload: bytes):
 
 
 def test_signed_artifact_in_the_tenants_namespace(ctx, store, monkeypatch):
-    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"payload"))
+    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"payload"))
     key = _submit(store, "alice")
     run_job(key, ctx, "alice")
     alice = store.tenant("alice")
@@ -78,7 +80,7 @@ def test_signed_artifact_in_the_tenants_namespace(ctx, store, monkeypatch):
 
 
 def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
-    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"payload"))
+    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"payload"))
     key = _submit(store, "alice")
     bob = store.tenant("bob")
     bob.put_request(key, store.tenant("alice").get_request(key), 60)  # Alice's request under Bob
@@ -87,7 +89,7 @@ def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
 
 
 def test_artifact_over_the_limit_fails_artifact_too_large(ctx, store, monkeypatch):
-    monkeypatch.setattr(job_module, "compile_graph", _compile_returning(b"x" * 2000))
+    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"x" * 2000))
     key = _submit(store, "")
     run_job(key, ctx)
     record = store.get_job(key)
@@ -100,7 +102,7 @@ def test_disallowed_option_never_reaches_the_compiler(ctx, store, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compiled")
 
-    monkeypatch.setattr(job_module, "compile_graph", boom)
+    monkeypatch.setattr(whole, "compile_graph", boom)
     key = _submit(store, "", options={"cpp.cxx": '[null, "/bin/sh"]'})
     run_job(key, ctx)
     assert store.get_job(key).error_code == "OPTION_NOT_ALLOWED"
@@ -117,7 +119,7 @@ def test_time_limit_wrapped_by_inductor_is_compile_timeout(ctx, store, monkeypat
         except RuntimeError as inductor:
             raise CompileFailed("RuntimeError: InductorError") from inductor
 
-    monkeypatch.setattr(job_module, "compile_graph", wrapped)
+    monkeypatch.setattr(whole, "compile_graph", wrapped)
     key = _submit(store, "")
     run_job(key, ctx)
     assert store.get_job(key).error_code == "COMPILE_TIMEOUT"

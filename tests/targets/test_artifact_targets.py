@@ -9,12 +9,12 @@ import pytest
 
 from sdk import artifact
 from sdk.errors import ArtifactRejected
-from sdk.kernels import from_reply
+from sdk.kernel_client import from_reply
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
 from torchfarm import kernelreq, targets
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
-from workers.kernels import compile_kernel
+from workers.triton_compile import compile_kernel
 
 KEY = "ab" * 32
 PAYLOAD = b"an Inductor artifact that must never be deserialized here"

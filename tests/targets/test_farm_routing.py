@@ -16,11 +16,11 @@ import pytest
 
 from services.coordinator.errors import BackendUnavailable, InvalidRequest, NoWorker
 from services.coordinator.farm import Dispatcher, Farm
-from services.coordinator.kernels import KernelService
+from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm import kernelreq
-from workers.kernel_job import KernelContext, run_kernel_job
+from workers.jobs.triton import KernelContext, run_kernel_job
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Triton kernels compiled on this CPU-only machine for GPUs, and the checks that keep the
 client's source from running: torchfarm/kernelcheck.py (static, also on the coordinator)
-and workers/kernels.py (name resolution against the installed Triton, then the compile).
+and workers/triton_compile.py (name resolution against the installed Triton, then the compile).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from torchfarm import elf, kernelcheck, kernelreq, keys, targets
 from torchfarm.kernelcheck import KernelRejected
-from workers.kernels import compile_kernel
+from workers.triton_compile import compile_kernel
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
 SIGNATURE = "*fp32,*fp32,*fp32,i32,constexpr"
@@ -148,7 +148,7 @@ def test_signature_and_options_are_checked():
 
 
 def test_triton_compile_errors_are_reported_not_raised_raw():
-    from workers.kernels import KernelCompileError
+    from workers.triton_compile import KernelCompileError
 
     broken = SOURCE.replace("x + y", "x + tl.zeros((3,), dtype=tl.float32)")
     with pytest.raises(KernelCompileError):

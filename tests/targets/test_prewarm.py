@@ -1,4 +1,4 @@
-"""Compiling for a target this process is not (sdk/prewarm.py): the request carries the
+"""Compiling for a target this process is not (sdk/fleet.py): the request carries the
 fleet's build and the graph on the fleet's device, so the fleet later hits the cache."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from sdk import prewarm
+from sdk import fleet
 from sdk.errors import FarmUnavailable
 from torchfarm.fx.fingerprint import fingerprint_for, local_target
 from tests.conftest import run_python
@@ -20,13 +20,13 @@ from torchfarm.v1 import farm_pb2, graph_pb2
 def test_retarget_moves_every_device():
     g = relu_request().graph
     g.nodes[1].args.add().device.CopyFrom(graph_pb2.Device(type="cpu", index=-1))
-    out = prewarm.retarget_graph(g, targets.parse("cuda:sm_90"))
+    out = fleet.retarget_graph(g, targets.parse("cuda:sm_90"))
     assert out.nodes[0].tensor.device == graph_pb2.Device(type="cuda", index=0)
     assert out.nodes[1].args[-1].device == graph_pb2.Device(type="cuda", index=0)
     assert g.nodes[0].tensor.device.type == "cpu"  # the original is untouched
-    rocm = prewarm.retarget_graph(g, targets.parse("rocm:gfx942"))
+    rocm = fleet.retarget_graph(g, targets.parse("rocm:gfx942"))
     assert rocm.nodes[0].tensor.device.type == "cuda"  # ROCm torch says "cuda"
-    back = prewarm.retarget_graph(out, targets.parse("cpu:avx2"))
+    back = fleet.retarget_graph(out, targets.parse("cpu:avx2"))
     assert back.nodes[0].tensor.device == graph_pb2.Device(type="cpu", index=-1)
 
 
@@ -56,16 +56,16 @@ def test_fleet_builds_come_from_graph_workers_of_the_target():
         _worker("d", {"cuda:sm_80": ["graph"]}),
         _worker("e", {"cuda:sm_90": ["graph"]}, torch_version="2.14.1+cu130"),
     ])
-    fleet = prewarm.fleet_fingerprints(client, h100)
-    assert sorted(fp.torch_version for fp in fleet) == ["2.13.0+cu130", "2.14.1+cu130"]
-    assert all((fp.device, fp.arch) == ("cuda", "sm_90") for fp in fleet)
-    usable = prewarm.usable_builds(fleet, "2.13.0+cpu", h100)
+    builds = fleet.fleet_fingerprints(client, h100)
+    assert sorted(fp.torch_version for fp in builds) == ["2.13.0+cu130", "2.14.1+cu130"]
+    assert all((fp.device, fp.arch) == ("cuda", "sm_90") for fp in builds)
+    usable = fleet.usable_builds(builds, "2.13.0+cpu", h100)
     assert [fp.torch_version for fp in usable] == ["2.13.0+cu130"]
     with pytest.raises(FarmUnavailable, match="run torch 2.14.1.*this process runs 2.12.0"):
-        prewarm.usable_builds(usable[:0] + [f for f in fleet if f.torch_version.startswith("2.14")],
+        fleet.usable_builds(usable[:0] + [f for f in builds if f.torch_version.startswith("2.14")],
                               "2.12.0", h100)
     with pytest.raises(FarmUnavailable, match="no live worker compiles graphs for target cuda:sm_80"):
-        prewarm.usable_builds([], "2.13.0", targets.parse("cuda:sm_80"))
+        fleet.usable_builds([], "2.13.0", targets.parse("cuda:sm_80"))
 
 
 PREWARM = textwrap.dedent("""

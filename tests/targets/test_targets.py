@@ -122,7 +122,7 @@ def test_coordinator_side_modules_import_neither_torch_nor_triton():
 
     code = (
         "import sys\n"
-        "import services.coordinator.kernels, torchfarm.routing, torchfarm.targets, "
+        "import services.coordinator.kernel_rpc, torchfarm.routing, torchfarm.targets, "
         "torchfarm.kernelcheck, torchfarm.kernelreq, torchfarm.elf, torchfarm.cli\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'imported'\n"
     )

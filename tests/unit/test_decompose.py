@@ -1,4 +1,4 @@
-"""The decomposition stage's torch half (workers/decompose.py), without servers: a graph
+"""The decomposition stage's torch half (workers/aot_seam.py), without servers: a graph
 decomposed in one place and lowered from the stored graphs in another gives the
 artifact a compile that decomposed in place gives, and numerics that match eager.
 
@@ -22,7 +22,7 @@ from examples.models import make_cnn, make_mlp
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.kernelspec import kernel_name
 from workers.compiler import lower_graph
-from workers.decompose import (
+from workers.aot_seam import (
     _SAVED_META, INFERENCE, JOINT, Decomposition, NotDecomposable, decompose_graph,
     using_decomposition,
 )

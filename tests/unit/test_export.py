@@ -1,7 +1,7 @@
 """Export's encoding, checks and key, and the torch 2.13 internals they rely on.
 
 No farm here: sdk/export_codec.py against torch.export, torchfarm/exportcheck.py against
-hand-made messages, the export key's domain, and workers/exporter.py's module
+hand-made messages, the export key's domain, and workers/aoti.py's module
 rebuilt and exported again (without AOTInductor, which takes tens of seconds; the
 integration test runs it).
 """
@@ -249,7 +249,7 @@ def test_the_sdk_refuses_an_artifact_of_the_other_kind():
 
 
 def test_rebuilt_module_exports_again_with_the_clients_calling_convention():
-    from workers.exporter import ExportedModule, weight_tensor
+    from workers.aoti import ExportedModule, weight_tensor
     from torchfarm.fx.decode import decode_graph
 
     model = WithBuffer().eval()
@@ -286,7 +286,7 @@ def test_an_input_dimension_must_be_static_or_a_declared_dynamic_dim(mlp_export)
 
 
 class _FleetStatus:
-    """Stands in for FarmClient: only `status()`, which sdk.prewarm reads."""
+    """Stands in for FarmClient: only `status()`, which sdk.fleet reads."""
 
     def __init__(self, target: str, fingerprint: dict[str, str]):
         self.reply = farm_pb2.FarmStatus(

@@ -21,17 +21,17 @@ def test_bad_value_names_the_variable():
 
 
 def test_kernel_batch_defaults_to_what_one_build_job_builds_at_once(monkeypatch):
-    from workers import pipeline
+    from workers.jobs import sending
 
     class Ctx:
         settings = WorkerSettings()
 
-    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(sending.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert WorkerSettings().kernel_batch == 0
-    assert pipeline.kernel_batch(Ctx()) == 3
-    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda pid: {5})  # pinned to a core
-    assert pipeline.kernel_batch(Ctx()) == 1
+    assert sending.kernel_batch(Ctx()) == 3
+    monkeypatch.setattr(sending.os, "sched_getaffinity", lambda pid: {5})  # pinned to a core
+    assert sending.kernel_batch(Ctx()) == 1
     Ctx.settings = from_env(WorkerSettings, {"TORCHFARM_KERNEL_BATCH": "4"})
-    assert pipeline.kernel_batch(Ctx()) == 4
+    assert sending.kernel_batch(Ctx()) == 4
     with pytest.raises(ValueError, match="TORCHFARM_KERNEL_BATCH=-1"):
         WorkerSettings(kernel_batch=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdk import report, warmup
+from sdk import report, warm, warm_mode
 from sdk.report import COMPILED, HIT, LOCAL, GraphReport, WarmReport
 from torchfarm.tables import fmt_age, parse_age, table
 
@@ -44,7 +44,7 @@ def test_collect_gets_only_what_backends_made_inside_it_publish():
 
 
 def test_warm_mode_stops_a_script_when_a_model_is_called_past_its_steps():
-    runner = warmup._Runner(steps=2)
+    runner = warm_mode._Runner(steps=2)
     # Pins torch: torch.compile(module) returns a module whose __call__ runs the
     # module's forward pre-hooks (OptimizedModule.__call__ → nn.Module.__call__).
     model = runner.observe(torch.compile(torch.nn.Linear(2, 2), backend="eager"))
@@ -58,15 +58,15 @@ def test_warm_mode_stops_a_script_when_a_model_is_called_past_its_steps():
     assert stop.value.code == 0
     with pytest.raises(SystemExit):
         model(x)
-    assert not warmup.active()
+    assert not warm_mode.active()
 
 
 def test_warm_refuses_wait_false_and_needs_a_farm(monkeypatch):
     monkeypatch.delenv("TORCHFARM_REMOTE", raising=False)
     with pytest.raises(Exception, match="needs a farm"):
-        warmup.warm(torch.nn.Linear(2, 2), torch.ones(1, 2))
+        warm.warm(torch.nn.Linear(2, 2), torch.ones(1, 2))
     with pytest.raises(Exception, match="wait=False"):
-        warmup.warm(torch.nn.Linear(2, 2), torch.ones(1, 2), remote="grpc://127.0.0.1:1", wait=False)
+        warm.warm(torch.nn.Linear(2, 2), torch.ones(1, 2), remote="grpc://127.0.0.1:1", wait=False)
 
 
 def test_tables_and_ages():

@@ -1,4 +1,4 @@
-"""The worker's start-up warm-up (workers/warmup.py): Inductor's ISA probe and a tiny
+"""The worker's start-up warm-up (workers/priming.py): Inductor's ISA probe and a tiny
 lowering run once, in the process that will fork the pool; a forked process does not
 run the probe again, and compiles."""
 
@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent(
     import os
     from torchfarm.fx.hooks import count_kernel_builds
     from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
-    from workers.warmup import warm_inductor
+    from workers.priming import warm_inductor
 
     with count_kernel_builds() as warm:
         seconds = warm_inductor()

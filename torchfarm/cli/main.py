@@ -9,7 +9,7 @@
                                  workers per target, queues, in-flight and recent jobs
     torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
     torchfarm warm [--steps N] SCRIPT.py [args]   run a script to fill the farm's cache
-                                 (cli_warm.py, sdk/warmup.py)
+                                 (cli_warm.py, sdk/warm_mode.py)
     torchfarm coordinator        run the coordinator (settings from TORCHFARM_*)
     torchfarm worker [--targets local,cuda:sm_90,rocm:gfx942]
                                  run a Celery worker for those targets (docs/targets.md)

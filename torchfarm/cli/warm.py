@@ -2,10 +2,10 @@
 
     torchfarm warm [--remote grpc://host:port] [--steps N] [--json] SCRIPT.py [args...]
 
-The script runs in a fresh Python process (`python -m sdk.warmup`, with the farm's
+The script runs in a fresh Python process (`python -m sdk.warm_mode`, with the farm's
 address in TORCHFARM_REMOTE) in warm mode: each `sdk.compile` model compiles on the
 farm, blocking, and the script stops at the end of step N (default 1; 0 runs it to its
-end). Then this prints what was compiled and what was already cached (sdk/warmup.py).
+end). Then this prints what was compiled and what was already cached (sdk/warm_mode.py).
 Options go before SCRIPT.py; everything after it is the script's own arguments. With
 --json, stdout is the report alone and the script's output goes to stderr.
 """
@@ -60,7 +60,7 @@ def _warm(args: argparse.Namespace) -> int:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         # With --json, stdout carries the report alone: the script's output goes to stderr.
         status = subprocess.run(
-            [sys.executable, "-m", "sdk.warmup", args.script, *args.args], env=env,
+            [sys.executable, "-m", "sdk.warm_mode", args.script, *args.args], env=env,
             stdout=sys.stderr if args.json else None,
         ).returncode
         if not report_path.exists():

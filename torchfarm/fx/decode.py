@@ -438,7 +438,7 @@ def decode_graph_into(
     inputs: Sequence[Any] | None = None, *, propagate: bool = True,
     limits: GraphLimits = GraphLimits(),
 ) -> torch.fx.GraphModule:
-    """Rebuilds a graph derived from a decoded request (workers/decompose.py) inside that
+    """Rebuilds a graph derived from a decoded request (workers/aot_seam.py) inside that
     request's `fake_mode`: `symbols` binds each symbol name the graph uses to the
     ShapeEnv's expression, and `inputs`, when given, are the placeholders' values
     (else fake tensors are made from the graph's metadata). Every node gets its fake

@@ -103,7 +103,7 @@ def _staged_lowering() -> None:
 
     from torchfarm.fx.encode import encode_graph
     from workers.compiler import lower_graph
-    from workers.decompose import Decomposition, decompose_graph, using_decomposition
+    from workers.aot_seam import Decomposition, decompose_graph, using_decomposition
     from torchfarm.fx.decode import decode_graph
 
     graphs = []

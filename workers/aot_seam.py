@@ -94,7 +94,7 @@ class Decomposition:
     the artifact assumes, so they travel with it."""
     seconds: float = 0.0
     """How long the decomposition took, for its log line; the stored stage record
-    (workers/lowering.py) carries it on."""
+    (workers/jobs/lower.py) carries it on."""
 
     def to_fields(self) -> dict[str, bytes]:
         """The Redis hash fields this is stored as (`Store.put_decomposition`)."""

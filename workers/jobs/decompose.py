@@ -1,0 +1,58 @@
+"""The staged compile's decomposition stage, in the graph job: AOTAutograd up to its
+partition (workers/aot_seam.py), the forward and backward graphs stored in the graph
+format, then the lowering job sent to the stages queue. A graph whose decomposition
+cannot leave its job (`NotDecomposable`) is lowered here, decomposition included."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from torchfarm import keys, routing, targets
+from torchfarm.manifest import Manifest
+from workers.aot_seam import NotDecomposable, decompose_graph
+from workers.board import StageBoard
+from workers.compiler import CompileFailed
+from workers.jobs.lower import lower
+from workers.jobs.sending import send_stage, stage_record
+from workers.limits import cpu_time_limit
+from workers.runtime import Prepared, WorkerContext, as_job_failure
+
+log = logging.getLogger(__name__)
+
+
+def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest | None:
+    """The graph job of a staged compile: decompose, store the graphs and send the
+    lowering; or, for a graph that cannot be decomposed apart, lower it here. Returns a
+    manifest only when the graph was compiled whole here."""
+    target = str(routing.target_of(job.request.target))
+    options = job.request.options
+    ctx.store.update_job(key, stage="decomposing")
+    t0 = time.perf_counter()
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+            dec = decompose_graph(
+                job.decoded, dynamic=options.dynamic, mode=options.mode,
+                inductor_options=job.inductor_options,
+            )
+    except NotDecomposable as e:
+        log.info("job key=%s decomposes in its lowering: %s", keys.short(key), e)
+        ctx.store.update_job(key, decomposed=f"in the lowering: {e}"[:300])
+        return lower(key, ctx, job.redecoded(), target)
+    except CompileFailed as e:
+        raise as_job_failure(e, ctx) from e
+    record = ctx.store.get_job(key)
+    queued = record.started - record.created if record is not None and record.started else 0.0
+    stage = stage_record("decompose", job.decode_s + time.perf_counter() - t0, queued, ctx.name)
+    fields = {**dec.to_fields(), "stage": json.dumps(stage).encode()}
+    StageBoard(ctx.store).put_decomposition(key, fields, ctx.settings.done_ttl_s)
+    ctx.store.update_job(key, stage="lowering", decomposed="separately", l_sent=time.time())
+    send_stage(ctx, routing.LOWER_TASK, [key, ctx.store.namespace, target],
+          routing.stage_queue(targets.parse(target)))
+    log.info(
+        "job key=%s decomposed (%s) in %.2fs: %d forward, %d backward nodes; lowering sent",
+        keys.short(key), dec.kind, dec.seconds, len(dec.forward.nodes),
+        len(dec.backward.nodes) if dec.backward is not None else 0,
+    )
+    return None

@@ -1,0 +1,111 @@
+"""The Triton kernel job (the CompileKernel RPC): request → checks → Triton compile for
+the named target → store. Delivered like every job (`workers.runtime.run_delivery`): a
+redelivered job whose kernel is already cached finishes at once, blobs are written by
+content digest, and the record (`tf:kernel:<key>`) is written after its blobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchfarm import keys, routing
+from torchfarm.kernelcheck import KernelRejected
+from torchfarm.manifest import blob_digest
+from torchfarm.store import Store
+from torchfarm.targets import TargetError
+from torchfarm.v1 import farm_pb2
+from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
+from workers.triton_compile import KernelCompileError, compile_kernel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    store: Store
+    name: str
+    targets: frozenset[str]
+    """Targets this worker compiles kernels for ("cuda:sm_90", ...)."""
+    triton_version: str
+    max_attempts: int = 3
+    failed_ttl_s: int = 60
+    done_ttl_s: int = 3600
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """A compiled kernel's record, as stored; the job's outcome."""
+
+    fields: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def total_bytes(self) -> int:
+        return int(self.fields["binary"]["size"])
+
+
+def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
+    store = ctx.store.tenant(namespace)
+    delivery = Delivery(ctx.name, ctx.max_attempts, ctx.done_ttl_s, ctx.failed_ttl_s)
+    record = run_delivery(
+        key, store, delivery, lambda s: s.get_kernel(key) is not None,
+        lambda s: _compile_and_store(key, ctx, s),
+    )
+    if isinstance(record, KernelRecord):
+        log.info(
+            "kernel key=%s %s for %s: %d bytes in %.2fs", keys.short(key), record.fields["name"],
+            record.fields["target"], record.total_bytes(), record.fields["seconds"],
+        )
+
+
+def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelRecord:
+    store.update_job(key, stage="compile")
+    t0 = time.perf_counter()
+    request = load_request(key, store, farm_pb2.KernelRequest, "kernel")
+    try:
+        target = routing.target_of(request.target, "a kernel compile")
+    except TargetError as e:
+        raise JobFailed("INVALID_KERNEL", str(e)) from e
+    if str(target) not in ctx.targets:
+        raise JobFailed("WRONG_TARGET", f"this worker compiles kernels for {sorted(ctx.targets)}, not {target}")
+    if request.triton_version != ctx.triton_version:
+        raise JobFailed(
+            "BUILD_MISMATCH",
+            f"the kernel needs Triton {request.triton_version}; this worker has {ctx.triton_version}",
+        )
+    try:
+        result = compile_kernel(request, target)
+    except KernelRejected as e:
+        raise JobFailed("INVALID_KERNEL", str(e)) from e
+    except KernelCompileError as e:
+        raise JobFailed("KERNEL_COMPILE_ERROR", str(e)) from e
+    store.update_job(key, stage="store")
+    binary = _put(store, result.binary)
+    assembly = _put(store, result.assembly.encode()) if result.assembly else None
+    fields = {
+        "key": key,
+        "target": str(target),
+        "name": request.name,
+        "kind": result.kind,
+        "binary": binary,
+        "assembly": assembly,
+        "metadata": result.metadata,
+        "triton_version": ctx.triton_version,
+        "worker": ctx.name,
+        "seconds": result.seconds,
+        "created": time.time(),
+    }
+    store.put_kernel(key, fields)  # last: a reader that sees it finds both blobs
+    return KernelRecord(fields, {"kernel": result.seconds, "total": time.perf_counter() - t0})
+
+
+def fail_kernel_job(key: str, ctx: KernelContext, code: str, message: str, namespace: str = "") -> None:
+    record_failure(key, ctx.store.tenant(namespace), code, message, ctx.failed_ttl_s)
+
+
+def _put(store: Store, data: bytes) -> dict:
+    digest = blob_digest(data)
+    store.put_blob(digest, data)
+    return {"digest": digest, "size": len(data)}

@@ -1,0 +1,265 @@
+"""The worker runtime every job kind shares, free of Celery: one delivery of a job
+(`run_delivery`: count it, finish at once if its result exists, stop at the attempt cap,
+run the work, record SUCCEEDED or FAILED), the worker's context, loading a stored
+request and checking it against its key and this worker's build, and the job's error.
+
+Celery delivers at least once, so every delivery is idempotent: a redelivered job whose
+result already exists finishes at once, and blobs are written by content digest.
+Each job belongs to a tenant namespace; everything it reads and writes goes through
+`Store.tenant(namespace)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from torchfarm import keys, options
+from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.decode import DecodedGraph, decode_graph
+from torchfarm.fx.fingerprint import Fingerprint
+from torchfarm.graph_errors import GraphError
+from torchfarm.manifest import BlobRef, blob_digest
+from torchfarm.signing import Signer
+from torchfarm.store import JobState, Store
+from torchfarm.v1 import farm_pb2
+from workers.compiler import CompileFailed, cause_of
+from workers.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Message)
+
+
+class JobFailed(Exception):
+    """Ends a job as FAILED without a retry; `code` is the stable name clients see."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    settings: WorkerSettings
+    store: Store
+    fingerprint: Fingerprint
+    name: str
+    signer: Signer | None = None
+    """Signs every manifest; None leaves artifacts unsigned (clients pinning keys refuse them)."""
+    timeout_errors: tuple[type[BaseException], ...] = ()
+    """The task runner's time-limit exceptions (Celery's soft limit): a compile that
+    failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
+    send: Callable[[str, list[Any], str], None] | None = None
+    """Sends a stage job (Celery task name, arguments, queue) of a staged compile
+    (workers/jobs/ (lower, build, assemble)); None allows only the whole-graph path."""
+
+
+class Outcome(Protocol):
+    """What a job's work returns when it ended the job: a manifest, or a kernel record."""
+
+    timings: dict[str, float]
+
+    def total_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one job kind's deliveries are counted and recorded."""
+
+    worker: str
+    max_attempts: int
+    done_ttl_s: int
+    failed_ttl_s: int
+
+    @classmethod
+    def of(cls, ctx: WorkerContext) -> Delivery:
+        s = ctx.settings
+        return cls(ctx.name, s.max_attempts, s.done_ttl_s, s.failed_ttl_s)
+
+
+def run_delivery(
+    key: str, store: Store, delivery: Delivery,
+    finished: Callable[[Store], bool], work: Callable[[Store], Outcome | None],
+) -> Outcome | None:
+    """One delivery of any job kind, in the tenant view `store`: count it, finish at once
+    if `finished` (the result exists), stop at the attempt cap, run `work`, and record
+    SUCCEEDED or FAILED. Returns what `work` stored; None when the job ended otherwise
+    or, staged, when later stage jobs finish it (workers/jobs/)."""
+    attempt = store.incr_attempts(key)
+    try:
+        if finished(store):
+            store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+            return None
+        if attempt > delivery.max_attempts:
+            raise JobFailed(
+                "TOO_MANY_ATTEMPTS",
+                f"the job was delivered {attempt} times; a worker was lost on each earlier try",
+            )
+        store.update_job(
+            key, state=JobState.RUNNING, stage="decode", worker=delivery.worker, started=time.time()
+        )
+        outcome = work(store)
+    except JobFailed as e:
+        record_failure(key, store, e.code, str(e), delivery.failed_ttl_s)
+        return None
+    if outcome is None:
+        return None
+    store.update_job(
+        key, state=JobState.SUCCEEDED, stage="done", timings=outcome.timings,
+        artifact_bytes=outcome.total_bytes(),
+    )
+    store.expire_job(key, delivery.done_ttl_s)
+    return outcome
+
+
+def in_tenant(ctx: WorkerContext, namespace: str) -> WorkerContext:
+    """The context with its store in the tenant `namespace`."""
+    return dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
+
+
+def fail_job(key: str, ctx: WorkerContext, code: str, message: str, namespace: str = "") -> None:
+    """Marks a job FAILED from outside its delivery (a time limit hit, say)."""
+    record_failure(key, ctx.store.tenant(namespace), code, message, ctx.settings.failed_ttl_s)
+
+
+def record_failure(key: str, store: Store, code: str, message: str, ttl_s: int) -> None:
+    log.warning("job key=%s failed: %s: %s", keys.short(key), code, message[-500:])
+    store.fail_job(key, code, message, ttl_s)
+
+
+def load_request(key: str, store: Store, kind: type[R], what: str) -> R:
+    """The stored request of `key`, a `kind` message; it must hash to `key` in the
+    store's namespace, or the job fails MALFORMED_REQUEST."""
+    get, key_of = _REQUEST_KINDS[kind]
+    data = get(store, key)
+    if data is None:
+        raise JobFailed("REQUEST_EXPIRED", f"the {what} request is no longer in the cache")
+    request = kind()
+    try:
+        request.ParseFromString(data)
+    except DecodeError as e:
+        raise JobFailed("MALFORMED_REQUEST", f"cannot parse the {what} request: {e}") from e
+    if key_of(request, store.namespace) != key:
+        raise JobFailed("MALFORMED_REQUEST", f"the stored {what} request does not match its key")
+    return request
+
+
+_REQUEST_KINDS: dict[type, tuple[Callable[[Store, str], bytes | None], Callable[[Any, str], str]]] = {
+    farm_pb2.CompileRequest: (Store.get_request, keys.compute_key),
+    farm_pb2.KernelRequest: (Store.get_kernel_request, keys.compute_kernel_key),
+}
+
+
+def requested_fingerprint(request: farm_pb2.CompileRequest) -> dict[str, str]:
+    """The fingerprint the client asked for, in the same fields as `Fingerprint`."""
+    t, b = request.target, request.build
+    return {
+        "torch_version": b.torch_version,
+        "torch_git": b.torch_git,
+        "triton_version": b.triton_version,
+        "python": b.python,
+        "platform": b.platform,
+        "device": t.device,
+        "arch": t.arch,
+        "isa": t.isa,
+        "compiler": t.compiler,
+    }
+
+
+def check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
+    """Refuses a request for another build or target than this worker's: BUILD_MISMATCH."""
+    wanted = requested_fingerprint(request)
+    have = local.to_dict()
+    diff = [
+        f"{k}: wanted {wanted[k]!r}, worker has {have.get(k)!r}"
+        for k in wanted
+        if wanted[k] != have.get(k)
+    ]
+    if diff:
+        raise JobFailed(
+            "BUILD_MISMATCH", "this worker cannot build for the request: " + "; ".join(diff)
+        )
+
+
+def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
+    """The request's Inductor options, checked against the allow-list."""
+    try:
+        return options.check_options(
+            request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
+        )
+    except options.OptionNotAllowed as e:
+        raise JobFailed("OPTION_NOT_ALLOWED", str(e)) from e
+
+
+@dataclass
+class Prepared:
+    """A job's request, checked and decoded: what every compile path starts from."""
+
+    request: farm_pb2.CompileRequest
+    decoded: DecodedGraph
+    inductor_options: dict[str, Any]
+    decode_s: float
+    began: float
+    """`time.perf_counter()` when this job began."""
+
+    def redecoded(self) -> Prepared:
+        """The same, decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
+        return dataclasses.replace(self, decoded=decode_graph(self.request.graph))
+
+
+def prepare(key: str, ctx: WorkerContext) -> Prepared:
+    """Loads the job's request, refuses a build mismatch, decodes the graph and checks
+    its options; raises JobFailed."""
+    t0 = time.perf_counter()
+    request = load_request(key, ctx.store, farm_pb2.CompileRequest, "compile")
+    check_build(request, ctx.fingerprint)
+    try:
+        decoded = decode_graph(request.graph)
+    except GraphError as e:
+        raise JobFailed("INVALID_GRAPH", str(e)) from e
+    t_decode = time.perf_counter() - t0
+    return Prepared(request, decoded, check_options(request), t_decode, t0)
+
+
+def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
+    """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
+    if cause_of(e, ctx.timeout_errors) is not None:
+        return JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit")
+    return JobFailed("COMPILE_ERROR", str(e))
+
+
+def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
+    """The shape guards the compile added, over the client's symbol names: in a local
+    torch.compile they would be Dynamo's guards, so they travel with the artifact."""
+    names = {expr: name for name, expr in decoded.symbols.items() if expr.is_Symbol}
+    try:
+        return tuple(
+            shape_guards.encode(e, names)
+            for e in shape_guards.added_since(decoded.shape_env, mark)
+        )
+    except shape_guards.GuardError as e:
+        raise JobFailed(
+            "UNSHIPPABLE_GUARD", f"the compile added a shape guard the farm cannot ship: {e}"
+        ) from e
+
+
+def put_blob(store: Store, data: bytes) -> BlobRef:
+    """Stores `data` by its digest; its reference."""
+    ref = BlobRef(blob_digest(data), len(data))
+    store.put_blob(ref.digest, data)
+    return ref
+
+
+def live_job(key: str, ctx: WorkerContext) -> bool:
+    """Whether the job is still in flight; a stage job of an ended job is dropped."""
+    job = ctx.store.get_job(key)
+    if job is None or job.state in JobState.TERMINAL:
+        log.info("job key=%s is %s; stage job dropped", keys.short(key), job.state if job else "gone")
+        return False
+    return True
