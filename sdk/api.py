@@ -24,15 +24,16 @@ def compile(
     *,
     remote: str | None = None,
     target: str | None = None,
-    fallback: str = "local",
+    fallback: str | None = None,
     wait: bool = True,
     **torch_compile_kwargs: Any,
 ) -> Any:
     """Like `torch.compile(model, **kwargs)`, with each graph compiled on the farm at
     `remote` ("grpc://host:port", default `TORCHFARM_REMOTE`).
 
-    `fallback="local"` compiles a graph locally when the farm cannot, with a warning;
-    `fallback="error"` raises `sdk.errors.FarmError` instead.
+    `fallback="local"` (the default, or `TORCHFARM_FALLBACK`) compiles a graph locally
+    when the farm cannot, with a warning; `fallback="error"` raises `sdk.errors.FarmError`
+    instead.
 
     `target` is what to compile for (docs/targets.md): None, or an inexact kind such as
     "cpu" or "cuda", means this machine's own (detected: CPU ISA, CUDA capability, HIP
@@ -48,6 +49,8 @@ def compile(
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
     if unknown:
         raise ConfigError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
+    settings = from_env(SDKSettings)
+    fallback = settings.fallback if fallback is None else fallback
     if fallback not in ("local", "error"):
         raise ConfigError(f"fallback must be 'local' or 'error', not {fallback!r}")
     if not isinstance(wait, bool):
@@ -64,7 +67,6 @@ def compile(
     if mode is not None and options is not None:
         raise ConfigError("either mode or options can be specified, not both (as torch.compile)")
 
-    settings = from_env(SDKSettings)
     settings = dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
 
     def wrap(fn: Callable) -> Any:

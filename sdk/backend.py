@@ -23,34 +23,20 @@ import torch
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
-from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected, JobLost
+from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected
 from torchfarm.fx.guards import CaptureShapes, GuardError
 from sdk.metrics import FALLBACKS
 from sdk.nonblocking import Swapper
-from sdk.progress import GraphTrack, Progress
+from sdk.progress import Progress
 from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from sdk.trust import Trust
 from torchfarm import keys
 from torchfarm.targets import Target
+from torchfarm.tables import stage_timings
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 log = logging.getLogger(__name__)
-
-
-def farm_stages(status: farm_pb2.JobStatus) -> str:
-    """The farm's stage timings for the per-graph log line: "decompose 1.10s, lower
-    2.31s, kernels 4.02s 12/19 hit, assemble 0.05s" (a staged compile), or the
-    whole-graph compile's timings."""
-    parts = []
-    for t in status.timings:
-        part = f"{t.stage} {t.seconds:.2f}s"
-        if t.queued_seconds >= 0.005:
-            part += f" (queued {t.queued_seconds:.2f}s)"
-        if t.kernels:
-            part += f" {t.kernels_hit}/{t.kernels} hit"
-        parts.append(part)
-    return ", ".join(parts)
 
 
 def build_request(
@@ -229,7 +215,7 @@ class FarmBackend:
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
-            reply, status = self._submit_and_wait(request, track)
+            reply, status = self._client.submit_and_wait(request, track.update if track else None)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
@@ -255,7 +241,7 @@ class FarmBackend:
         outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
         remote = ""
         if status is not None:
-            remote = " (farm: " + farm_stages(status) + ")"
+            remote = " (farm: " + stage_timings(status.timings) + ")"
         log.info(
             "torchfarm: graph %d of %s: %s key=%s | encode %.2fs submit+wait %.2fs%s "
             "fetch %.2fs load %.2fs | artifact %.1f KB, %d kernels",
@@ -298,22 +284,6 @@ class FarmBackend:
             raise artifact.rejected("guards", f"artifact {key[:12]} refused: {e}") from e
         return guards
 
-    def _submit_and_wait(self, request, track: GraphTrack | None = None) -> tuple[Any, Any]:
-        """Submits, then waits unless it was a hit. A job the farm lost (Redis restarted
-        under it) is submitted again: the key is the same, so this is idempotent."""
-        assert self._client is not None
-        for attempt in range(self.settings.max_resubmits + 1):
-            reply = self._client.submit(request)
-            if reply.cache_hit:
-                return reply, None
-            try:
-                return reply, self._client.wait(reply.key, track.update if track else None)
-            except JobLost:
-                if attempt == self.settings.max_resubmits:
-                    raise
-                log.info("torchfarm: the farm lost job %s; submitting again", reply.key[:12])
-        raise AssertionError("unreachable")
-
     def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
         """Compiles the graph on the farm for `self.target`, which this process is not,
         and runs it eagerly here (sdk/fleet.py; docs/targets.md)."""
@@ -341,7 +311,7 @@ class FarmBackend:
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, self.local.config, label)
-                reply, _ = self._submit_and_wait(request)
+                reply, _ = self._client.submit_and_wait(request)
                 log.info(
                     "torchfarm: graph %d of %s for %s (torch %s): %s key=%s",
                     index, self.name, target, fp.torch_version,

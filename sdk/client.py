@@ -223,6 +223,25 @@ class FarmClient:
                 log.info("watch of %s interrupted (%s); resuming", key[:12], e.details())
                 time.sleep(0.5)
 
+    def submit_and_wait(
+        self, request: farm_pb2.CompileRequest,
+        on_status: Callable[[farm_pb2.JobStatus], None] | None = None,
+    ) -> tuple[farm_pb2.SubmitReply, farm_pb2.JobStatus | None]:
+        """Submits, then waits unless it was a hit (the status is then None). A job the
+        farm lost (Redis restarted under it) is submitted again, up to
+        `max_resubmits` times: the key is the same, so this is idempotent."""
+        for attempt in range(self.settings.max_resubmits + 1):
+            reply = self.submit(request)
+            if reply.cache_hit:
+                return reply, None
+            try:
+                return reply, self.wait(reply.key, on_status)
+            except JobLost:
+                if attempt == self.settings.max_resubmits:
+                    raise
+                log.info("torchfarm: the farm lost job %s; submitting again", reply.key[:12])
+        raise AssertionError("unreachable")
+
     def fetch(self, key: str) -> tuple[bytes, dict[str, bytes]]:
         """Streams the artifact: the manifest bytes and every blob, by digest."""
         manifest: bytes | None = None

@@ -37,7 +37,7 @@ from sdk import artifact, fleet
 from sdk.backend import build_request
 from sdk.client import FarmClient, parse_address
 from torchfarm.fx.encode import UnsupportedGraph
-from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, JobLost, RequestTooLarge
+from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
@@ -132,7 +132,7 @@ def export(
                 "coordinator's own limit may be lower", "REQUEST_TOO_LARGE",
             )
         expected = keys.compute_key(request, trust.namespace)
-        reply = _submit_and_wait(client, request, settings.max_resubmits)
+        reply, _ = client.submit_and_wait(request)
         if reply.key != expected:
             raise ArtifactRejected(
                 f"the farm answered for key {reply.key[:12]}, not this export's {expected[:12]}",
@@ -170,20 +170,6 @@ def _target_build(client: FarmClient, target: str | Target | None, inputs: list[
         log.warning("torchfarm: %d builds serve %s; exporting for %s (torch %s)",
                     len(builds), wanted, chosen.compiler, chosen.torch_version)
     return wanted, chosen
-
-
-def _submit_and_wait(client: FarmClient, request: Any, resubmits: int) -> Any:
-    for attempt in range(resubmits + 1):
-        reply = client.submit(request)
-        if reply.cache_hit:
-            return reply
-        try:
-            client.wait(reply.key)
-            return reply
-        except JobLost:
-            if attempt == resubmits:
-                raise
-    raise AssertionError("unreachable")
 
 
 def _default_path(key: str) -> Path:

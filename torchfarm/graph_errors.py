@@ -14,14 +14,9 @@ maps them to INVALID_ARGUMENT. This module imports neither torch nor grpc.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 
 class GraphError(ValueError):
     """Base class: the graph was rejected. Never transient."""
-
-    falls_back_locally: ClassVar[bool] = True
-    """The client should compile this graph locally rather than raise to the user."""
 
 
 class DisallowedOp(GraphError):

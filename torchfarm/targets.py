@@ -112,15 +112,6 @@ def parse(text: str) -> Target:
     return make(device.lower(), detail if device.lower() == "xpu" else detail.lower())
 
 
-def parse_list(text: str) -> list[Target | str]:
-    """A comma-separated target list; the word "local" stays as is (resolved by the caller)."""
-    out: list[Target | str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if part:
-            out.append("local" if part == "local" else parse(part))
-    return out
-
-
 def require_exact(target: Target, what: str = "a compile") -> Target:
     if not target.exact:
         raise TargetError(

@@ -35,3 +35,13 @@ def test_kernel_batch_defaults_to_what_one_build_job_builds_at_once(monkeypatch)
     assert sending.kernel_batch(Ctx()) == 4
     with pytest.raises(ValueError, match="TORCHFARM_KERNEL_BATCH=-1"):
         WorkerSettings(kernel_batch=-1)
+
+
+def test_sdk_compile_reads_its_fallback_from_the_environment(monkeypatch):
+    import sdk
+    from sdk.errors import ConfigError
+
+    monkeypatch.setenv("TORCHFARM_FALLBACK", "sometimes")
+    with pytest.raises(ConfigError, match="'sometimes'"):
+        sdk.compile(lambda x: x)
+    sdk.compile(lambda x: x, fallback="error")  # the argument wins

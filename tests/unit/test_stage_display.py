@@ -1,10 +1,10 @@
 """How a staged compile's stage timings read in the SDK's per-graph log line and in
-`torchfarm status`'s recent jobs (sdk/backend.py `farm_stages`, torchfarm/cli/main.py)."""
+`torchfarm status`'s recent jobs: one formatter, `torchfarm.tables.stage_timings`."""
 
 from __future__ import annotations
 
-from sdk.backend import farm_stages
 from torchfarm.cli.main import recent_jobs_table
+from torchfarm.tables import stage_timings
 from torchfarm.v1 import farm_pb2
 
 
@@ -23,7 +23,7 @@ def _staged() -> farm_pb2.JobStatus:
 
 
 def test_the_log_line_shows_each_stage_and_the_kernel_cache_hits():
-    assert farm_stages(_staged()) == (
+    assert stage_timings(_staged().timings) == (
         "decompose 1.10s (queued 0.30s), lower 2.31s, kernels 4.02s (queued 0.10s) 12/19 hit, "
         "assemble 0.05s"
     )
@@ -31,10 +31,9 @@ def test_the_log_line_shows_each_stage_and_the_kernel_cache_hits():
 
 def test_a_whole_graph_compile_reads_as_before():
     whole = farm_pb2.JobStatus(timings=[farm_pb2.StageTiming(stage="compile", seconds=3.5)])
-    assert farm_stages(whole) == "compile 3.50s"
+    assert stage_timings(whole.timings) == "compile 3.50s"
 
 
 def test_status_recent_jobs_show_stage_timings_and_hits():
     table = recent_jobs_table(farm_pb2.FarmStatus(recent_jobs=[_staged()]))
-    assert "kernels=4.02s(+0.10s queued,12/19 hit)" in table
-    assert "lower=2.31s " in table
+    assert "lower 2.31s, kernels 4.02s (queued 0.10s) 12/19 hit" in table

@@ -189,24 +189,13 @@ def recent_jobs_table(st: farm_pb2.FarmStatus) -> str:
                     farm_pb2.JobState.Name(j.state),
                     j.stage,
                     str(j.attempts),
-                    " ".join(_stage_timing(t) for t in j.timings),
+                    tables.stage_timings(j.timings),
                     j.error_code,
                 ]
                 for j in st.recent_jobs
             ],
             ["KEY", "STATE", "STAGE", "TRIES", "TIMINGS", "ERROR"],
         )
-
-
-def _stage_timing(t: farm_pb2.StageTiming) -> str:
-    """"lower=2.31s", or for a staged compile's stage also its wait in the queue and its
-    kernel counts: "kernels=4.02s(+0.10s queued,12/19 hit)"."""
-    extra = []
-    if t.queued_seconds >= 0.005:
-        extra.append(f"+{t.queued_seconds:.2f}s queued")
-    if t.kernels:
-        extra.append(f"{t.kernels_hit}/{t.kernels} hit")
-    return f"{t.stage}={t.seconds:.2f}s" + (f"({','.join(extra)})" if extra else "")
 
 
 def _coordinator(args: argparse.Namespace) -> int:
