@@ -43,12 +43,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchfarm.manifest import BlobRef
+from torchfarm.seal import Seal, TamperedRecord
 from torchfarm.store import Store
+
+log = logging.getLogger(__name__)
 
 KERNEL_CACHE_FORMAT = "torchfarm.kernel-cache/1"
 """Enters every kernel cache key; change it to orphan every cached binary."""
@@ -238,10 +242,16 @@ class Plan:
 
 
 class StageBoard:
-    """The staged pipeline's Redis records, seen from one tenant's `Store` view."""
+    """The staged pipeline's Redis records, seen from one tenant's `Store` view.
 
-    def __init__(self, store: Store):
+    With a `seal`, every record a worker acts on (plan, decomposition, kernel-cache
+    record) is sealed where it is written and checked where it is read: a plan or
+    decomposition without a valid seal raises `TamperedRecord` (or reads as absent), a
+    kernel-cache record without one reads as a miss, so the kernel is built again."""
+
+    def __init__(self, store: Store, seal: Seal | None = None):
         self.store = store
+        self.seal = seal
         self.r = store.r
         self._release = self.r.register_script(_RELEASE)
         self._close = self.r.register_script(_CLOSE)
@@ -267,7 +277,10 @@ class StageBoard:
         for key, data in zip(cache_keys, records):
             if data is not None:
                 record = json.loads(data)
-                found[key] = (BlobRef(**record["binary"]), float(record["seconds"]))
+                ref = BlobRef(**record["binary"])
+                if not self._sealed_binary(key, ref, record.get("mac")):
+                    continue
+                found[key] = (ref, float(record["seconds"]))
         present = self.r.pipeline(transaction=False)
         for ref, _ in found.values():
             present.exists(self._k("blob", ref.digest))
@@ -285,8 +298,20 @@ class StageBoard:
         ref = BlobRef(blob_digest(binary), len(binary))
         self.store.put_blob(ref.digest, binary)
         record = {"binary": asdict(ref), "worker": worker, "seconds": round(seconds, 3)}
+        if self.seal is not None:
+            record["mac"] = self.seal.mac("kbin", cache_key, ref.digest, str(ref.size))
         self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
         return ref
+
+    def _sealed_binary(self, cache_key: str, ref: BlobRef, mac: str | None) -> bool:
+        if self.seal is None:
+            return True
+        try:
+            self.seal.check(mac, "kbin", cache_key, ref.digest, str(ref.size))
+        except TamperedRecord:
+            log.error("kernel cache record %s carries no valid seal; it is built again", cache_key[:12])
+            return False
+        return True
 
     def forget_binaries(self, cache_keys: list[str]) -> None:
         if cache_keys:
@@ -377,6 +402,8 @@ class StageBoard:
     def put_decomposition(self, key: str, fields: dict[str, bytes], ttl_s: int) -> None:
         """Writes a decomposition's hash fields (`Decomposition.to_fields`), whole."""
         name = self._k("decomp", self.store.ref(key))
+        if self.seal is not None:
+            fields = {**fields, "mac": self._decomposition_mac(key, fields).encode()}
         pipe = self.r.pipeline()
         pipe.delete(name)
         pipe.hset(name, mapping=fields)
@@ -384,15 +411,49 @@ class StageBoard:
         pipe.execute()
 
     def get_decomposition(self, key: str) -> dict[bytes, bytes] | None:
-        return self.r.hgetall(self._k("decomp", self.store.ref(key))) or None
+        """The decomposition's fields; None if it is gone or its seal does not hold."""
+        fields = self.r.hgetall(self._k("decomp", self.store.ref(key))) or None
+        if fields is None or self.seal is None:
+            return fields
+        mac = fields.pop(b"mac", None)
+        try:
+            self.seal.check(mac, "decomp", self._decomposition_mac_body(key, fields))
+        except TamperedRecord:
+            log.error("job key=%s: its decomposition carries no valid seal; not used", key[:12])
+            return None
+        return fields
+
+    def _decomposition_mac(self, key: str, fields: dict[str, bytes]) -> str:
+        assert self.seal is not None
+        return self.seal.mac("decomp", self._decomposition_mac_body(key, fields))
+
+    def _decomposition_mac_body(self, key: str, fields: dict[Any, bytes]) -> bytes:
+        named = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        parts = [self.store.ref(key).encode()]
+        for name in sorted(named):
+            parts += [name.encode(), named[name]]
+        return b"".join(len(p).to_bytes(8, "big") + p for p in parts)
 
     def put_plan(self, key: str, plan: Plan, ttl_s: int) -> None:
         """Writes what the assembly needs; before `close_lowering`, which can send it."""
-        self.r.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
+        body = plan.to_json()
+        if self.seal is not None:
+            mac = self.seal.mac("plan", self.store.ref(key), body)
+            body = json.dumps({"mac": mac, "plan": body.decode()}).encode()
+        self.r.set(self._k("plan", self.store.ref(key)), body, ex=ttl_s)
 
     def get_plan(self, key: str) -> Plan | None:
+        """The job's plan, or None; raises TamperedRecord if its seal does not hold."""
         data = self.r.get(self._k("plan", self.store.ref(key)))
-        return Plan.from_json(data) if data is not None else None
+        if data is None:
+            return None
+        if self.seal is not None:
+            wrapped = json.loads(data)
+            if not isinstance(wrapped, dict) or set(wrapped) != {"mac", "plan"}:
+                raise TamperedRecord("the staged compile's plan carries no seal")
+            data = wrapped["plan"].encode()
+            self.seal.check(wrapped["mac"], "plan", self.store.ref(key), data)
+        return Plan.from_json(data)
 
     def pending(self, key: str) -> set[str]:
         return {m.decode() for m in self.r.smembers(self._k("pending", self.store.ref(key)))}

@@ -26,6 +26,7 @@ from torchfarm.fx.decode import DecodedGraph, decode_graph
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, blob_digest
+from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
@@ -52,6 +53,9 @@ class WorkerContext:
     name: str
     signer: Signer | None = None
     """Signs every manifest; None leaves artifacts unsigned (clients pinning keys refuse them)."""
+    seal: Seal | None = None
+    """Seals the records this worker hands to others through Redis, and checks theirs;
+    None (a development farm) trusts Redis."""
     timeout_errors: tuple[type[BaseException], ...] = ()
     """The task runner's time-limit exceptions (Celery's soft limit): a compile that
     failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
@@ -263,3 +267,13 @@ def live_job(key: str, ctx: WorkerContext) -> bool:
         log.info("job key=%s is %s; stage job dropped", keys.short(key), job.state if job else "gone")
         return False
     return True
+
+
+def get_verified_blob(store: Store, digest: str) -> bytes | None:
+    """A blob whose bytes still hash to its digest; None if it is gone. A blob rewritten
+    under its digest fails the job: nothing acts on it."""
+    data = store.get_blob(digest)
+    if data is not None and blob_digest(data) != digest:
+        raise JobFailed("RECORD_TAMPERED", f"blob {digest[:12]} no longer matches its digest")
+    return data
+

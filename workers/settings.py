@@ -72,6 +72,10 @@ class WorkerSettings:
     artifacts go unsigned, and clients that pin keys refuse them."""
     signing_key_id: str = ""
     """The id clients pin the key under; empty derives it from the public key."""
+    record_key_file: str = ""
+    """32+ secret bytes that seal the records workers hand each other through Redis
+    (torchfarm/seal.py). Empty derives the key from the signing key; with neither, the
+    records go unsealed (a development farm only)."""
     signature_ttl_s: int = 30 * 24 * 3600
     """How long a signature stays valid; the coordinator recompiles an expired artifact."""
     max_artifact_bytes: int = 1024 * 1024 * 1024

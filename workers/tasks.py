@@ -21,6 +21,7 @@ from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint
 from torchfarm.routing import (
     ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
 )
+from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from workers.board import StageBoard
 from torchfarm.store import JobState, Store
@@ -40,19 +41,28 @@ from workers.stackroom import in_stack_room
 @functools.cache
 def _context() -> WorkerContext:
     # Built lazily in each pool process, after the fork.
+    signer = (
+        Signer.from_file(settings.signing_key_file, settings.signing_key_id)
+        if settings.signing_key_file
+        else None
+    )
     return WorkerContext(
         settings=settings,
         store=Store.from_url(settings.cache_url, settings.redis_prefix),
         fingerprint=_graph_fingerprint(),
         name=settings.worker_name(),
-        signer=(
-            Signer.from_file(settings.signing_key_file, settings.signing_key_id)
-            if settings.signing_key_file
-            else None
-        ),
+        signer=signer,
+        seal=_seal(signer),
         timeout_errors=(SoftTimeLimitExceeded,),
         send=_send,
     )
+
+
+def _seal(signer: Signer | None) -> Seal | None:
+    """The record seal: its own key file, else derived from the signing key."""
+    if settings.record_key_file:
+        return Seal.from_file(settings.record_key_file)
+    return Seal.from_signer(signer) if signer is not None else None
 
 
 def _send(task: str, args: list, queue: str) -> None:
@@ -121,10 +131,12 @@ def lower_task(key: str, namespace: str, target: str) -> None:
 
 
 @app.task(name=BUILD_KERNELS_TASK)
-def build_kernels_task(key: str, namespace: str, target: str, kernels: list[list[str]]) -> None:
-    """Builds a batch of a staged compile's C++ kernels (workers/jobs/ (lower, build, assemble))."""
+def build_kernels_task(
+    key: str, namespace: str, target: str, kernels: list[list[str]], seal: str = ""
+) -> None:
+    """Builds a batch of a staged compile's C++ kernels (workers/jobs/build.py)."""
     with _time_limit_fails(key, namespace, "a kernel build"):
-        in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels)
+        in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels, seal)
 
 
 @app.task(name=ASSEMBLE_TASK)

@@ -12,10 +12,13 @@ from typing import Any
 
 from torchfarm import keys
 from torchfarm.manifest import KernelRef, Manifest
+from torchfarm.seal import TamperedRecord
 from torchfarm.store import JobState
 from workers.board import BUILD, CACHED, Plan, StageBoard
 from workers.jobs.sending import claim, send_assembly, send_builds, stage_record
-from workers.runtime import JobFailed, WorkerContext, in_tenant, live_job, record_failure
+from workers.runtime import (
+    JobFailed, WorkerContext, get_verified_blob, in_tenant, live_job, record_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +28,7 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     exactly as the whole-graph path writes one. Missing binaries (evicted meanwhile)
     are sent to be built again, a bounded number of times."""
     ctx = in_tenant(ctx, namespace)
-    store, board = ctx.store, StageBoard(ctx.store)
+    store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
     if store.get_manifest(key) is not None:
         store.update_job(key, state=JobState.SUCCEEDED, stage="done")
         board.clear(key)
@@ -37,7 +40,10 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
             raise JobFailed(
                 "TOO_MANY_ATTEMPTS", "the assembly was delivered too often; a worker was lost each time"
             )
-        plan = board.get_plan(key)
+        try:
+            plan = board.get_plan(key)
+        except TamperedRecord as e:
+            raise JobFailed("RECORD_TAMPERED", str(e)) from e
         if plan is None:
             raise JobFailed("PLAN_EXPIRED", "the staged compile's plan is no longer in the cache")
         manifest = _assemble(key, ctx, plan, board)
@@ -94,7 +100,8 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
             f"the artifact is {manifest.total_bytes()} bytes; the farm stores at most "
             f"{ctx.settings.max_artifact_bytes}",
         )
-    if not ctx.store.has_blobs(b.digest for b in manifest.blobs()):
+    # Sign only what was verified: every blob's bytes against its digest.
+    if any(get_verified_blob(ctx.store, b.digest) is None for b in manifest.blobs()):
         raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
     schedule = _schedule(plan, {k: seconds for k, (_, seconds) in cached.items()})

@@ -7,29 +7,38 @@ empties it sends the assembly."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from torchfarm import keys, routing
+from torchfarm import keys, targets
+from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
 from workers.board import StageBoard, parse_waiter, waiter_name
 from workers.compiler import CompileFailed, Kernel, start_kernel_build
-from workers.jobs.sending import build_threads, kernel_key, send_assembly, send_stage, stage_queue
+from workers.jobs.sending import build_seal, build_threads, kernel_key, send_assembly, send_build
 from workers.limits import cpu_time_limit
-from workers.runtime import JobFailed, WorkerContext, as_job_failure, in_tenant, live_job, record_failure
+from workers.runtime import (
+    JobFailed, WorkerContext, as_job_failure, get_verified_blob, in_tenant, live_job, record_failure,
+)
 
 log = logging.getLogger(__name__)
 
 
 def run_kernel_batch(
-    key: str, ctx: WorkerContext, namespace: str, target: str, kernels: list[list[str]]
+    key: str, ctx: WorkerContext, namespace: str, target: str, kernels: list[list[str]],
+    seal: str = "",
 ) -> None:
     """Builds the kernels of the staged job `key` that the kernel cache does not hold,
     stores them, and sends the assembly if they were the last the job waited for.
     `kernels` holds each kernel's cache key and the digest of its spec's blob. However it
     ends, the jobs that waited for these kernels' builds are then released, or one of
-    them builds what this job did not (`_settle`)."""
+    them builds what this job did not (`_settle`). A message without the seal of this
+    farm's workers (`seal`) is dropped: it may name any spec."""
+    if ctx.seal is not None and not hmac.compare_digest(seal, build_seal(ctx, key, namespace, target, kernels)):
+        log.error("job key=%s: a kernel-build message without a valid seal; dropped", keys.short(key))
+        return
     ctx = in_tenant(ctx, namespace)
     try:
         _run_kernel_batch(key, ctx, target, kernels)
@@ -38,7 +47,7 @@ def run_kernel_batch(
 
 
 def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[list[str]]) -> None:
-    board = StageBoard(ctx.store)
+    board = StageBoard(ctx.store, ctx.seal)
     if not live_job(key, ctx):
         return
     cache_keys = [k for k, _ in kernels]
@@ -71,14 +80,14 @@ def _settle(ctx: WorkerContext, owner: str, kernels: list[list[str]]) -> None:
     """After a kernel-build job of the job named `owner`, however it ended: each of its
     kernels now cached releases the jobs that waited for its build; one still missing
     passes its claim to one waiter, whose own build job is sent."""
-    board = StageBoard(ctx.store)
+    board = StageBoard(ctx.store, ctx.seal)
     cached = board.cached_binaries([k for k, _ in kernels])
     for cache_key, digest in kernels:
         if cache_key in cached:
             for waiter in board.settle(cache_key):
                 namespace, key, target = parse_waiter(waiter)
                 store = ctx.store.tenant(namespace)
-                removed, left = StageBoard(store).release(key, [cache_key], 1, 0.0)
+                removed, left = StageBoard(store, ctx.seal).release(key, [cache_key], 1, 0.0)
                 if removed and left == 0:
                     send_assembly(store, ctx, key, target)
             continue
@@ -87,8 +96,7 @@ def _settle(ctx: WorkerContext, owner: str, kernels: list[list[str]]) -> None:
             namespace, key, target = parse_waiter(heir)
             log.info("kernel %s was not built; job key=%s builds it",
                      cache_key[:12], keys.short(key))
-            send_stage(ctx, routing.BUILD_KERNELS_TASK, [key, namespace, target, [[cache_key, digest]]],
-                  stage_queue(target))
+            send_build(ctx, key, namespace, target, [[cache_key, digest]])
 
 
 def _build_missing(
@@ -102,9 +110,10 @@ def _build_missing(
     for cache_key, digest in kernels:
         if cache_key in cached:
             continue
-        spec = ctx.store.get_blob(digest)
+        spec = get_verified_blob(ctx.store, digest)
         if spec is None:
             raise JobFailed("PLAN_EXPIRED", "a kernel's source left the cache before its build")
+        _check_flags(spec, target)
         if kernel_key(ctx, spec, target) != cache_key:
             raise JobFailed(
                 "BUILD_MISMATCH",
@@ -126,6 +135,25 @@ def _build_missing(
     except CompileFailed as e:
         raise as_job_failure(e, ctx) from e
     return time.perf_counter() - t0, len(todo)
+
+
+_TORCH_DEVICE = {"rocm": "cuda"}
+"""Target devices whose torch device type has another name (ROCm builds say "cuda")."""
+
+
+def _check_flags(spec: bytes, target: str) -> None:
+    """The build's command line is this worker's own Inductor's: a spec may add no
+    flags (Inductor adds some only for CUTLASS or CK libraries on GPUs, whose kernels
+    are not built from specs) and must be for the target's device."""
+    try:
+        args = KernelSpec.from_bytes(spec).args
+    except KernelSpecError as e:
+        raise JobFailed("INVALID_KERNEL_SPEC", str(e)) from e
+    if args["extra_flags"]:
+        raise JobFailed("INVALID_KERNEL_SPEC", "a kernel spec may not carry compiler flags")
+    device = targets.parse(target).device
+    if args["device_type"].split(":")[0] != _TORCH_DEVICE.get(device, device):
+        raise JobFailed("INVALID_KERNEL_SPEC", f"a kernel spec for {args['device_type']!r} on {target}")
 
 
 def _timed(build: Callable[[], Kernel]) -> tuple[Kernel, float]:

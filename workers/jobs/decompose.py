@@ -46,7 +46,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     queued = record.started - record.created if record is not None and record.started else 0.0
     stage = stage_record("decompose", job.decode_s + time.perf_counter() - t0, queued, ctx.name)
     fields = {**dec.to_fields(), "stage": json.dumps(stage).encode()}
-    StageBoard(ctx.store).put_decomposition(key, fields, ctx.settings.done_ttl_s)
+    StageBoard(ctx.store, ctx.seal).put_decomposition(key, fields, ctx.settings.done_ttl_s)
     ctx.store.update_job(key, stage="lowering", decomposed="separately", l_sent=time.time())
     send_stage(ctx, routing.LOWER_TASK, [key, ctx.store.namespace, target],
           routing.stage_queue(targets.parse(target)))

@@ -46,7 +46,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
     """The lowering job of the staged job `key`, from the decomposition its graph job
     stored. Idempotent, like every stage: a redelivery lowers again."""
     ctx = in_tenant(ctx, namespace)
-    store, board = ctx.store, StageBoard(ctx.store)
+    store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
     if store.get_manifest(key) is not None:
         store.update_job(key, state=JobState.SUCCEEDED, stage="done")
         return
@@ -170,7 +170,7 @@ class KernelStream:
 
     @functools.cached_property
     def board(self) -> StageBoard:
-        return StageBoard(self.ctx.store)
+        return StageBoard(self.ctx.store, self.ctx.seal)
 
     def open(self) -> None:
         self.opened = time.perf_counter()
@@ -227,7 +227,7 @@ def fan_out(
     if stream is None:
         stream = KernelStream(key, ctx, target)
         stream.open()
-    store, board = ctx.store, StageBoard(ctx.store)
+    store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
     t0 = time.perf_counter()
     stream.flush()
     kernels = [stream.planned(spec) for spec in lowered.specs]

@@ -10,6 +10,7 @@ workers/jobs/build.py).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, TypeVar
@@ -60,8 +61,25 @@ def send_builds(
     batches = in_batches(kernels, kernel_batch(ctx))
     for batch in batches:
         refs = [[k.cache_key, k.source.digest] for k in batch]
-        send_stage(ctx, routing.BUILD_KERNELS_TASK, [key, ctx.store.namespace, target, refs], stage_queue(target))
+        send_build(ctx, key, ctx.store.namespace, target, refs)
     return [[k.cache_key for k in batch] for batch in batches]
+
+
+def send_build(ctx: WorkerContext, key: str, namespace: str, target: str, refs: list[list[str]]) -> None:
+    """Sends one kernel-build job, sealed (`build_seal`): the broker is no more trusted
+    than the cache, and a build job names the specs a worker will compile."""
+    send_stage(
+        ctx, routing.BUILD_KERNELS_TASK,
+        [key, namespace, target, refs, build_seal(ctx, key, namespace, target, refs)],
+        stage_queue(target),
+    )
+
+
+def build_seal(ctx: WorkerContext, key: str, namespace: str, target: str, refs: list[list[str]]) -> str:
+    """The seal of a kernel-build message; "" on a farm without a seal."""
+    if ctx.seal is None:
+        return ""
+    return ctx.seal.mac("build", namespace, key, target, json.dumps(refs))
 
 
 def claim(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel]) -> list[int]:
@@ -69,7 +87,7 @@ def claim(ctx: WorkerContext, key: str, target: str, kernels: list[PlannedKernel
     lapse with the broker's visibility timeout, before the coordinator calls a job that
     waited on an orphaned claim stale and queues it again (`stale_job_s`), so the new
     try claims the kernel itself."""
-    return StageBoard(ctx.store).claim(
+    return StageBoard(ctx.store, ctx.seal).claim(
         key, waiter_name(ctx.store.namespace, key, target), [k.cache_key for k in kernels],
         ctx.settings.done_ttl_s, ctx.settings.visibility_timeout_s,
     )
