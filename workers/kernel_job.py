@@ -2,7 +2,9 @@
 
 Like `workers/job.py`, idempotent under at-least-once delivery: a redelivered job whose
 kernel is already cached finishes at once, and blobs are written by content digest.
-The record (`tf:kernel:<key>`) is written after its blobs.
+The record (`tf:kernel:<key>`) is written after its blobs. A failure's message goes to
+the client, so it passes `kernel_errors.client_message` first: bounded, and free of the
+worker's environment, paths and object reprs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torchfarm.manifest import blob_digest
 from torchfarm.store import JobState, Store
 from torchfarm.targets import TargetError
 from torchfarm.v1 import farm_pb2
+from workers.kernel_errors import client_message
 from workers.kernels import KernelCompileError, compile_kernel
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ class KernelContext:
     max_attempts: int = 3
     failed_ttl_s: int = 60
     done_ttl_s: int = 3600
+    scratch_dir: str | None = None
+    """The job's scratch directory (Triton's cache): paths under it may appear in errors."""
 
 
 class _Failed(Exception):
@@ -89,8 +94,9 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
         }
         store.put_kernel(key, record)  # last: a reader that sees it finds both blobs
     except _Failed as e:
-        log.warning("kernel key=%s failed: %s: %s", keys.short(key), e.code, str(e)[-500:])
-        store.fail_job(key, e.code, str(e), ctx.failed_ttl_s)
+        message = client_message(str(e), scratch=ctx.scratch_dir)
+        log.warning("kernel key=%s failed: %s: %s", keys.short(key), e.code, message[-500:])
+        store.fail_job(key, e.code, message, ctx.failed_ttl_s)
         return
     total = time.perf_counter() - t0
     store.update_job(
@@ -105,6 +111,7 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
 
 
 def fail_kernel_job(key: str, ctx: KernelContext, code: str, message: str, namespace: str = "") -> None:
+    message = client_message(message, scratch=ctx.scratch_dir)
     ctx.store.tenant(namespace).fail_job(key, code, message, ctx.failed_ttl_s)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Iterator
 
@@ -159,6 +160,7 @@ def _kernel_context() -> KernelContext:
         max_attempts=settings.max_attempts,
         failed_ttl_s=settings.failed_ttl_s,
         done_ttl_s=settings.done_ttl_s,
+        scratch_dir=os.environ.get("TRITON_CACHE_DIR"),  # Triton's own setting, not ours
     )
 
 
