@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 
+from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from sdk.target import fingerprint_for, local_fingerprint
@@ -28,11 +29,16 @@ from torchfarm.store import JobState, Store
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
 from workers.export_job import run_export_job
+from workers.hard_limits import on_task_failure
 from workers.job import WorkerContext, fail_job, run_job
 from workers.kernel_job import KernelContext, fail_kernel_job, run_kernel_job
 from workers.lowering import run_lowering
 from workers.pipeline import HANDED_ON, run_assembly, run_kernel_batch
 from workers.stackroom import in_stack_room
+
+
+# A task killed at the hard time limit runs nothing more; the main process ends its job.
+signals.task_failure.connect(on_task_failure, weak=False)
 
 
 @functools.cache
