@@ -56,5 +56,5 @@ def on_task_failure(sender: object = None, exception: object = None, args: Seque
         store, failed_ttl_s = _store()
         fail_killed_job(store, getattr(sender, "name", ""), args or (), kwargs or {},
                         exception.args[0] if exception.args else "?", failed_ttl_s)
-    except Exception:  # noqa: BLE001 - a signal receiver must not break the pool's bookkeeping
+    except Exception:  # a signal receiver must not break the pool's bookkeeping
         log.exception("could not fail the job of a task killed at the hard time limit")
