@@ -191,10 +191,11 @@ class SequenceBounds:
             # A non-sequence operand of `+` with a sequence is one of unknown length.
             return sum(o if isinstance(o, int) else self.rank for o in operands)
         if name == "mul":
-            seqs = [(o, other) for o, other in (args, args[::-1]) if isinstance(self._operand(o), int)]
-            if not seqs:
+            pairs = [(args[0], args[1]), (args[1], args[0])]
+            repeated = [(o, other) for o, other in pairs if isinstance(self._operand(o), int)]
+            if not repeated:
                 return SCALAR if operands == [SCALAR, SCALAR] else OTHER
-            seq, count = seqs[0]
+            seq, count = repeated[0]
             length = self._operand(seq)
             assert isinstance(length, int)
             if count[0] == "int":

@@ -17,7 +17,9 @@ next; a local assigned under several names is bounded by the largest of them.
 from __future__ import annotations
 
 import ast
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_CONSTANT_BITS = 4096
@@ -114,15 +116,14 @@ class _Folder:
                     if isinstance(child, ast.expr):
                         self.eval(child)
 
-    def _bindings(self) -> list[tuple[str, object]]:
+    def _bindings(self) -> list[tuple[str, Callable[[], _Num | None]]]:
         """(name, a function giving the value bound to it) for each compile-time binding."""
-        out: list[tuple[str, object]] = []
+        out: list[tuple[str, Callable[[], _Num | None]]] = []
         for node in ast.walk(ast.Module(body=self.fn.body, type_ignores=[])):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-                value = node.value
-                out.append((node.target.id, lambda v=value: self.eval(v)))
+                out.append((node.target.id, functools.partial(self.eval, node.value)))
             elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and self._is_static_range(node.iter):
-                out.append((node.target.id, lambda it=node.iter: self._index(it)))
+                out.append((node.target.id, functools.partial(self._index, node.iter)))
         return out
 
     def _is_static_range(self, node: ast.expr) -> bool:
@@ -149,8 +150,9 @@ class _Folder:
         """An upper bound on a static_range's iteration count."""
         args = self._range_args(call)
         values = [a.value if a is not None else _UNKNOWN for a in args]
-        if all(isinstance(v, int) for v in values) and 1 <= len(values) <= 3 and values[-1:] != [0]:
-            return len(range(*values))  # type: ignore[arg-type]
+        ints = [v for v in values if isinstance(v, int)]
+        if len(ints) == len(values) and 1 <= len(ints) <= 3 and ints[-1:] != [0]:
+            return len(range(*ints))
         bits = max((a.bits for a in args if a is not None), default=64)
         return 1 << min(bits + 1, 64)
 
