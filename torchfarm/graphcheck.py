@@ -14,7 +14,10 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
 - constants whose data length matches shape and dtype, within a total byte budget;
 - symbolic size expressions parsed by a small hand-written parser against the declared
   symbols (never evaluated as code);
-- bounded sizes everywhere (`GraphLimits`).
+- bounded sizes everywhere (`GraphLimits`), and bounded work: size expressions'
+  nodes and bits, Python operators under any name (`__pow__` included), the length of
+  every sequence a node can produce, and the elements of each placeholder and of the
+  whole graph (`torchfarm.graphbounds`).
 
 Errors come from `torchfarm.graph_errors`.
 """
@@ -25,7 +28,7 @@ import keyword
 import re
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from torchfarm import allowlist
+from torchfarm import allowlist, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
@@ -50,6 +53,12 @@ class GraphLimits:
     """Characters in one symbolic size expression."""
     max_name_chars: int = 1_024
     """Characters in a node, placeholder, constant, symbol or keyword name."""
+    max_placeholder_elements: int = 1 << 32
+    """Elements of one placeholder tensor, its symbols at their hints (autotuning allocates it)."""
+    max_graph_elements: int = 1 << 38
+    """Elements of all placeholders and constants together, symbols at their hints."""
+    max_sequence_length: int = 1 << 16
+    """Items in any tuple or list a node can produce (`t + t` doubles at each node)."""
 
 
 # The torch.dtype names a graph may use (str(dtype) without "torch."), with their item
@@ -261,7 +270,15 @@ def parse_sym_expr(text: str, symbols: Container[str], limits: GraphLimits) -> S
     """Parses a size expression as sympy prints it ("s0", "2*s1 + 1", "(s0//2)")."""
     if len(text) > limits.max_expr_chars:
         raise GraphTooLarge(f"size expression longer than {limits.max_expr_chars} characters")
-    return _SymParser(text, symbols, limits.max_nesting_depth).parse()
+    tree = _SymParser(text, symbols, limits.max_nesting_depth).parse()
+    nodes, bits = graphbounds.expr_bounds(tree)
+    if nodes > graphbounds.MAX_EXPR_NODES:
+        raise GraphTooLarge(f"size expression {text[:80]!r} has {nodes} nodes, more than {graphbounds.MAX_EXPR_NODES}")
+    if bits > graphbounds.MAX_EXPR_BITS:
+        raise GraphTooLarge(
+            f"size expression {text[:80]!r} can reach {bits} bits, more than {graphbounds.MAX_EXPR_BITS}"
+        )
+    return tree
 
 
 # ---------------------------------------------------------------------------
@@ -277,6 +294,9 @@ class _Checker:
         self.constants: set[str] = set()
         self.defined: set[str] = set()
         self.arguments = 0
+        self.hints: dict[str, int] = {}
+        self.elements = 0
+        self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
 
     def name(self, what: str, name: str) -> None:
         if len(name) > self.limits.max_name_chars:
@@ -337,6 +357,15 @@ class _Checker:
                 f"symbol {sym.name!r}: hint {sym.hint} outside [{sym.min}, {sym.max or 'inf'}]"
             )
         self.symbols.add(sym.name)
+        self.hints[sym.name] = sym.hint
+
+    def count_elements(self, numel: int, where: str) -> None:
+        """Adds a placeholder's or constant's elements to the graph's total."""
+        self.elements += numel
+        if self.elements > self.limits.max_graph_elements:
+            raise GraphTooLarge(
+                f"{where}: placeholders and constants hold over {self.limits.max_graph_elements} elements"
+            )
 
     def constant(self, const: graph_pb2.Constant) -> int:
         self.name("constant", const.name)
@@ -345,6 +374,7 @@ class _Checker:
         self.constants.add(const.name)
         itemsize = self.dtype(const.dtype, f"constant {const.name!r}")
         numel = self.dims(const.shape, f"constant {const.name!r}")
+        self.count_elements(numel, f"constant {const.name!r}")
         if numel * itemsize != len(const.data):
             raise MalformedGraph(
                 f"constant {const.name!r} has {len(const.data)} bytes, "
@@ -357,10 +387,14 @@ class _Checker:
         if len(dims) > self.limits.max_rank:
             raise GraphTooLarge(f"{where} has rank {len(dims)}, more than {self.limits.max_rank}")
         numel = 1
+        extent = 1  # torch computes it in int64, empty or not
         for d in dims:
             if d < 0:
                 raise MalformedGraph(f"{where} has negative size {d}")
             numel *= d
+            extent *= max(d, 1)
+        if extent > INT64_MAX:
+            raise MalformedGraph(f"{where}: the product of its sizes is over int64")
         return numel
 
     def dtype(self, name: str, where: str) -> int:
@@ -374,13 +408,14 @@ class _Checker:
         if not -1 <= dev.index < MAX_DEVICE_INDEX:
             raise MalformedGraph(f"{where}: bad device index {dev.index}")
 
-    def sym_expr(self, expr: graph_pb2.SymExpr, where: str, size: bool) -> None:
+    def sym_expr(self, expr: graph_pb2.SymExpr, where: str, size: bool) -> SymAst:
         tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
         if not _has_symbol(tree) and tree[0] != "int":
             # sympy folds constants, so "3 - 5" or "-2" never come from a real graph.
             raise MalformedGraph(f"{where}: constant size {expr.expr!r} is not a plain integer")
         if size and (expr.hint < 0 or (tree[0] == "int" and tree[1] != expr.hint)):
             raise MalformedGraph(f"{where}: size {expr.expr!r} with hint {expr.hint}")
+        return tree
 
     def node(self, node: graph_pb2.Node) -> None:
         where = f"node {node.name!r}"
@@ -413,6 +448,7 @@ class _Checker:
             raise MalformedGraph(f"{where}: unknown op {node.op}")
         for arg in node.args:
             self.argument(arg, where, 1)
+        self.bound_work(node, where)
         previous = None
         for kw in node.kwargs:
             self.name("keyword", kw.name)
@@ -420,6 +456,37 @@ class _Checker:
                 raise MalformedGraph(f"{where}: kwargs must be unique and sorted by name")
             previous = kw.name
             self.argument(kw.value, where, 1)
+
+    def bound_work(self, node: graph_pb2.Node, where: str) -> None:
+        """Python operators under any name, and the sequences nodes can grow."""
+        if node.op == Node.PLACEHOLDER:
+            self.sequences.placeholder(node.name, node.HasField("tensor"))
+            return
+        if node.op == Node.GET_ATTR:
+            self.sequences.tensor(node.name)
+            return
+        if node.op not in (Node.CALL_FUNCTION, Node.CALL_METHOD):
+            return
+        applied = graphbounds.python_operator(node.target)
+        if applied is not None and applied[0] in ("pow", "lshift"):
+            for arg in node.args[1:] if node.op == Node.CALL_METHOD else node.args:
+                if arg.WhichOneof("kind") == "int_value" and abs(arg.int_value) > graphbounds.MAX_OPERATOR_EXPONENT:
+                    what = "exponent" if applied[0] == "pow" else "shift"
+                    raise MalformedGraph(
+                        f"{where}: {node.target} with {what} {arg.int_value}; "
+                        f"the limit is {graphbounds.MAX_OPERATOR_EXPONENT}"
+                    )
+        op = "call_method" if node.op == Node.CALL_METHOD else "call_function"
+        length = self.sequences.node(node.name, op, node.target, [_operand(a) for a in node.args])
+        if length is not None and length > self.limits.max_sequence_length:
+            if applied is not None and applied[0] == "mul":
+                raise MalformedGraph(
+                    f"{where}: sequence repeated to {length} items, more than {self.limits.max_sequence_length}"
+                )
+            raise GraphTooLarge(
+                f"{where}: {node.target} can produce a sequence of up to {length} items, "
+                f"more than {self.limits.max_sequence_length}"
+            )
 
     def placeholder(self, node: graph_pb2.Node, where: str) -> None:
         self.name("placeholder target", node.target)
@@ -437,8 +504,15 @@ class _Checker:
             raise GraphTooLarge(
                 f"{where} has rank {len(meta.shape)}, more than {self.limits.max_rank}"
             )
-        for size in (*meta.shape, *meta.stride):
-            self.sym_expr(size, where, size=True)
+        trees = [self.sym_expr(size, where, size=True) for size in (*meta.shape, *meta.stride)]
+        numel = 1
+        for tree in trees[: len(meta.shape)]:
+            numel *= max(0, graphbounds.evaluate(tree, self.hints))
+        if numel > self.limits.max_placeholder_elements:
+            raise GraphTooLarge(
+                f"{where} has {numel} elements at its hints, more than {self.limits.max_placeholder_elements}"
+            )
+        self.count_elements(numel, where)
         self.dtype(meta.dtype, where)
         self.device(meta.device, where)
         if meta.kind == graph_pb2.TensorMeta.KIND_UNSPECIFIED:
@@ -490,6 +564,18 @@ class _Checker:
         elif kind == "sym":
             self.sym_expr(arg.sym, where, size=False)
         # none, bool_value, int_value, float_value, str_value need no check.
+
+
+def _operand(arg: graph_pb2.Argument) -> tuple:
+    """An argument as graphbounds.SequenceBounds reads it."""
+    kind = arg.WhichOneof("kind")
+    if kind == "node":
+        return ("node", arg.node)
+    if kind in ("list", "tuple"):
+        return ("seq", len(getattr(arg, kind).items))
+    if kind == "int_value":
+        return ("int", arg.int_value)
+    return ("other", None)
 
 
 def validate_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> None:

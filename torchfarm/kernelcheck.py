@@ -20,14 +20,27 @@ function body can name:
   `print`); `getattr`, `hasattr`, `isinstance`, `exec` and the like are not names;
 - no identifier or attribute starts with "_", no string constant contains "__";
 - a call's callee is a builtin above, an attribute chain rooted at a Triton import,
-  or a method of a local value (`x.to(...)`); a local is never called itself.
+  or a method of a local value (`x.to(...)`); a local is never called itself;
+- Triton's frontend folds constants in Python, string methods included: `"_" + "_"`
+  is `"__"`, and `s.format(x)` walks attributes of a worker object at compile time.
+  So a string is never a value the kernel can compute with: a string constant (or an
+  f-string of names and numbers) appears only as an argument of a call of a Triton
+  function or of `print`, or as an `assert` message; it is never assigned, operated
+  on, subscripted, or the object of an attribute (`tests/targets/test_kernel_eval.py`);
+- an attribute of a local value is one of `LOCAL_ATTRIBUTES`, the public attributes
+  of Triton's tensors, dtypes and types that yield no string and no IR handle;
+- the Python numbers Triton folds (`**`, `<<`, `*` of constexprs) stay under
+  `kernelfold.MAX_CONSTANT_BITS`, and static loops under `kernelfold.MAX_STATIC_ITERATIONS`
+  (`torchfarm/kernelfold.py`, run by `check_signature`, which knows the constexpr values).
 
 On the worker, `workers/triton_compile.py` resolves every attribute chain rooted at a Triton
 import against the installed Triton and accepts it only if it ends in a Triton
 builtin, a `@triton.jit` function of Triton's own, a dtype, a constexpr or a
 `triton.language` class, passing only through `triton.language` modules. Then it
 builds the function object from the compiled code object (no `exec`; the body never
-runs) with globals holding only the imports. docs/targets.md says the same, in full.
+runs) with globals holding only the imports. A chain that receives a string must be a
+Triton builtin or @jit function, not a class (`tl.constexpr("...")` would make a
+string value). docs/targets.md says the same, in full.
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ import copy
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from torchfarm import kernelfold
 
 if TYPE_CHECKING:  # protobuf stays optional for what imports only this module
     from torchfarm.v1 import farm_pb2
@@ -60,6 +75,31 @@ ALLOWED_MODULES = {
 
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "print"})
 """Python names Triton's frontend gives a device meaning (or folds as constants)."""
+
+STRING_BUILTINS = frozenset({"print"})
+"""Builtins that may take a string argument (print is Triton's device_print)."""
+
+LOCAL_ATTRIBUTES = frozenset({
+    # tl.tensor (values, methods Triton binds to the tensor)
+    "dtype", "shape", "type", "numel", "T", "abs", "advance", "argmax", "argmin",
+    "associative_scan", "atomic_add", "atomic_and", "atomic_cas", "atomic_max", "atomic_min",
+    "atomic_or", "atomic_xchg", "atomic_xor", "broadcast_to", "cast", "cdiv", "ceil", "cos",
+    "cumprod", "cumsum", "erf", "exp", "exp2", "expand_dims", "flip", "floor", "gather",
+    "histogram", "item", "log", "log2", "logical_and", "logical_or", "max", "min", "permute",
+    "ravel", "reduce", "reduce_or", "reshape", "rsqrt", "sigmoid", "sin", "softmax", "sort",
+    "split", "sqrt", "sqrt_rn", "store", "sum", "to", "trans", "view", "xor_sum",
+    # tl.dtype, pointer and block types, constexpr, tuple
+    "element_ty", "scalar", "primitive_bitwidth", "int_bitwidth", "fp_mantissa_width",
+    "exponent_bias", "address_space", "value", "values", "nbytes", "get_block_shapes",
+    "get_int_max_value", "get_int_min_value", "is_bf16", "is_block", "is_bool", "is_const",
+    "is_dtype", "is_floating", "is_fp16", "is_fp32", "is_fp64", "is_fp8", "is_fp8e4b15",
+    "is_fp8e4b8", "is_fp8e4nv", "is_fp8e5", "is_fp8e5b16", "is_int", "is_int1", "is_int16",
+    "is_int32", "is_int64", "is_int8", "is_int_signed", "is_int_unsigned", "is_ptr",
+    "is_standard_floating", "is_uint16", "is_uint32", "is_uint64", "is_uint8", "is_void",
+    "with_element_ty",
+})
+"""Attributes a kernel may take of a local value: Triton's, none yielding a string
+(`name`, `codegen_name`, `mangle`), an IR object (`handle`, `to_ir`) or a str method."""
 
 _STATEMENTS = (
     ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For,
@@ -94,6 +134,8 @@ class KernelSource:
     """The function with its decorator removed: what Triton will parse."""
     chains: set[str] = field(default_factory=set)
     """Every dotted name rooted at an import ("tl.load", "triton.cdiv"), to resolve."""
+    string_sinks: set[str] = field(default_factory=set)
+    """The chains called with a string argument: each must be a Triton function."""
 
 
 def check_kernel_source(source: str, name: str) -> KernelSource:
@@ -104,6 +146,8 @@ def check_kernel_source(source: str, name: str) -> KernelSource:
         tree = ast.parse(source, filename="<kernel>", mode="exec")
     except SyntaxError as e:
         raise KernelRejected(f"kernel source does not parse: line {e.lineno}: {e.msg}") from e
+    except (RecursionError, MemoryError):
+        raise KernelRejected("kernel source nests expressions too deeply") from None
     count = sum(1 for _ in ast.walk(tree))
     if count > MAX_AST_NODES:
         raise KernelRejected(f"kernel source has {count} syntax nodes; the limit is {MAX_AST_NODES}")
@@ -127,7 +171,10 @@ def check_kernel_source(source: str, name: str) -> KernelSource:
     fn = functions[0]
     if fn.name != name:
         raise KernelRejected(f"the source defines {fn.name!r}, not the requested {name!r}")
-    return _Checker(fn, imports).run()
+    try:
+        return _Checker(fn, imports).run()
+    except RecursionError:
+        raise KernelRejected("kernel source nests expressions too deeply") from None
 
 
 def _check_import(stmt: ast.Import | ast.ImportFrom, imports: dict[str, str]) -> None:
@@ -160,6 +207,7 @@ class _Checker:
         self.fn = fn
         self.imports = imports
         self.chains: set[str] = set()
+        self.string_sinks: set[str] = set()
 
     def run(self) -> KernelSource:
         fn = self.fn
@@ -193,7 +241,7 @@ class _Checker:
         return KernelSource(
             name=fn.name, params=params, constexpr_params=frozenset(constexprs),
             defaults=tuple(defaults), imports=dict(self.imports), function=stripped,
-            chains=self.chains,
+            chains=self.chains, string_sinks=self.string_sinks,
         )
 
     def _check_decorators(self) -> None:
@@ -233,8 +281,33 @@ class _Checker:
                 continue
             if isinstance(child, ast.stmt):
                 self._stmt(child)
+            elif isinstance(node, ast.Assert) and child is node.msg:
+                self._argument(child, node.lineno)
             else:
                 self._expr(child, node.lineno)
+
+    def _argument(self, node: ast.AST, line: int) -> None:
+        """An expression in a place that may hold a string: a call argument or assert message."""
+        line = getattr(node, "lineno", line)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "__" in node.value:
+                raise KernelRejected(f"line {line}: string constants may not contain '__'")
+            return
+        if isinstance(node, ast.JoinedStr):
+            self._fstring(node, line)
+            return
+        self._expr(node, line)
+
+    def _fstring(self, node: ast.JoinedStr, line: int) -> None:
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                if "__" in str(part.value):
+                    raise KernelRejected(f"line {line}: string constants may not contain '__'")
+                continue
+            if not (isinstance(part, ast.FormattedValue) and part.format_spec is None
+                    and isinstance(part.value, ast.Name) and part.value.id in self.locals):
+                raise KernelRejected(f"line {line}: an f-string may format only plain local names")
+            self._name(part.value, line)
 
     def _expr(self, node: ast.AST, line: int) -> None:
         line = getattr(node, "lineno", line)
@@ -243,9 +316,14 @@ class _Checker:
         if not isinstance(node, _EXPRESSIONS):
             raise KernelRejected(f"line {line}: {type(node).__name__} is not allowed in a kernel")
         if isinstance(node, ast.Constant):
-            if isinstance(node.value, (str, bytes)) and ("__" in str(node.value)):
-                raise KernelRejected(f"line {line}: string constants may not contain '__'")
+            if isinstance(node.value, (str, bytes)):
+                raise KernelRejected(
+                    f"line {line}: a string may appear only as an argument of a Triton function "
+                    "or print, or as an assert message (Triton folds string expressions in Python)"
+                )
             return
+        if isinstance(node, (ast.JoinedStr, ast.FormattedValue)):
+            raise KernelRejected(f"line {line}: an f-string may appear only where a string may")
         if isinstance(node, ast.Name):
             self._name(node, line)
             return
@@ -287,21 +365,56 @@ class _Checker:
             _check_identifier(root.id, line)
             self.chains.add(".".join([root.id, *reversed(parts)]))
             return
-        # An attribute of a local value (a tensor's .dtype, .to): check the value itself.
+        # An attribute of a local value (a tensor's .dtype, .to): Triton's attributes only,
+        # then check the value itself.
+        for attr in parts:
+            if attr not in LOCAL_ATTRIBUTES:
+                raise KernelRejected(f"line {line}: attribute {attr!r} of a value is not allowed in a kernel")
         self._expr(root, line)
 
     def _call(self, node: ast.Call, line: int) -> None:
         func = node.func
+        chain = ""
         if isinstance(func, ast.Name):
             if func.id in self.locals:
                 raise KernelRejected(f"line {line}: calling the local {func.id!r} is not allowed")
             self._name(func, line)
+            chain = func.id if func.id in self.imports else ""
         elif isinstance(func, ast.Attribute):
             self._attribute(func, line)
+            chain = self._chain(func)
         else:
             raise KernelRejected(f"line {line}: only named functions and methods may be called")
-        for child in [*node.args, *node.keywords]:
-            self._expr(child, line)
+        # Strings go only to Triton's functions (checked on the worker) and print as
+        # arguments, and to a value's Triton methods as keywords (`x.to(fp_downcast_rounding="rtne")`).
+        takes_strings = bool(chain) or (isinstance(func, ast.Name) and func.id in STRING_BUILTINS)
+        for arg in node.args:
+            self._call_argument(arg, line, takes_strings, chain)
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise KernelRejected(f"line {line}: '**' arguments are not allowed in a kernel")
+            _check_identifier(kw.arg, line)
+            self._call_argument(kw.value, line, takes_strings or isinstance(func, ast.Attribute), chain)
+
+    def _call_argument(self, arg: ast.expr, line: int, takes_strings: bool, chain: str) -> None:
+        if not takes_strings:
+            self._expr(arg, line)
+            return
+        self._argument(arg, line)
+        is_string = isinstance(arg, ast.JoinedStr) or (isinstance(arg, ast.Constant) and isinstance(arg.value, str))
+        if chain and is_string:
+            self.string_sinks.add(chain)
+
+    def _chain(self, node: ast.Attribute) -> str:
+        """The dotted name of an attribute chain rooted at an import, else ""."""
+        parts = []
+        root: ast.AST = node
+        while isinstance(root, ast.Attribute):
+            parts.append(root.attr)
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in self.imports:
+            return ".".join([root.id, *reversed(parts)])
+        return ""
 
 
 TRITON_SCALAR_TYPES = frozenset({
@@ -322,7 +435,8 @@ def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> t
 
     Every parameter must appear, in order, with a Triton type; `tl.constexpr`
     parameters must be typed "constexpr", and every "constexpr" one needs a value
-    (a JSON number, boolean or null) or a default.
+    (a JSON number, boolean or null; an int fits in 64 bits) or a default. Given
+    those values, the numbers Triton folds must stay bounded (`kernelfold`).
     """
     args = [(a.name, a.type) for a in request.signature]
     names = [n for n, _ in args]
@@ -340,6 +454,8 @@ def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> t
             raise KernelRejected(f"constexpr {option.name!r}: not JSON: {e}") from e
         if not isinstance(value, (int, float, bool)) and value is not None:
             raise KernelRejected(f"constexpr {option.name!r} must be a number, a boolean or null")
+        if isinstance(value, int) and not -(2**63) <= value < 2**64:
+            raise KernelRejected(f"constexpr {option.name!r} must fit in 64 bits")
         values[option.name] = value
     first_default = len(checked.params) - len(checked.defaults)
     defaults = dict(zip(checked.params[first_default:], checked.defaults, strict=True))
@@ -360,6 +476,10 @@ def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> t
         elif name in values:
             raise KernelRejected(f"parameter {name!r} has a constexpr value but type {ty!r}")
         signature[name] = ty
+    try:
+        kernelfold.check_folding(checked.function, checked.imports, constexprs)
+    except kernelfold.Unbounded as e:
+        raise KernelRejected(str(e)) from e
     return signature, constexprs
 
 

@@ -80,6 +80,8 @@ class Delivery:
     max_attempts: int
     done_ttl_s: int
     failed_ttl_s: int
+    redact: Callable[[str], str] = str
+    """What a failure's message becomes before it is recorded for the client."""
 
     @classmethod
     def of(cls, ctx: WorkerContext) -> Delivery:
@@ -110,7 +112,7 @@ def run_delivery(
         )
         outcome = work(store)
     except JobFailed as e:
-        record_failure(key, store, e.code, str(e), delivery.failed_ttl_s)
+        record_failure(key, store, e.code, delivery.redact(str(e)), delivery.failed_ttl_s)
         return None
     if outcome is None:
         return None

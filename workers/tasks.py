@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Iterator
 
+from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint
@@ -35,7 +37,12 @@ from workers.jobs.lower import run_lowering
 from workers.jobs.assemble import run_assembly
 from workers.jobs.build import run_kernel_batch
 from workers.jobs.sending import HANDED_ON
+from workers.hard_limits import on_task_failure
 from workers.stackroom import in_stack_room
+
+
+# A task killed at the hard time limit runs nothing more; the main process ends its job.
+signals.task_failure.connect(on_task_failure, weak=False)
 
 
 @functools.cache
@@ -174,6 +181,7 @@ def _kernel_context() -> KernelContext:
         max_attempts=settings.max_attempts,
         failed_ttl_s=settings.failed_ttl_s,
         done_ttl_s=settings.done_ttl_s,
+        scratch_dir=os.environ.get("TRITON_CACHE_DIR"),  # Triton's own setting, not ours
     )
 
 

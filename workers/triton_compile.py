@@ -125,6 +125,8 @@ def resolve_names(checked: KernelSource) -> dict[str, Any]:
             where = f"{where}.{attr}"
         if not _allowed_value(obj, tl):
             raise KernelRejected(f"{chain} ({where}) is not something a kernel may use")
+        if chain in checked.string_sinks and not _takes_strings(obj, tl):
+            raise KernelRejected(f"{chain} ({where}) may not take a string: it is not a Triton function")
     return namespace
 
 
@@ -177,6 +179,16 @@ def _allowed_value(obj: Any, tl: Any) -> bool:
     if inspect.isfunction(obj):  # triton.cdiv, triton.next_power_of_2: pure helpers
         return obj.__module__ in ("triton", "triton.runtime.jit") and obj.__name__ in _TRITON_ATTRS
     return False
+
+
+def _takes_strings(obj: Any, tl: Any) -> bool:
+    """A string may go only to Triton's builtins and @jit functions: a class or a constexpr
+    (`tl.constexpr("...")`) would hand the kernel a string value to fold and format."""
+    from triton.runtime.jit import JITCallable
+
+    if inspect.isclass(obj) or isinstance(obj, (tl.constexpr, tl.dtype)):
+        return False
+    return isinstance(obj, JITCallable) or bool(tl.core.is_builtin(obj))
 
 
 class _jit_function:

@@ -22,7 +22,7 @@ from torchfarm.manifest import blob_digest
 from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState
-from workers.board import Plan, StageBoard, kernel_cache_key
+from workers.board import StageBoard, kernel_cache_key
 from workers.compiler import Kernel, LoweredGraph
 from workers.jobs import assemble, build, lower
 from workers.runtime import WorkerContext

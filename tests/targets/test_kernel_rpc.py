@@ -26,13 +26,19 @@ KERNEL_FILE = Path(__file__).parent / "kernels" / "add_kernel.py"
 SOURCE = KERNEL_FILE.read_text()
 SIGNATURE = "*fp32,*fp32,*fp32,i32,constexpr"
 ROOT = Path(__file__).resolve().parents[2]
+PLANTED = "redis://:planted-h1-secret@cache:6379/0"
+"""A credential in the kernel worker's environment; no answer to a client may carry it."""
 
 
 @pytest.fixture(scope="module")
 def gpu_kernel_stack(tmp_path_factory):
-    env = {"TORCHFARM_TARGETS": "local,cuda:sm_90,cuda:sm_80,rocm:gfx942"}
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env) as s:
+    env = {"TORCHFARM_TARGETS": "local,cuda:sm_90,cuda:sm_80,rocm:gfx942", "TORCHFARM_PLANTED_URL": PLANTED}
+    s = LocalStack(workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env)
+    s.start(timeout_s=300)  # a loaded shared machine takes over a minute to warm a worker
+    try:
         yield s
+    finally:
+        s.stop()
 
 
 @pytest.fixture
@@ -101,6 +107,26 @@ def test_rejected_kernels_never_reach_a_worker(stub):
     kernel.source = kernel.source.replace("pid = tl.program_id(0)", "pid = getattr(tl, 'core')")
     err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'getattr'" in err.details()
+
+
+# Triton folds "_" + "_" into "__" and calls str.format at compile time, so this reaches
+# os.environ through a kernel argument's class; its compile error used to come back verbatim.
+LEAK = (
+    '    s: tl.constexpr = "{0._" + "_class_" + "_._" + "_init_" + "_._" + "_globals_" + "_[inspect].os.environ}"\n'
+    "    tl.static_assert(False, s.format(n))\n"
+    "    pid = tl.program_id(0)\n"
+)
+
+
+def test_a_kernel_cannot_read_the_workers_environment(stub):
+    kernel = kernelreq.build_kernel_request(
+        SOURCE, "add_kernel", target="cuda:sm_90", signature=SIGNATURE, constexprs={"BLOCK": 64},
+    )
+    kernel.source = SOURCE.replace("    pid = tl.program_id(0)\n", LEAK)  # past the client's own check
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CompileKernel(kernel, timeout=120)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "planted-h1-secret" not in e.value.details() and "environ(" not in e.value.details()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -43,7 +43,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils._sympy import functions as sym_functions
 from torch.utils._sympy.numbers import int_oo
 
-from torchfarm import allowlist
+from torchfarm import allowlist, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
@@ -136,19 +136,41 @@ def _int_value(value: object) -> int | None:
     return None
 
 
-def _check_python_op(target: object, args: Sequence[object]) -> None:
+_BY_NAME = {
+    "add": operator.add, "concat": operator.add, "mul": operator.mul,
+    "pow": operator.pow, "lshift": operator.lshift,
+}
+
+
+def _check_python_method(name: str, args: Sequence[object], limits: GraphLimits) -> None:
+    """The same bounds for `x.__pow__(n)`, `n.__rpow__(x)`, `t.__mul__(n)`, ...: a dunder
+    method is the operator under another name (graphbounds.python_operator)."""
+    applied = graphbounds.python_operator(name)
+    if applied is None or len(args) != 2:
+        return
+    op, reflected = applied
+    _check_python_op(_BY_NAME[op], args[::-1] if reflected else args, limits)
+
+
+def _check_python_op(target: object, args: Sequence[object], limits: GraphLimits | None = None) -> None:
     """Refuses Python arithmetic that would take unbounded time or memory.
 
     Tensor ops run on fake tensors and cost nothing; `_operator` on Python values runs
     for real, so `[0] * 10**12` or `s0 ** 10**9` must be stopped before it starts.
     """
+    longest = (limits or GraphLimits()).max_sequence_length
+    if target in (operator.add, operator.iadd, operator.concat, operator.iconcat) and len(args) == 2:
+        a, b = args
+        if isinstance(a, (tuple, list, str, bytes)) and isinstance(b, (tuple, list, str, bytes)) \
+                and len(a) + len(b) > longest:
+            raise MalformedGraph(f"sequence of {len(a) + len(b)} items, more than {longest}")
     if target in _REPEATS and len(args) == 2:
         for seq, count in (args, args[::-1]):
             n = _int_value(count)
             if (
                 isinstance(seq, (str, bytes, tuple, list))
                 and n is not None
-                and n > MAX_SEQUENCE_REPEAT
+                and (n > MAX_SEQUENCE_REPEAT or len(seq) * n > longest)
             ):
                 raise MalformedGraph(f"sequence repeated {n} times")
     if target in _EXPONENTIAL and len(args) == 2:
@@ -214,13 +236,17 @@ class _Propagate(FakeTensorProp):
         value = super().get_attr(target, args, kwargs)
         return self._mode.from_tensor(value, static_shapes=True)
 
+    limits = GraphLimits()
+    """The decoder's limits; set per graph."""
+
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        _check_python_op(target, args)
+        _check_python_op(target, args, self.limits)
         result = super().call_function(target, args, kwargs)
         _check_int_result(result)
         return result
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        _check_python_method(target, args, self.limits)
         result = super().call_method(target, args, kwargs)
         _check_int_result(result)
         return result
@@ -413,7 +439,9 @@ class _Decoder:
     def run(self) -> DecodedGraph:
         gm, inputs = self.build()
         with _preserve_global_state():
-            _Propagate(gm, mode=self.fake_mode).propagate_dont_convert_inputs(*inputs)
+            propagate = _Propagate(gm, mode=self.fake_mode)
+            propagate.limits = self.limits
+            propagate.propagate_dont_convert_inputs(*inputs)
         for node in gm.graph.nodes:
             if "val" in node.meta:
                 node.meta["example_value"] = node.meta["val"]

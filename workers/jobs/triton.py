@@ -1,7 +1,9 @@
 """The Triton kernel job (the CompileKernel RPC): request → checks → Triton compile for
 the named target → store. Delivered like every job (`workers.runtime.run_delivery`): a
 redelivered job whose kernel is already cached finishes at once, blobs are written by
-content digest, and the record (`tf:kernel:<key>`) is written after its blobs.
+content digest, and the record (`tf:kernel:<key>`) is written after its blobs. A
+failure's message goes to the client, so it passes `kernel_errors.client_message`
+first: bounded, and free of the worker's environment, paths and object reprs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torchfarm.store import Store
 from torchfarm.targets import TargetError
 from torchfarm.v1 import farm_pb2
 from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
+from workers.kernel_errors import client_message
 from workers.triton_compile import KernelCompileError, compile_kernel
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,8 @@ class KernelContext:
     max_attempts: int = 3
     failed_ttl_s: int = 60
     done_ttl_s: int = 3600
+    scratch_dir: str | None = None
+    """The job's scratch directory (Triton's cache): paths under it may appear in errors."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,10 @@ class KernelRecord:
 
 def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
     store = ctx.store.tenant(namespace)
-    delivery = Delivery(ctx.name, ctx.max_attempts, ctx.done_ttl_s, ctx.failed_ttl_s)
+    delivery = Delivery(
+        ctx.name, ctx.max_attempts, ctx.done_ttl_s, ctx.failed_ttl_s,
+        lambda message: client_message(message, scratch=ctx.scratch_dir),
+    )
     record = run_delivery(
         key, store, delivery, lambda s: s.get_kernel(key) is not None,
         lambda s: _compile_and_store(key, ctx, s),
@@ -102,6 +110,7 @@ def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelReco
 
 
 def fail_kernel_job(key: str, ctx: KernelContext, code: str, message: str, namespace: str = "") -> None:
+    message = client_message(message, scratch=ctx.scratch_dir)
     record_failure(key, ctx.store.tenant(namespace), code, message, ctx.failed_ttl_s)
 
 

@@ -1,0 +1,154 @@
+"""What Triton's frontend evaluates in Python while it compiles a kernel, and the checks that
+keep it from evaluating anything of the client's against worker objects: string folding and
+methods (torchfarm/kernelcheck.py), folded numbers (torchfarm/kernelfold.py), and the
+errors a client gets back (workers/kernel_errors.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from torchfarm import kernelcheck, kernelreq, targets
+from torchfarm.kernelcheck import KernelRejected
+from workers.triton_compile import KernelCompileError, compile_kernel
+
+SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
+SIGNATURE = "*fp32,*fp32,*fp32,i32,constexpr"
+PID = "    pid = tl.program_id(0)\n"
+SECRET = "redis://:planted-eval-secret@cache:6379/0"
+
+
+def with_lines(lines: str) -> str:
+    return SOURCE.replace(PID, lines + PID)
+
+
+def request(source: str, constexprs: dict | None = None):
+    return kernelreq.build_kernel_request(
+        source, "add_kernel", target="cuda:sm_90", signature=SIGNATURE,
+        constexprs=constexprs or {"BLOCK": 256},
+    )
+
+
+# Each is valid Triton that, compiled as is, evaluates client-built strings against worker
+# objects (str.format walks attributes) or folds numbers without bound.
+ESCAPES = {
+    "folded dunder + format": (
+        '    s: tl.constexpr = "{0._" + "_class_" + "_._" + "_init_" + "_._" + "_globals_" + "_[inspect].os.environ}"\n'
+        "    tl.static_assert(False, s.format(n))\n"
+    ),
+    "format inline": '    tl.static_assert(False, ("{0._" + "_class_" + "_}").format(n))\n',
+    "format of a constant": '    tl.static_assert(False, "{0}".format(n))\n',
+    "string repetition": '    tl.static_assert(False, ("{0." + "_" * 2 + "class" + "_" * 2 + "}").format(n))\n',
+    "percent formatting": '    tl.static_assert(False, "%s%s" % ("_", "_"))\n',
+    "replace": '    tl.static_assert(False, "-".replace("-", "_"))\n',
+    "join": '    tl.static_assert(False, "_".join(["{0.", "class", "}"]))\n',
+    "string local": '    s: tl.constexpr = "{0}"\n',
+    "string in a tuple": '    t: tl.constexpr = ("_", "_")\n',
+    "string subscript": '    tl.static_assert(False, "ab"[0])\n',
+    "string to a class": '    s: tl.constexpr = tl.constexpr("{0.")\n',
+    "f-string of a string": "    tl.static_assert(False, f\"{'_'}{'_'}\")\n",
+    "f-string with a spec": '    tl.static_assert(False, f"{BLOCK:>10}")\n',
+    "f-string outside an argument": '    s: tl.constexpr = f"{BLOCK}"\n',
+    "bytes": "    tl.static_assert(False, b'x')\n",
+    "string to min": '    m = min("{0.", "x")\n',
+    "name of a dtype": "    s = x_ptr.dtype.name\n",
+    "handle of a tensor": "    h = n.handle\n",
+    "int method": "    b = BLOCK.bit_length()\n",
+    "double-star arguments": "    tl.store(out_ptr, 1, **BLOCK)\n",
+    "nested exponent": "    e: tl.constexpr = (((BLOCK ** 64) ** 64) ** 64) ** 64\n",
+    "exponent chain through locals": (
+        "    a: tl.constexpr = BLOCK ** 64\n    b: tl.constexpr = a ** 64\n"
+        "    c: tl.constexpr = b ** 64\n    d: tl.constexpr = c ** 64\n    e: tl.constexpr = d ** 64\n"
+    ),
+    "huge shift": "    e: tl.constexpr = 1 << 10 ** 12\n",
+    "squaring in a static loop": (
+        "    e: tl.constexpr = BLOCK\n"
+        "    for i in tl.static_range(40):\n"
+        "        e: tl.constexpr = e * e\n"
+    ),
+    "long static loop": "    for i in tl.static_range(10 ** 9):\n        tl.static_print(i)\n",
+    "tuple repetition": "    t: tl.constexpr = (1,) * 10 ** 9\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_compile_time_evaluation_is_refused_before_triton_runs(name):
+    src = with_lines(ESCAPES[name])
+    try:
+        req = request(src)  # the client's own checks, the coordinator's too
+    except KernelRejected:
+        return
+    with pytest.raises(KernelRejected):  # structurally fine: the worker's resolution refuses it
+        compile_kernel(req, targets.parse("cuda:sm_90"))
+
+
+def test_refusals_name_the_rule():
+    with pytest.raises(KernelRejected, match="a string may appear only as an argument"):
+        request(with_lines(ESCAPES["folded dunder + format"]))
+    with pytest.raises(KernelRejected, match="attribute 'name' of a value"):
+        request(with_lines(ESCAPES["name of a dtype"]))
+    with pytest.raises(KernelRejected, match="could reach .* bits; the limit is 4096"):
+        request(with_lines(ESCAPES["nested exponent"]))
+    with pytest.raises(KernelRejected, match="defined in terms of itself"):
+        request(with_lines(ESCAPES["squaring in a static loop"]))
+    with pytest.raises(KernelRejected, match="unroll over 4096"):
+        request(with_lines(ESCAPES["long static loop"]))
+    with pytest.raises(KernelRejected, match="must fit in 64 bits"):
+        request(SOURCE, constexprs={"BLOCK": 2**70})
+
+
+def test_a_string_to_a_triton_class_is_refused_on_the_worker():
+    src = with_lines('    tl.static_assert(False, tl.constexpr("x"))\n')
+    checked = kernelcheck.check_kernel_source(src, "add_kernel")
+    assert "tl.constexpr" in checked.string_sinks
+    with pytest.raises(KernelRejected, match="may not take a string"):
+        compile_kernel(request(src), targets.parse("cuda:sm_90"))
+
+
+def test_kernels_that_use_strings_and_constants_as_triton_means_still_compile():
+    src = with_lines(
+        '    tl.static_assert(BLOCK % 2 == 0, "BLOCK must be even")\n'
+        '    tl.static_assert(BLOCK >= 2, f"BLOCK is {BLOCK}")\n'
+        "    HALF: tl.constexpr = BLOCK // 2\n"
+        "    WIDE: tl.constexpr = 2 ** 10 + (1 << 20) + tl.cdiv(BLOCK, HALF)\n"
+        "    for i in tl.static_range(4):\n"
+        "        tl.static_print(i, WIDE)\n"
+    ).replace(
+        "x = tl.load(x_ptr + offsets, mask=mask)",
+        'x = tl.load(x_ptr + offsets, mask=mask, eviction_policy="evict_last").to(tl.float32)',
+    )
+    r = compile_kernel(request(src), targets.parse("cuda:sm_90"))
+    assert r.binary[:4] == b"\x7fELF" and r.metadata["name"] == "add_kernel"
+
+
+def test_compile_errors_carry_the_diagnostic_not_the_workers_state(monkeypatch, tmp_path):
+    """A compile error a client sees holds its own source and Triton's diagnostic; never an
+    environment value, a path outside the job's scratch directory, or a worker object's repr."""
+    from workers import kernel_errors
+
+    monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
+    raw = (
+        "CompilationError: at 3:4:\n    y = tl.zeros((3,), dtype=tl.float32)\n    ^\n"
+        f"ValueError('cannot use {SECRET} with <triton.knobs.base_knobs object at 0x7f00deadbeef> "
+        f"from /usr/lib/python3/site-packages/triton/knobs.py and {tmp_path}/k/add.ptx')\n"
+        + "x" * 100_000
+    )
+    out = kernel_errors.client_message(raw, scratch=str(tmp_path))
+    assert "planted-eval-secret" not in out and "0x7f00deadbeef" not in out
+    assert "/usr/lib/python3" not in out and str(tmp_path) not in out
+    assert "y = tl.zeros((3,), dtype=tl.float32)" in out and "k/add.ptx" in out
+    assert len(out.encode()) <= kernel_errors.MAX_CLIENT_MESSAGE_BYTES
+
+
+def test_a_real_compile_error_reaches_the_client_bounded_and_clean(monkeypatch):
+    from workers import kernel_errors
+
+    monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
+    broken = SOURCE.replace("x + y", "x + tl.zeros((3,), dtype=tl.float32)")
+    with pytest.raises(KernelCompileError) as e:
+        compile_kernel(request(broken), targets.parse("cuda:sm_90"))
+    out = kernel_errors.client_message(str(e.value))
+    assert "x + tl.zeros((3,), dtype=tl.float32)" in out and "planted-eval-secret" not in out
+    assert os.sep + "site-packages" not in out

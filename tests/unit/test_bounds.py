@@ -1,0 +1,162 @@
+"""Small requests that would exhaust a worker: each is a graph a few hundred bytes long that
+passes for a Dynamo graph. `validate_graph` (the coordinator, and the worker before it
+decodes) and the worker's propagation must both refuse them (torchfarm/graphbounds.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchfarm import graphbounds
+from torchfarm.graph_errors import GraphError, GraphTooLarge
+from torchfarm.graphcheck import GraphLimits, parse_sym_expr, validate_graph
+from torchfarm.v1 import graph_pb2
+
+Node, Arg = graph_pb2.Node, graph_pb2.Argument
+
+
+def meta(shape: list[tuple[str, int]]) -> graph_pb2.TensorMeta:
+    return graph_pb2.TensorMeta(
+        shape=[graph_pb2.SymExpr(expr=e, hint=h) for e, h in shape],
+        stride=[graph_pb2.SymExpr(expr="1", hint=1) for _ in shape],
+        dtype="float32", device=graph_pb2.Device(type="cpu", index=-1),
+        kind=graph_pb2.TensorMeta.INPUT,
+    )
+
+
+def graph(*nodes: graph_pb2.Node, symbols: tuple[graph_pb2.Symbol, ...] = (),
+          shape: list[tuple[str, int]] | None = None) -> graph_pb2.Graph:
+    """x (a [2, 3] tensor unless `shape`), then `nodes`, then output((last,))."""
+    g = graph_pb2.Graph(format=graph_pb2.GRAPH_FORMAT_V1, symbols=list(symbols))
+    g.nodes.add(name="x", op=Node.PLACEHOLDER, target="L_x_", tensor=meta(shape or [("2", 2), ("3", 3)]))
+    g.nodes.extend(nodes)
+    out = g.nodes.add(name="output", op=Node.OUTPUT, target="output")
+    out.args.add().tuple.items.append(Arg(node=g.nodes[-2].name))
+    return g
+
+
+def size_node(name: str = "size") -> graph_pb2.Node:
+    return Node(name=name, op=Node.CALL_METHOD, target="size", args=[Arg(node="x")])
+
+
+def doubling(count: int) -> graph_pb2.Graph:
+    """t0 = x.size(); t(i+1) = t(i) + t(i): 2 * 2**count items."""
+    nodes = [size_node("t0")]
+    for i in range(count):
+        nodes.append(Node(name=f"t{i + 1}", op=Node.CALL_FUNCTION, target="_operator.add",
+                          args=[Arg(node=f"t{i}"), Arg(node=f"t{i}")]))
+    return graph(*nodes)
+
+
+def test_nested_exponents_in_size_expressions_are_refused():
+    s0 = graph_pb2.Symbol(name="s0", hint=2, min=2)
+    text = "s0"
+    for _ in range(6):
+        text = f"({text})**64"
+    g = graph(symbols=(s0,), shape=[(text, 2)])
+    with pytest.raises(GraphError, match="size expression"):
+        validate_graph(g)
+    with pytest.raises(GraphError, match="size expression"):
+        parse_sym_expr("(9223372036854775807**64)**64", {"s0"}, GraphLimits())
+
+
+def test_size_expressions_are_bounded_in_nodes():
+    text = "+".join(["a"] * 1500)  # under the character limit
+    with pytest.raises(GraphTooLarge, match="nodes"):
+        parse_sym_expr(text, {"a"}, GraphLimits())
+    parse_sym_expr("2*s0*s1 + s0**2 + (s1//2)", {"s0", "s1"}, GraphLimits())
+
+
+@pytest.mark.parametrize("method", ["__pow__", "__ipow__", "__lshift__", "__ilshift__"])
+def test_dunder_exponent_methods_are_bounded_like_operators(method):
+    g = graph(
+        Node(name="n", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]),
+        Node(name="p", op=Node.CALL_METHOD, target=method, args=[Arg(node="n"), Arg(int_value=10**9)]),
+    )
+    with pytest.raises(GraphError, match="exponent|shift"):
+        validate_graph(g)
+
+
+@pytest.mark.parametrize("method", ["__mul__", "__rmul__", "__imul__"])
+def test_dunder_repetition_methods_are_bounded_like_operators(method):
+    g = graph(size_node(), Node(name="r", op=Node.CALL_METHOD, target=method,
+                                args=[Arg(node="size"), Arg(int_value=10**12)]))
+    with pytest.raises(GraphError, match="sequence"):
+        validate_graph(g)
+
+
+def test_tuple_doubling_is_refused_before_it_grows():
+    validate_graph(doubling(3))  # 16 items: a graph may well do that
+    with pytest.raises(GraphTooLarge, match="sequence of up to"):
+        validate_graph(doubling(34))
+
+
+def test_a_huge_placeholder_is_refused():
+    g = graph(Node(name="r", op=Node.CALL_FUNCTION, target="torch.relu", args=[Arg(node="x")]),
+              shape=[(str(1 << 40), 1 << 40), (str(1 << 20), 1 << 20)])
+    with pytest.raises(GraphTooLarge, match="elements"):
+        validate_graph(g)
+
+
+def test_a_symbolic_placeholder_is_bounded_at_its_hints():
+    s0 = graph_pb2.Symbol(name="s0", hint=1 << 36, min=2)
+    g = graph(Node(name="r", op=Node.CALL_FUNCTION, target="torch.relu", args=[Arg(node="x")]),
+              symbols=(s0,), shape=[("s0", 1 << 36), ("2*s0", 1 << 37)])
+    with pytest.raises(GraphTooLarge, match="elements"):
+        validate_graph(g)
+
+
+def test_the_whole_graph_is_bounded_in_elements():
+    limits = GraphLimits(max_placeholder_elements=100, max_graph_elements=150)
+    g = graph(shape=[("10", 10), ("10", 10)])  # 100: fits alone
+    g.nodes.insert(1, Node(name="y", op=Node.PLACEHOLDER, target="L_y_", tensor=meta([("10", 10), ("10", 10)])))
+    with pytest.raises(GraphTooLarge, match="placeholders and constants .* 150"):
+        validate_graph(g, limits)
+    validate_graph(g, GraphLimits(max_placeholder_elements=100, max_graph_elements=200))
+
+
+def test_constant_dimensions_are_bounded():
+    g = graph(Node(name="c", op=Node.GET_ATTR, target="k"))
+    g.constants.add(name="k", dtype="float32", shape=[0, 1 << 62, 1 << 62], data=b"")
+    with pytest.raises(GraphError, match="size"):
+        validate_graph(g)
+
+
+def test_limits_are_named_and_documented():
+    assert graphbounds.MAX_EXPR_BITS and graphbounds.MAX_EXPR_NODES
+    limits = GraphLimits()
+    for name in ("max_placeholder_elements", "max_graph_elements", "max_sequence_length"):
+        assert getattr(limits, name) > 0
+
+
+# The worker re-checks on the actual values while it propagates (torchfarm/fx/decode.py).
+
+
+def test_the_worker_bounds_dunder_exponents_before_computing():
+    from torchfarm.fx.decode import decode_graph
+
+    g = graph(
+        Node(name="a", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]),
+        Node(name="b", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=1)]),
+        Node(name="p", op=Node.CALL_METHOD, target="__pow__", args=[Arg(node="a"), Arg(node="b")]),
+        shape=[("2", 2), ("100", 100)],
+    )
+    validate_graph(g)  # an exponent from a node: only the worker knows it
+    with pytest.raises(GraphError, match="integer pow by 100"):  # refused before 2**100 is made
+        decode_graph(g)
+    g.nodes[3].target, g.nodes[3].args[0].node, g.nodes[3].args[1].node = "__rpow__", "b", "a"
+    with pytest.raises(GraphError, match="integer pow by 100"):
+        decode_graph(g)
+
+
+def test_the_worker_bounds_sequence_growth_it_could_not_see_statically():
+    from torchfarm.fx.decode import decode_graph
+
+    limits = GraphLimits(max_rank=2, max_sequence_length=3)
+    g = graph(
+        size_node(),
+        Node(name="n", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]),
+        Node(name="r", op=Node.CALL_METHOD, target="__mul__", args=[Arg(node="size"), Arg(node="n")]),
+    )
+    validate_graph(g, limits)
+    with pytest.raises(GraphError, match="repeated"):
+        decode_graph(g, limits)
