@@ -47,6 +47,29 @@ MAX_JOB_MESSAGE_CHARS = 16_000
 """A failed job keeps this many characters of its message: the tail, where the error is."""
 
 
+_CREATE_JOB = """
+-- KEYS: job record, request, recent list, stat hash.
+-- ARGV: now, state, queue, label, job ttl, request bytes, request ttl (0: none),
+--       the job's ref in the recent list, the recent list's last index.
+if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'queue', ARGV[3], 'label', ARGV[4], 'updated', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7])
+end
+redis.call('LPUSH', KEYS[3], ARGV[8])
+redis.call('LTRIM', KEYS[3], 0, ARGV[9])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[4], 'label', ARGV[4])
+end
+return 1
+"""
+"""Creates a job whole or not at all (Store.create_job); the stat label outlives the
+job record, for `torchfarm cache ls`."""
+
+
 class JobState:
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -112,6 +135,7 @@ class Store:
         self.r = client
         self.prefix = prefix
         self.namespace = namespace
+        self._create_job = client.register_script(_CREATE_JOB)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "tf") -> Store:
@@ -227,41 +251,52 @@ class Store:
     def get_request(self, key: str) -> bytes | None:
         return self.r.get(self._j("req", key))
 
-    def create_job(self, key: str, queue: str, label: str, ttl_s: int) -> bool:
+    def create_job(
+        self, key: str, queue: str, label: str, ttl_s: int,
+        *, request: bytes | None = None, request_ttl_s: int = 0, kind: str = "req",
+    ) -> bool:
         """Creates the job record unless one exists; True when this call created it.
 
         HSETNX on one field is the lease: of concurrent identical submits exactly one
-        creates the job and enqueues it, the others join it.
+        creates the job and enqueues it, the others join it. It runs in one Lua script
+        with the rest of the record, its TTL and the request the worker will read
+        (`tf:<kind>:<key>`, "req" or "kreq"), so a coordinator killed part way leaves
+        no job or a whole one: never a lease whose record says nothing, which every
+        later submit would join for ever.
         """
-        jk = self._j("job", key)
-        now = time.time()
-        if not self.r.hsetnx(jk, "created", now):
-            return False
-        pipe = self.r.pipeline()
-        pipe.hset(
-            jk,
-            mapping={"state": JobState.QUEUED, "queue": queue, "label": label, "updated": now},
+        created = self._create_job(
+            keys=[
+                self._j("job", key), self._j(kind, key), self._k("recent"), self._j("stat", key),
+            ],
+            args=[
+                time.time(), JobState.QUEUED, queue, label, ttl_s,
+                b"" if request is None else request, request_ttl_s if request is not None else 0,
+                self.ref(key), RECENT_JOBS - 1,
+            ],
         )
-        pipe.expire(jk, ttl_s)
-        pipe.lpush(self._k("recent"), self.ref(key))
-        pipe.ltrim(self._k("recent"), 0, RECENT_JOBS - 1)
-        if label:  # outlives the job record, for `torchfarm cache ls`
-            pipe.hset(self._j("stat", key), "label", label)
-        pipe.execute()
-        return True
+        return bool(created)
 
     def get_job(self, key: str) -> JobRecord | None:
         h = self.r.hgetall(self._j("job", key))
         return JobRecord.from_hash(key, h) if h and b"state" in h else None
 
     def update_job(self, key: str, **fields: object) -> None:
+        """Writes fields of the job record. A job that ends (SUCCEEDED, or FAILED, which
+        is never retried) drops its request in the same round trip: nothing reads it
+        again, and a resubmit after the record expires stores it anew."""
         mapping = {
             k: json.dumps(v) if isinstance(v, (dict, list)) else v
             for k, v in fields.items()
             if v is not None
         }
         mapping["updated"] = time.time()
-        self.r.hset(self._j("job", key), mapping=mapping)
+        if fields.get("state") not in JobState.TERMINAL:
+            self.r.hset(self._j("job", key), mapping=mapping)
+            return
+        pipe = self.r.pipeline()
+        pipe.hset(self._j("job", key), mapping=mapping)
+        pipe.delete(self._j("req", key), self._j("kreq", key))
+        pipe.execute()
 
     def incr_attempts(self, key: str) -> int:
         return int(self.r.hincrby(self._j("job", key), "attempts", 1))

@@ -214,8 +214,10 @@ class Farm:
         if not any(queue in w.get("queues", ()) for w in workers.values()):
             target = routing.describe(request.target)
             raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
-        store.put_request(key, request.SerializeToString(), self.settings.request_ttl_s)
-        if not store.create_job(key, queue, request.label, self.settings.job_ttl_s):
+        if not store.create_job(
+            key, queue, request.label, self.settings.job_ttl_s,
+            request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
+        ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         self._charge(store, key, tenant)
         try:

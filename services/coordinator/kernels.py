@@ -103,8 +103,11 @@ class KernelService:
             job = None
         if job is not None:
             return False  # join it; a failed one answers at once in _wait
-        store.put_kernel_request(key, request.SerializeToString(), self.farm.settings.request_ttl_s)
-        if store.create_job(key, queue, request.label, self.farm.settings.job_ttl_s):
+        settings = self.farm.settings
+        if store.create_job(
+            key, queue, request.label, settings.job_ttl_s,
+            request=request.SerializeToString(), request_ttl_s=settings.request_ttl_s, kind="kreq",
+        ):
             try:
                 self.farm.dispatcher.send_kernel(key, queue, namespace)
             except Exception:
