@@ -52,10 +52,13 @@ def _up(args: argparse.Namespace) -> int:
     stack.start()
     try:
         print(f"torchfarm: farm ready at {stack.address} (logs in {stack.workdir})", flush=True)
-        # The workers sign every artifact with a key made for this run; clients pin it.
-        print("torchfarm: for SDK processes on this machine:", flush=True)
+        # The workers sign every artifact with a key made for this run. It is published
+        # in this user's trust file for the farm's address, where the SDK finds it.
+        print(f"torchfarm: signing key published in {stack.trust_file}", flush=True)
+        print("torchfarm: for SDK processes of this user on this machine:", flush=True)
         for name, value in stack.client_env(args.auth).items():
-            print(f"  export {name}={value}", flush=True)
+            if name != "TORCHFARM_TRUSTED_KEYS_FILE":  # found in the trust file
+                print(f"  export {name}={value}", flush=True)
         if not args.auth:
             print("torchfarm: authentication is off (loopback only); --auth TENANT turns it on", flush=True)
         if args.metrics_port:
