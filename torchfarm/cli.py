@@ -4,7 +4,8 @@
                  [--metrics-port M]   coordinator /metrics on M, worker i on M+1+i
                  [--auth TENANT]      require tokens; print one for TENANT
     torchfarm keygen DIR [--key-id ID]   an Ed25519 signing key for workers, and its pin
-    torchfarm token TENANT [--namespace NS]   a new token, and its line for the tokens file
+    torchfarm token TENANT [--namespace NS] [--days D] [--tokens-file F]
+                                 a new token (printed once); its hash for the tokens file
     torchfarm status [--remote grpc://host:port] [--json]
                                  workers per target, queues, in-flight and recent jobs
     torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
@@ -26,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from torchfarm import tables
 from torchfarm.cli_cache import add_cache_parser, as_json, call
@@ -96,9 +98,15 @@ def _token(args: argparse.Namespace) -> int:
     from torchfarm import tokens
 
     tok = tokens.new_token(args.namespace or args.tenant)
+    expires = tokens.default_expiry() if args.days is None else time.time() + args.days * 86400
+    entry = tokens.table_entry(tok, args.tenant, expires=expires if args.days != 0 else None)
     print(f"token (give it to {args.tenant}; it is shown once): {tok}")
-    print("add to the coordinator's TORCHFARM_TOKENS_FILE:")
-    print(json.dumps(tokens.table_entry(tok, args.tenant)))
+    if args.tokens_file:
+        tokens.add_to_file(args.tokens_file, entry)
+        print(f"its hash is in {args.tokens_file}; a running coordinator picks it up within a second")
+    else:
+        print("add to the coordinator's TORCHFARM_TOKENS_FILE (or pass --tokens-file):")
+        print(json.dumps(entry))
     return 0
 
 
@@ -262,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     token = sub.add_parser("token", help="a new tenant token and its tokens-file entry")
     token.add_argument("tenant")
     token.add_argument("--namespace", default="", help="cache namespace (default: the tenant's own)")
+    token.add_argument(
+        "--days", type=float, default=None,
+        help="days until the token expires (default 90; 0: never)",
+    )
+    token.add_argument(
+        "--tokens-file", default="", help="add its hash to this tokens file (atomically, mode 0600)"
+    )
     token.set_defaults(run=_token)
 
     status = sub.add_parser("status", help="workers, queues, cache and recent jobs")

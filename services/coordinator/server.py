@@ -49,7 +49,10 @@ async def serve(
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url))
     server = grpc.aio.server(
         options=grpc_options(settings.max_message_bytes),
-        interceptors=[metrics.RpcMetricsInterceptor(), auth.AuthInterceptor(auth.load_tokens(settings))],
+        interceptors=[
+            metrics.RpcMetricsInterceptor(),
+            auth.AuthInterceptor(auth.load_tokens(settings), auth.failure_limiter(settings)),
+        ],
     )
     farm_pb2_grpc.add_CompileFarmServicer_to_server(CompileFarmServicer(farm, settings), server)
     health_servicer = health.aio.HealthServicer()

@@ -44,7 +44,16 @@ class CoordinatorSettings:
     it); 0 turns the quota off. Cache hits and joins of running jobs never count."""
     tokens_file: str = ""
     """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
-    open, every caller shares the unnamed namespace, and the log says so at start."""
+    open, every caller shares the unnamed namespace, and the log says so at start.
+    Reloaded when it changes, so revoking a token needs no restart."""
+    tokens_check_s: float = 1.0
+    """How often the tokens file is checked for a change (the longest a revoked token
+    still works)."""
+    auth_failure_burst: int = 30
+    """Failed authentications one peer host may make at once before it is answered
+    RESOURCE_EXHAUSTED (valid token or not) until its bucket refills."""
+    auth_failure_per_s: float = 0.5
+    """How fast a peer's bucket of failed attempts refills."""
     tls_cert_file: str = ""
     """PEM certificate chain for TLS; with tls_key_file, the port serves TLS only."""
     tls_key_file: str = ""
