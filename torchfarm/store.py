@@ -5,7 +5,10 @@ Layout, under a configurable prefix (default "tf"):
 - `tf:blob:<sha256>`: a blob's bytes, content-addressed, written once (SET NX);
 - `tf:artifact:<key>`: the manifest JSON; written after all its blobs, so a reader
   that sees a manifest can fetch every blob it names;
-- `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle);
+- `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle),
+  written with the job record in one script and deleted when the job ends;
+- `tf:jobev:<key>`: not a key but a pub/sub channel, published on at every write of the
+  job record, so watchers need not poll;
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
   staged compile's stage records and kernel counts, torchfarm/stages.py);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
@@ -48,7 +51,7 @@ MAX_JOB_MESSAGE_CHARS = 16_000
 
 
 _CREATE_JOB = """
--- KEYS: job record, request, recent list, stat hash.
+-- KEYS: job record, request, recent list, stat hash, the job's event channel.
 -- ARGV: now, state, queue, label, job ttl, request bytes, request ttl (0: none),
 --       the job's ref in the recent list, the recent list's last index.
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
@@ -64,6 +67,7 @@ redis.call('LTRIM', KEYS[3], 0, ARGV[9])
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[4], 'label', ARGV[4])
 end
+redis.call('PUBLISH', KEYS[5], 'created')
 return 1
 """
 """Creates a job whole or not at all (Store.create_job); the stat label outlives the
@@ -267,6 +271,7 @@ class Store:
         created = self._create_job(
             keys=[
                 self._j("job", key), self._j(kind, key), self._k("recent"), self._j("stat", key),
+                self.job_channel(key),
             ],
             args=[
                 time.time(), JobState.QUEUED, queue, label, ttl_s,
@@ -290,16 +295,26 @@ class Store:
             if v is not None
         }
         mapping["updated"] = time.time()
-        if fields.get("state") not in JobState.TERMINAL:
-            self.r.hset(self._j("job", key), mapping=mapping)
-            return
         pipe = self.r.pipeline()
         pipe.hset(self._j("job", key), mapping=mapping)
-        pipe.delete(self._j("req", key), self._j("kreq", key))
+        if fields.get("state") in JobState.TERMINAL:
+            pipe.delete(self._j("req", key), self._j("kreq", key))
+        pipe.publish(self.job_channel(key), "updated")
         pipe.execute()
 
+    def job_channel(self, key: str) -> str:
+        """The pub/sub channel on which every change of the job's record is announced, so
+        a watcher reads the record when it changes instead of polling it
+        (services/coordinator/jobevents.py). Changes made by the staged compile's Lua
+        scripts (kernel counts, torchfarm/stages.py) are not announced; the watcher's slow
+        poll picks those up."""
+        return self._j("jobev", key)
+
     def incr_attempts(self, key: str) -> int:
-        return int(self.r.hincrby(self._j("job", key), "attempts", 1))
+        pipe = self.r.pipeline()
+        pipe.hincrby(self._j("job", key), "attempts", 1)
+        pipe.publish(self.job_channel(key), "attempt")
+        return int(pipe.execute()[0])
 
     def expire_job(self, key: str, ttl_s: int) -> None:
         self.r.expire(self._j("job", key), ttl_s)
@@ -312,7 +327,10 @@ class Store:
         self.expire_job(key, ttl_s)
 
     def delete_job(self, key: str) -> None:
-        self.r.delete(self._j("job", key))
+        pipe = self.r.pipeline()
+        pipe.delete(self._j("job", key))
+        pipe.publish(self.job_channel(key), "deleted")
+        pipe.execute()
 
     def recent_jobs(self) -> list[JobRecord]:
         """The latest jobs: in a tenant view only its own, in the root view all (keyed by ref)."""

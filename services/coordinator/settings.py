@@ -30,7 +30,14 @@ class CoordinatorSettings:
     stale_job_s: float = celeryconf.VISIBILITY_TIMEOUT_S + 60
     """A queued or running job not updated for this long is requeued on the next submit."""
     poll_interval_s: float = 0.1
-    """How often Watch reads a job's record."""
+    """How often Watch reads a job's record when no job events are wired (unit tests'
+    fakes); the server wires them (services/coordinator/jobevents.py)."""
+    watch_poll_s: float = 2.0
+    """With job events, Watch and CompileKernel's wait also read the record this often:
+    the safety net for changes no one announced (kernel counts) or a lost message."""
+    max_watches_per_tenant: int = 128
+    """Watch streams one tenant may hold open at once on one coordinator process
+    (RESOURCE_EXHAUSTED, reason WATCH_LIMIT, past it); 0 turns the cap off."""
     grace_s: float = 10.0
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0
