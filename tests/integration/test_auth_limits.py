@@ -38,7 +38,7 @@ def make_farm(store, tmp_path, redis_url):
         port = free_port()
         settings = CoordinatorSettings(
             listen=f"127.0.0.1:{port}", cache_url=redis_url, tokens_file=str(path),
-            tokens_check_s=0.0, poll_interval_s=0.02, grace_s=1, **over,
+            **{"tokens_check_s": 0.0, "poll_interval_s": 0.02, "grace_s": 1, **over},
         )
         store.heartbeat("w1", ["cpu.avx512", "cpu"], "test", ttl_s=60)
         stack.enter_context(running_coordinator(settings, Recorder()))
@@ -112,3 +112,32 @@ def test_an_unauthenticated_request_is_not_read(make_farm):
     for token in (None, "tf1.alice." + "A" * 43):
         code, _, details = _refused(lambda t=token: _submit(address, t, big))
         assert code == grpc.StatusCode.UNAUTHENTICATED, details
+
+
+def test_watch_on_the_wire_is_woken_by_the_store(make_farm, store):
+    """The server wires job events: with the safety poll at an hour, a Watch stream
+    still follows the job to its end."""
+    import threading
+
+    from torchfarm.store import JobState
+    from torchfarm.v1 import farm_pb2_grpc
+
+    alice = tokens.new_token("alice")
+    address, _ = make_farm(tokens.table_entry(alice, "alice"), watch_poll_s=3600.0, poll_interval_s=3600.0)
+    key = _submit(address, alice).key
+    md = (("authorization", f"Bearer {alice}"),)
+    states: list[int] = []
+    with grpc.insecure_channel(address) as ch:
+        stream = farm_pb2_grpc.CompileFarmStub(ch).Watch(farm_pb2.JobRef(key=key), timeout=60, metadata=md)
+        first = next(stream)
+        states.append(first.state)
+        done = threading.Event()
+
+        def finish():
+            store.tenant("alice").update_job(key, state=JobState.RUNNING, stage="lowering")
+            store.tenant("alice").update_job(key, state=JobState.SUCCEEDED, stage="done")
+            done.set()
+
+        threading.Thread(target=finish).start()
+        states.extend(s.state for s in stream)
+    assert done.is_set() and states[0] == farm_pb2.QUEUED and states[-1] == farm_pb2.SUCCEEDED
