@@ -25,9 +25,7 @@ from sdk.metrics import ARTIFACTS_REJECTED
 from torchfarm.fx.fingerprint import Fingerprint
 from sdk.trust import Trust
 from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
-from torchfarm.signing import SignatureError, TrustedKeys
-
-_NO_KEYS = TrustedKeys({})
+from torchfarm.signing import SignatureError
 
 
 def rejected(reason: str, message: str) -> ArtifactRejected:
@@ -40,19 +38,22 @@ def verify(
     blobs: dict[str, bytes],
     key: str,
     local: Fingerprint,
-    trust: Trust | None = None,
+    trust: Trust,
     kind: str = COMPILE,
 ) -> Manifest:
     """The manifest, once everything above holds; ArtifactRejected otherwise.
 
-    `trust=None` means a loopback farm with no pinned keys (the unit tests' case).
+    `trust` says which keys must have signed it, or that the user named the farm as a
+    development farm whose artifacts load unsigned (sdk/trust.py).
     `kind` is what the caller loads: a torch.compile artifact or an export package
     (torchfarm/manifest.py); the other is refused. `local` is the fingerprint the
     artifact must carry: this machine's, or for an export to another target, that
     target fleet's (sdk/exports.py)."""
-    trust = trust or Trust(keys=_NO_KEYS, namespace="", loopback=True)
     if not trust.loads_anything:
-        raise rejected("untrusted_farm", "no signing keys are pinned and the farm is not on loopback")
+        raise rejected(
+            "untrusted_farm",
+            "no signing key is known for the farm and it is not named in TORCHFARM_TRUST_UNSIGNED",
+        )
     try:
         manifest = Manifest.from_json(manifest_bytes)
     except ManifestError as e:

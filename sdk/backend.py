@@ -30,7 +30,7 @@ from sdk.nonblocking import Swapper
 from sdk.progress import Progress
 from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
-from sdk.trust import Trust
+from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm.targets import Target
 from torchfarm.tables import stage_timings
@@ -183,12 +183,7 @@ class FarmBackend:
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
         assert self._client is not None and self.trust is not None
         if not self.trust.loads_anything:
-            raise ArtifactRejected(
-                f"the farm at {self._client.address} is not on this machine and no signing "
-                "keys are pinned, so none of its artifacts could be loaded; set "
-                "TORCHFARM_TRUSTED_KEYS_FILE to the farm's public keys",
-                "untrusted_farm",
-            )
+            raise ArtifactRejected(untrusted_message(self._client.address), "untrusted_farm")
         t0 = time.perf_counter()
         try:
             graph = encode_graph(gm, example_inputs)

@@ -217,6 +217,12 @@ class FarmClient:
                     # The job record is gone: Redis lost it (a restart). Submitting again
                     # is idempotent, so the backend does that.
                     raise JobLost(f"watch: the farm lost the job {key[:12]}", "NOT_FOUND") from e
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(e) == "WATCH_LIMIT":
+                    # This tenant has its most Watch streams open (other graphs, other
+                    # processes); the job goes on regardless, so wait and watch again.
+                    log.info("watch of %s deferred: %s", key[:12], e.details())
+                    time.sleep(1.0)
+                    continue
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch") from e
                 # The coordinator went away mid-watch; the job lives on in Redis.

@@ -41,7 +41,7 @@ from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooL
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
-from sdk.trust import Trust
+from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
@@ -107,12 +107,7 @@ def export(
     try:
         trust = Trust.from_settings(settings, parse_address(settings.remote))
         if not trust.loads_anything:
-            raise ArtifactRejected(
-                f"the farm at {client.address} is not on this machine and no signing keys "
-                "are pinned, so its package could not be verified; set "
-                "TORCHFARM_TRUSTED_KEYS_FILE to the farm's public keys",
-                "untrusted_farm",
-            )
+            raise ArtifactRejected(untrusted_message(client.address), "untrusted_farm")
         program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
         try:
             graph, spec = encode_export(program)

@@ -40,6 +40,11 @@ class SDKSettings:
     pinned (here or in trusted_keys), only artifacts signed by one of them are loaded."""
     trusted_keys: str = ""
     """More pinned keys, inline: "id=base64,id=base64"."""
+    trust_unsigned: str = ""
+    """Development farms whose unsigned artifacts may load, named exactly:
+    "grpc://127.0.0.1:50051" (a comma-separated list). Only for a farm for which no key
+    is known (pinned above, or published by `torchfarm up` on this machine); every other
+    farm's artifacts load only with a valid signature (sdk/trust.py)."""
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""

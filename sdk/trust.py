@@ -1,17 +1,21 @@
-"""What the SDK trusts: the farm's pinned signing keys, its own namespace, and the policy
-for a farm whose artifacts it cannot verify.
+"""What the SDK trusts: the farm's signing keys, its own namespace, and whether the user
+named this farm as a development farm whose unsigned artifacts may load.
 
-The policy, in full:
+The policy, in full, for the farm at "host:port":
 
 - **Keys pinned** (`TORCHFARM_TRUSTED_KEYS_FILE` or `TORCHFARM_TRUSTED_KEYS`): an
   artifact loads only with a valid, unexpired signature by one of them, made for the
-  requested key, this client's namespace and this machine's fingerprint. Loopback or
-  not, unsigned artifacts are refused.
-- **No keys pinned, farm on loopback** (127.0.0.0/8, ::1, localhost): local development
-  (`torchfarm up` on this machine). Artifacts load after the key, namespace,
-  fingerprint and blob digest checks, signed or not; a signature cannot be checked.
-- **No keys pinned, farm elsewhere**: nothing the farm sends is ever loaded. The SDK
-  does not even submit; every graph compiles locally, with one warning that says to pin
+  requested key, this client's namespace and this machine's fingerprint.
+- **No keys pinned, but a per-user trust file for this farm's address**
+  (`~/.config/torchfarm/trusted/<host>_<port>.json`, torchfarm/trustfile.py, written by
+  `torchfarm up` on this machine): the same, with the keys from that file.
+- **No key known, and the farm named in `TORCHFARM_TRUST_UNSIGNED`** (a comma-separated
+  list of farm addresses, compared exactly): a development farm without signing.
+  Artifacts load after the key, namespace, fingerprint and blob digest checks, signed or
+  not; a signature cannot be checked.
+- **Otherwise**: nothing the farm sends is ever loaded, on loopback or not (a loopback
+  port may be a port-forward, an ssh tunnel, or another user's process). The SDK does
+  not even submit; every graph compiles locally, with one warning that says how to pin
   the farm's keys.
 
 The namespace is read from the token (`tf1.<namespace>.<secret>`); without a token it
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
+from torchfarm import trustfile
 from torchfarm.signing import TrustedKeys
 from torchfarm.tokens import TokenError, namespace_of
 
@@ -40,11 +45,25 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def _farm(remote: str) -> str:
+    """"grpc://host:port", "grpcs://host:port" or "host:port" → "host:port"."""
+    return remote.strip().removeprefix("grpcs://").removeprefix("grpc://")
+
+
+def names_farm(trust_unsigned: str, address: str) -> bool:
+    """Whether the TORCHFARM_TRUST_UNSIGNED list names the farm at "host:port" exactly."""
+    return _farm(address) in {_farm(a) for a in trust_unsigned.split(",") if ":" in a}
+
+
 @dataclass(frozen=True)
 class Trust:
     keys: TrustedKeys
     namespace: str
-    loopback: bool
+    unsigned: bool = False
+    """The user named this farm in TORCHFARM_TRUST_UNSIGNED and no key is known for it:
+    its artifacts load without a signature."""
+    keys_from: str = ""
+    """Where the keys came from (a setting or a trust file), for messages."""
 
     @property
     def verifies_signatures(self) -> bool:
@@ -53,12 +72,16 @@ class Trust:
     @property
     def loads_anything(self) -> bool:
         """False when the policy refuses every artifact from this farm."""
-        return bool(self.keys) or self.loopback
+        return bool(self.keys) or self.unsigned
 
     @classmethod
     def from_settings(cls, settings: SDKSettings, address: str) -> Trust:
         try:
             keys = TrustedKeys.load(settings.trusted_keys_file, settings.trusted_keys)
+            keys_from = settings.trusted_keys_file or "TORCHFARM_TRUSTED_KEYS"
+            if not keys:
+                found = trustfile.find(address)
+                keys, keys_from = (found[0], str(found[1])) if found else (keys, "")
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read the farm's pinned keys: {e}") from e
         namespace = ""
@@ -67,4 +90,15 @@ class Trust:
                 namespace = namespace_of(settings.token)
             except TokenError as e:
                 raise ConfigError(f"TORCHFARM_TOKEN: {e}") from e
-        return cls(keys=keys, namespace=namespace, loopback=is_loopback(address))
+        unsigned = not keys and names_farm(settings.trust_unsigned, address)
+        return cls(keys=keys, namespace=namespace, unsigned=unsigned, keys_from=keys_from)
+
+
+def untrusted_message(address: str) -> str:
+    """Why nothing from the farm at `address` can load, and the ways to fix it."""
+    return (
+        f"no signing key is known for the farm at {address}, so none of its artifacts "
+        "could be loaded; set TORCHFARM_TRUSTED_KEYS_FILE to the farm's public keys (a "
+        f"`torchfarm up` on this machine publishes them in {trustfile.path_for(address)}), "
+        f"or, for a development farm that does not sign, TORCHFARM_TRUST_UNSIGNED={address}"
+    )

@@ -9,12 +9,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+# Every stack a test starts publishes its signing key in the per-user trust directory
+# (torchfarm/trustfile.py), and every SDK here reads it: keep both off the real home,
+# for this process and every process it starts.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-")
 
 from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 from torchfarm.store import Store  # noqa: E402

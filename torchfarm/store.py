@@ -5,7 +5,10 @@ Layout, under a configurable prefix (default "tf"):
 - `tf:blob:<sha256>`: a blob's bytes, content-addressed, written once (SET NX);
 - `tf:artifact:<key>`: the manifest JSON; written after all its blobs, so a reader
   that sees a manifest can fetch every blob it names;
-- `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle);
+- `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle),
+  written with the job record in one script and deleted when the job ends;
+- `tf:jobev:<key>`: not a key but a pub/sub channel, published on at every write of the
+  job record, so watchers need not poll;
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
   staged compile's stage records and kernel counts, workers/board.py);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
@@ -45,6 +48,30 @@ RECENT_JOBS = 50
 
 MAX_JOB_MESSAGE_CHARS = 16_000
 """A failed job keeps this many characters of its message: the tail, where the error is."""
+
+
+_CREATE_JOB = """
+-- KEYS: job record, request, recent list, stat hash, the job's event channel.
+-- ARGV: now, state, queue, label, job ttl, request bytes, request ttl (0: none),
+--       the job's ref in the recent list, the recent list's last index.
+if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'queue', ARGV[3], 'label', ARGV[4], 'updated', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7])
+end
+redis.call('LPUSH', KEYS[3], ARGV[8])
+redis.call('LTRIM', KEYS[3], 0, ARGV[9])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[4], 'label', ARGV[4])
+end
+redis.call('PUBLISH', KEYS[5], 'created')
+return 1
+"""
+"""Creates a job whole or not at all (Store.create_job); the stat label outlives the
+job record, for `torchfarm cache ls`."""
 
 
 class JobState:
@@ -112,6 +139,7 @@ class Store:
         self.r = client
         self.prefix = prefix
         self.namespace = namespace
+        self._create_job = client.register_script(_CREATE_JOB)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "tf") -> Store:
@@ -227,44 +255,66 @@ class Store:
     def get_request(self, key: str) -> bytes | None:
         return self.r.get(self._j("req", key))
 
-    def create_job(self, key: str, queue: str, label: str, ttl_s: int) -> bool:
+    def create_job(
+        self, key: str, queue: str, label: str, ttl_s: int,
+        *, request: bytes | None = None, request_ttl_s: int = 0, kind: str = "req",
+    ) -> bool:
         """Creates the job record unless one exists; True when this call created it.
 
         HSETNX on one field is the lease: of concurrent identical submits exactly one
-        creates the job and enqueues it, the others join it.
+        creates the job and enqueues it, the others join it. It runs in one Lua script
+        with the rest of the record, its TTL and the request the worker will read
+        (`tf:<kind>:<key>`, "req" or "kreq"), so a coordinator killed part way leaves
+        no job or a whole one: never a lease whose record says nothing, which every
+        later submit would join for ever.
         """
-        jk = self._j("job", key)
-        now = time.time()
-        if not self.r.hsetnx(jk, "created", now):
-            return False
-        pipe = self.r.pipeline()
-        pipe.hset(
-            jk,
-            mapping={"state": JobState.QUEUED, "queue": queue, "label": label, "updated": now},
+        created = self._create_job(
+            keys=[
+                self._j("job", key), self._j(kind, key), self._k("recent"), self._j("stat", key),
+                self.job_channel(key),
+            ],
+            args=[
+                time.time(), JobState.QUEUED, queue, label, ttl_s,
+                b"" if request is None else request, request_ttl_s if request is not None else 0,
+                self.ref(key), RECENT_JOBS - 1,
+            ],
         )
-        pipe.expire(jk, ttl_s)
-        pipe.lpush(self._k("recent"), self.ref(key))
-        pipe.ltrim(self._k("recent"), 0, RECENT_JOBS - 1)
-        if label:  # outlives the job record, for `torchfarm cache ls`
-            pipe.hset(self._j("stat", key), "label", label)
-        pipe.execute()
-        return True
+        return bool(created)
 
     def get_job(self, key: str) -> JobRecord | None:
         h = self.r.hgetall(self._j("job", key))
         return JobRecord.from_hash(key, h) if h and b"state" in h else None
 
     def update_job(self, key: str, **fields: object) -> None:
+        """Writes fields of the job record. A job that ends (SUCCEEDED, or FAILED, which
+        is never retried) drops its request in the same round trip: nothing reads it
+        again, and a resubmit after the record expires stores it anew."""
         mapping = {
             k: json.dumps(v) if isinstance(v, (dict, list)) else v
             for k, v in fields.items()
             if v is not None
         }
         mapping["updated"] = time.time()
-        self.r.hset(self._j("job", key), mapping=mapping)
+        pipe = self.r.pipeline()
+        pipe.hset(self._j("job", key), mapping=mapping)
+        if fields.get("state") in JobState.TERMINAL:
+            pipe.delete(self._j("req", key), self._j("kreq", key))
+        pipe.publish(self.job_channel(key), "updated")
+        pipe.execute()
+
+    def job_channel(self, key: str) -> str:
+        """The pub/sub channel on which every change of the job's record is announced, so
+        a watcher reads the record when it changes instead of polling it
+        (services/coordinator/jobevents.py). Changes made by the staged compile's Lua
+        scripts (kernel counts, workers/board.py) are not announced; the watcher's slow
+        poll picks those up."""
+        return self._j("jobev", key)
 
     def incr_attempts(self, key: str) -> int:
-        return int(self.r.hincrby(self._j("job", key), "attempts", 1))
+        pipe = self.r.pipeline()
+        pipe.hincrby(self._j("job", key), "attempts", 1)
+        pipe.publish(self.job_channel(key), "attempt")
+        return int(pipe.execute()[0])
 
     def expire_job(self, key: str, ttl_s: int) -> None:
         self.r.expire(self._j("job", key), ttl_s)
@@ -277,7 +327,10 @@ class Store:
         self.expire_job(key, ttl_s)
 
     def delete_job(self, key: str) -> None:
-        self.r.delete(self._j("job", key))
+        pipe = self.r.pipeline()
+        pipe.delete(self._j("job", key))
+        pipe.publish(self.job_channel(key), "deleted")
+        pipe.execute()
 
     def recent_jobs(self) -> list[JobRecord]:
         """The latest jobs: in a tenant view only its own, in the root view all (keyed by ref)."""

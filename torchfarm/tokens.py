@@ -9,11 +9,15 @@ its table, and only for the namespace the table gives that hash.
 The table is a JSON file the operator writes (`TORCHFARM_TOKENS_FILE`)::
 
     {"<sha256 hex of the token>": "alice",
-     "<sha256 hex>": {"tenant": "bob", "namespace": "shared"}}
+     "<sha256 hex>": {"tenant": "bob", "namespace": "shared", "expires": 1767225600}}
 
-A string value names a tenant whose namespace is its own name; an object may put
-several tenants in one shared namespace. Only hashes are stored, and a presented
-token is compared against every stored hash in constant time.
+A string value names a tenant whose namespace is its own name, and never expires (the
+table's first format, still read); an object may put several tenants in one shared
+namespace, and `expires` (unix seconds) ends the token. `torchfarm token` writes objects
+that expire after DEFAULT_TOKEN_DAYS unless told otherwise. Only hashes are stored, and
+a presented token is compared against every stored hash in constant time. The
+coordinator reloads the file when it changes (services/coordinator/tokensource.py), so
+removing a line revokes its token without a restart.
 
 This module imports neither grpc nor torch.
 """
@@ -24,8 +28,10 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +41,23 @@ TOKEN_PREFIX = "tf1"
 SECRET_BYTES = 32
 """Random bytes in a token's secret: 256 bits, so guessing is out of the question."""
 
+DEFAULT_TOKEN_DAYS = 90
+"""How long a token `torchfarm token` makes is valid, unless told otherwise."""
+
 _NAMESPACE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}\Z")
 _SECRET_RE = re.compile(r"[A-Za-z0-9_-]{43}\Z")
 
 
 class TokenError(ValueError):
     """A token, a namespace name or a token table is malformed."""
+
+
+class TokenRefused(Exception):
+    """A presented token does not admit its caller; `reason` is "invalid" or "expired"."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -82,15 +99,22 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class TokenTable:
-    """Hashes of the valid tokens, each with its tenant. Empty means nobody gets in."""
+def default_expiry(now: float | None = None) -> float:
+    """When a token made now expires by default."""
+    return (time.time() if now is None else now) + DEFAULT_TOKEN_DAYS * 86400
 
-    def __init__(self, entries: dict[str, Tenant]):
+
+class TokenTable:
+    """Hashes of the valid tokens, each with its tenant and expiry (None: never).
+    Empty means nobody gets in."""
+
+    def __init__(self, entries: dict[str, Tenant], expires: dict[str, float] | None = None):
+        expires = expires or {}
         for h, tenant in entries.items():
             if not re.fullmatch(r"[0-9a-f]{64}", h):
                 raise TokenError(f"token table: {h[:16]!r}... is not a hex SHA-256")
             check_namespace(tenant.namespace)
-        self._entries = [(h.encode(), t) for h, t in entries.items()]
+        self._entries = [(h.encode(), t, expires.get(h)) for h, t in entries.items()]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -104,6 +128,7 @@ class TokenTable:
         if not isinstance(body, dict):
             raise TokenError("token table must be a JSON object of sha256 → tenant")
         entries: dict[str, Tenant] = {}
+        expires: dict[str, float] = {}
         for h, value in body.items():
             if isinstance(value, str):
                 entries[h] = Tenant(name=value, namespace=value)
@@ -111,32 +136,72 @@ class TokenTable:
                 entries[h] = Tenant(
                     name=value["tenant"], namespace=str(value.get("namespace", value["tenant"]))
                 )
+                if "expires" in value:
+                    expires[h] = _expiry(h, value["expires"])
             else:
                 raise TokenError(f"token table entry {h[:16]}...: want a tenant name or an object")
-        return cls(entries)
+        return cls(entries, expires)
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenTable:
         return cls.from_json(Path(path).read_text())
 
-    def lookup(self, token: str) -> Tenant | None:
-        """The token's tenant, or None. Every entry is compared, in constant time each."""
+    def check(self, token: str, now: float | None = None) -> Tenant:
+        """The token's tenant; TokenRefused otherwise. Every entry is compared, in
+        constant time each, so the time taken says nothing about which one matched."""
         try:
             claimed = namespace_of(token)
         except TokenError:
             claimed = None
         candidate = token_hash(token).encode()
-        found: Tenant | None = None
-        for h, tenant in self._entries:
+        found: tuple[Tenant, float | None] | None = None
+        for h, tenant, expires in self._entries:
             if hmac.compare_digest(candidate, h):
-                found = tenant
-        if found is None or claimed != found.namespace:
+                found = (tenant, expires)
+        if found is None or claimed != found[0].namespace:
+            raise TokenRefused("invalid", "the token is not valid on this farm")
+        tenant, expires = found
+        if expires is not None and (time.time() if now is None else now) >= expires:
+            raise TokenRefused("expired", "the token has expired; ask the farm's operator for a new one")
+        return tenant
+
+    def lookup(self, token: str, now: float | None = None) -> Tenant | None:
+        """The token's tenant, or None (unknown, relabelled or expired)."""
+        try:
+            return self.check(token, now)
+        except TokenRefused:
             return None
-        return found
 
 
-def table_entry(token: str, tenant: str) -> dict[str, object]:
-    """The table line for a new token: {hash: tenant} or {hash: {tenant, namespace}}."""
+def _expiry(h: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise TokenError(f"token table entry {h[:16]}...: expires must be unix seconds")
+    return float(value)
+
+
+def table_entry(token: str, tenant: str, expires: float | None = None) -> dict[str, object]:
+    """The table line for a new token: {hash: tenant} or {hash: {tenant, namespace,
+    expires}}; an entry that expires is always an object."""
     namespace = namespace_of(token)
-    value: object = tenant if tenant == namespace else {"tenant": tenant, "namespace": namespace}
+    if expires is None and tenant == namespace:
+        return {token_hash(token): tenant}
+    value: dict[str, object] = {"tenant": tenant, "namespace": namespace}
+    if expires is not None:
+        value["expires"] = int(expires)
     return {token_hash(token): value}
+
+
+def add_to_file(path: str | Path, entry: dict[str, object]) -> None:
+    """Merges `entry` into the tokens file at `path`: written whole to a temporary file
+    (mode 0600) and renamed into place, so a coordinator reloading it never reads half."""
+    path = Path(path)
+    body = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(body, dict):
+        raise TokenError(f"{path} is not a token table")
+    body.update(entry)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)

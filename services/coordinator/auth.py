@@ -2,9 +2,24 @@
 
 Every call to the farm's service must carry `authorization: Bearer <token>` metadata
 (gRPC call credentials on a TLS channel, or plain metadata on a loopback one). The
-interceptor looks the token up in the `TokenTable` and answers UNAUTHENTICATED when it
-is missing or unknown, before the servicer sees the request. The standard health
-service stays open, so probes and load balancers need no token.
+interceptor looks the token up in the `TokenTable` (reloaded when its file changes,
+tokensource.py) and answers UNAUTHENTICATED when it is missing, unknown or expired,
+before the servicer sees the request. The standard health service stays open, so
+probes and load balancers need no token. A peer host that has failed too often is
+answered RESOURCE_EXHAUSTED, before its token is looked at (ratelimit.py).
+
+**An unauthenticated request is never read.** grpc.aio runs the interceptor with the
+call's metadata only, before any message arrives; a *unary* handler then has grpc read
+the whole request (up to `max_receive_message_length`, 64 MiB) before it is called. So a
+refusal is a *request-streaming* handler of the method's response shape that answers
+without iterating its requests: grpc never reads the message into the application, and
+a request over the size limit is answered UNAUTHENTICATED, not RESOURCE_EXHAUSTED
+(tests/integration/test_auth_limits.py). What the server's HTTP/2 layer takes in before
+the reply resets the stream is bounded by flow control, not by us: gRPC core's initial
+stream window is 64 KiB, and its BDP probing can widen a connection's window to a few
+MiB on a fast link. grpc Python exposes no per-call receive limit, so an authenticated
+call still gets the full `max_message_bytes`, and a smaller limit for unauthenticated
+calls than that window is not something grpc Python can enforce.
 
 The tenant the token maps to reaches the servicer through a context variable, set
 around the handler, and becomes the namespace of the call's keys and Redis entries.
@@ -27,8 +42,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.coordinator import metrics
+from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm.tokens import OPEN, Tenant, TokenTable
+from services.coordinator.tokensource import TokenSource
+from torchfarm.tokens import OPEN, Tenant, TokenRefused, TokenTable
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +63,8 @@ def caller() -> Tenant:
     return _CALLER.get()
 
 
-def load_tokens(settings: CoordinatorSettings) -> TokenTable | None:
-    """The token table, or None for an open farm (logged loudly)."""
+def load_tokens(settings: CoordinatorSettings) -> TokenSource | None:
+    """The token table's source, or None for an open farm (logged loudly)."""
     if not settings.tokens_file:
         log.warning(
             "AUTHENTICATION IS OFF: no TORCHFARM_TOKENS_FILE, so anyone who reaches %s can "
@@ -55,9 +72,12 @@ def load_tokens(settings: CoordinatorSettings) -> TokenTable | None:
             settings.listen,
         )
         return None
-    table = TokenTable.from_file(settings.tokens_file)
-    log.info("authentication on: %d tokens from %s", len(table), settings.tokens_file)
-    return table
+    TokenTable.from_file(settings.tokens_file)  # a farm does not start with a broken table
+    return TokenSource(settings.tokens_file, settings.tokens_check_s)
+
+
+def failure_limiter(settings: CoordinatorSettings) -> FailureLimiter:
+    return FailureLimiter(settings.auth_failure_burst, settings.auth_failure_per_s)
 
 
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
@@ -79,49 +99,67 @@ def _bearer(metadata: tuple | None) -> str | None:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Admits a call only with a known bearer token, and records its tenant."""
+    """Admits a call only with a known, unexpired bearer token, and records its tenant."""
 
-    def __init__(self, table: TokenTable | None):
-        self.table = table
+    def __init__(self, tokens: TokenSource | None, limiter: FailureLimiter | None = None):
+        self.tokens = tokens
+        self.limiter = limiter if limiter is not None else FailureLimiter(burst=30, per_s=0.5)
 
     async def intercept_service(self, continuation, handler_call_details):
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]
         handler = await continuation(handler_call_details)
         if handler is None or service in OPEN_SERVICES:
             return handler
-        if self.table is None:
-            return _as_tenant(handler, OPEN)
+        if self.tokens is None:
+            return _as_tenant(handler, OPEN, None)
         token = _bearer(handler_call_details.invocation_metadata)
         if token is None:
-            metrics.AUTH_FAILURES.labels(reason="missing").inc()
             return _refusal(
-                handler, "no credentials: send 'authorization: Bearer <token>' (set TORCHFARM_TOKEN)"
+                handler, self.limiter, "missing",
+                "no credentials: send 'authorization: Bearer <token>' (set TORCHFARM_TOKEN)",
             )
-        tenant = self.table.lookup(token)
-        if tenant is None:
-            metrics.AUTH_FAILURES.labels(reason="invalid").inc()
-            log.warning("refused a call to %s: unknown token", handler_call_details.method)
-            return _refusal(handler, "the token is not valid on this farm")
-        return _as_tenant(handler, tenant)
+        try:
+            tenant = self.tokens.table().check(token)
+        except TokenRefused as e:
+            log.warning("refused a call to %s: %s token", handler_call_details.method, e.reason)
+            return _refusal(handler, self.limiter, e.reason, str(e))
+        return _as_tenant(handler, tenant, self.limiter)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the method's own shape that answers UNAUTHENTICATED. It takes the
-    request as raw bytes: an unauthenticated request is never even parsed."""
+async def _throttled(context, limiter: FailureLimiter) -> None:
+    """RESOURCE_EXHAUSTED when the caller's host has failed too often lately."""
+    if not limiter.allowed(peer_host(context.peer())):
+        metrics.AUTH_FAILURES.labels(reason="throttled").inc()
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "too many failed authentication attempts from this address; retry later",
+            trailing_metadata=((REASON_KEY, "AUTH_THROTTLED"),),
+        )
 
-    async def unary(request, context):
+
+def _refusal(
+    handler: grpc.RpcMethodHandler, limiter: FailureLimiter, reason: str, message: str
+) -> grpc.RpcMethodHandler:
+    """A request-streaming handler of the method's response shape that answers
+    UNAUTHENTICATED (or RESOURCE_EXHAUSTED) without reading the request: see the module
+    docstring for why that keeps grpc from receiving it."""
+
+    async def unary(requests, context):
+        await _throttled(context, limiter)
+        limiter.failed(peer_host(context.peer()))
+        metrics.AUTH_FAILURES.labels(reason=reason).inc()
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, message,
             trailing_metadata=((REASON_KEY, "UNAUTHENTICATED"),),
         )
 
-    async def stream(request, context):
-        await unary(request, context)
+    async def stream(requests, context):
+        await unary(requests, context)
         yield None  # pragma: no cover - abort raised
 
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+    return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
 
 
 class _Malformed:
@@ -150,7 +188,9 @@ async def _reject_malformed(request, context) -> None:
         )
 
 
-def _as_tenant(handler: grpc.RpcMethodHandler, tenant: Tenant) -> grpc.RpcMethodHandler:
+def _as_tenant(
+    handler: grpc.RpcMethodHandler, tenant: Tenant, limiter: FailureLimiter | None
+) -> grpc.RpcMethodHandler:
     # grpc.aio runs each call in its own task, hence its own copy of the context: the
     # variable set here is seen by this call's handler only, and needs no reset.
     parse = _safe(handler.request_deserializer)
@@ -158,6 +198,8 @@ def _as_tenant(handler: grpc.RpcMethodHandler, tenant: Tenant) -> grpc.RpcMethod
         behavior = handler.unary_unary
 
         async def unary(request, context):
+            if limiter is not None:
+                await _throttled(context, limiter)
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             return await behavior(request, context)
@@ -167,6 +209,8 @@ def _as_tenant(handler: grpc.RpcMethodHandler, tenant: Tenant) -> grpc.RpcMethod
         stream_behavior = handler.unary_stream
 
         async def stream(request, context):
+            if limiter is not None:
+                await _throttled(context, limiter)
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             async for item in stream_behavior(request, context):

@@ -6,6 +6,8 @@ and sends `reason`, a stable name, in the `torchfarm-reason` trailing metadata.
     │                                          graph over a size limit, unknown device
     ├── RequestTooLarge     RESOURCE_EXHAUSTED over the request size limit
     ├── TenantQueueFull     RESOURCE_EXHAUSTED the tenant has its quota of jobs in flight
+    │                                          (graph and kernel), or of Watch streams
+    │                                          (reason WATCH_LIMIT)
     ├── NoWorker            UNAVAILABLE        no live worker serves the target
     ├── NotFound            NOT_FOUND          no such job or artifact
     ├── ArtifactCorrupt     DATA_LOSS          a cached blob no longer matches its digest

@@ -16,10 +16,11 @@ asyncio loop that serves gRPC never blocks on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -36,6 +37,7 @@ from services.coordinator.errors import (
     RequestTooLarge,
     TenantQueueFull,
 )
+from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
@@ -141,10 +143,16 @@ class CeleryDispatcher(Dispatcher):
 
 
 class Farm:
-    def __init__(self, settings: CoordinatorSettings, store: Store, dispatcher: Dispatcher):
+    def __init__(
+        self, settings: CoordinatorSettings, store: Store, dispatcher: Dispatcher,
+        events: JobEvents | None = None,
+    ):
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
+        self.events = events
+        """Wake-ups when a job record changes; None polls every poll_interval_s instead."""
+        self._watches: dict[str, int] = {}
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
 
@@ -214,8 +222,10 @@ class Farm:
         if not any(queue in w.get("queues", ()) for w in workers.values()):
             target = routing.describe(request.target)
             raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
-        store.put_request(key, request.SerializeToString(), self.settings.request_ttl_s)
-        if not store.create_job(key, queue, request.label, self.settings.job_ttl_s):
+        if not store.create_job(
+            key, queue, request.label, self.settings.job_ttl_s,
+            request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
+        ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         self._charge(store, key, tenant)
         try:
@@ -296,17 +306,52 @@ class Farm:
         raise NotFound(f"no job or artifact for key {keys.short(key)}")
 
     async def watch(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[JobRecord]:
-        """Yields the job's record whenever it changes, until a terminal state."""
-        last = None
-        while True:
-            job = await self.job(key, tenant)
-            seen = (job.state, job.stage, job.attempts, job.kernels_done)
-            if seen != last:
-                last = seen
-                yield job
-            if job.state in JobState.TERMINAL:
-                return
-            await asyncio.sleep(self.settings.poll_interval_s)
+        """Yields the job's record whenever it changes, until a terminal state. The
+        record is read again when the store announces a change (jobevents.py), and every
+        watch_poll_s regardless; without events, every poll_interval_s."""
+        async with self._watch_slot(tenant), self.job_changes(key, tenant) as changed:
+            last = None
+            while True:
+                job = await self.job(key, tenant)
+                seen = (job.state, job.stage, job.attempts, job.kernels_done)
+                if seen != last:
+                    last = seen
+                    yield job
+                if job.state in JobState.TERMINAL:
+                    return
+                await changed()
+
+    @contextlib.asynccontextmanager
+    async def job_changes(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+        """A wait that returns when the job's record may have changed."""
+        if self.events is None:
+            yield lambda: asyncio.sleep(self.settings.poll_interval_s)
+            return
+        channel = self.store.tenant(tenant.namespace).job_channel(key)
+        async with self.events.watching(channel) as event:
+            yield lambda: wait_for_change(event, self.settings.watch_poll_s)
+
+    @contextlib.asynccontextmanager
+    async def _watch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+        """Holds one of the tenant's Watch streams in this process, or refuses."""
+        limit = self.settings.max_watches_per_tenant
+        held = self._watches.get(tenant.name, 0)
+        if limit and held >= limit:
+            metrics.QUOTA_REFUSALS.inc()
+            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
+            raise TenantQueueFull(
+                f"{who} has {held} Watch streams open on this coordinator, the most it "
+                f"allows per tenant ({limit}); retry when some end", "WATCH_LIMIT",
+            )
+        self._watches[tenant.name] = held + 1
+        try:
+            yield
+        finally:
+            left = self._watches[tenant.name] - 1
+            if left:
+                self._watches[tenant.name] = left
+            else:
+                del self._watches[tenant.name]
 
     async def fetch(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[ArtifactPiece]:
         """Streams the manifest, then each blob in chunks. A blob whose bytes no longer

@@ -13,6 +13,7 @@ It shares the job board, the blob store and the dispatcher with graph compiles
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -28,6 +29,7 @@ from services.coordinator.farm import Farm
 from torchfarm import kernelcheck, keys, routing
 from torchfarm.store import JobState, Store
 from torchfarm.targets import TargetError
+from torchfarm.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,12 @@ class KernelService:
         self.wait_s = wait_s
 
     async def compile(
-        self, request: farm_pb2.KernelRequest, size: int, namespace: str = ""
+        self, request: farm_pb2.KernelRequest, size: int, tenant: Tenant = OPEN
     ) -> CompiledKernel:
+        """The kernel's binary. A new kernel job counts against the tenant's quota of
+        jobs in flight, as a Submit's does (Farm._charge)."""
         settings = self.farm.settings
+        namespace = tenant.namespace
         if size > settings.max_request_bytes:
             raise RequestTooLarge(
                 f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
@@ -73,9 +78,9 @@ class KernelService:
         request = _with_triton_version(request, str(target), workers)
         key = keys.compute_kernel_key(request, namespace)
         store = self.farm.store.tenant(namespace)
-        hit = await self.farm._io(self._start, store, key, queue, request, namespace)
+        hit = await self.farm._io(self._start, store, key, queue, request, tenant)
         if not hit:
-            await self._wait(store, key)
+            await self._wait(store, key, tenant)
         record = await self.farm._io(store.get_kernel, key)
         if record is None:
             raise BackendUnavailable(f"kernel {keys.short(key)} was evicted before it was read")
@@ -92,7 +97,7 @@ class KernelService:
         return CompiledKernel(key, hit, record, binary, assembly.decode(errors="replace"))
 
     def _start(
-        self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, namespace: str
+        self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, tenant: Tenant
     ) -> bool:
         """True on a cache hit; otherwise makes sure a job for `key` is queued or running."""
         if store.get_kernel(key) is not None:
@@ -103,16 +108,25 @@ class KernelService:
             job = None
         if job is not None:
             return False  # join it; a failed one answers at once in _wait
-        store.put_kernel_request(key, request.SerializeToString(), self.farm.settings.request_ttl_s)
-        if store.create_job(key, queue, request.label, self.farm.settings.job_ttl_s):
+        settings = self.farm.settings
+        if store.create_job(
+            key, queue, request.label, settings.job_ttl_s,
+            request=request.SerializeToString(), request_ttl_s=settings.request_ttl_s, kind="kreq",
+        ):
+            self.farm._charge(store, key, tenant)
             try:
-                self.farm.dispatcher.send_kernel(key, queue, namespace)
+                self.farm.dispatcher.send_kernel(key, queue, tenant.namespace)
             except Exception:
                 store.delete_job(key)
+                store.forget_job(tenant.name, key)
                 raise
         return False
 
-    async def _wait(self, store: Store, key: str) -> None:
+    async def _wait(self, store: Store, key: str, tenant: Tenant) -> None:
+        async with self.farm.job_changes(key, tenant) as changed:
+            await self._wait_for(store, key, changed)
+
+    async def _wait_for(self, store: Store, key: str, changed) -> None:
         deadline = time.monotonic() + self.wait_s
         while True:
             job = await self.farm._io(store.get_job, key)
@@ -132,7 +146,8 @@ class KernelService:
                     f"kernel {keys.short(key)} did not compile within {self.wait_s:.0f}s "
                     f"(state {job.state})", reason="KERNEL_TIMEOUT",
                 )
-            await asyncio.sleep(self.farm.settings.poll_interval_s)
+            with contextlib.suppress(TimeoutError):  # woken, or the deadline is up
+                await asyncio.wait_for(changed(), max(0.0, deadline - time.monotonic()) + 0.01)
 
 
 def _with_triton_version(

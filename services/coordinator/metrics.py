@@ -57,7 +57,8 @@ REQUEUED = Counter(
 )
 AUTH_FAILURES = Counter(
     "torchfarm_auth_failures_total",
-    "Calls refused UNAUTHENTICATED, by reason: missing or invalid token.",
+    "Calls refused for their credentials, by reason: missing, invalid or expired token "
+    "(UNAUTHENTICATED), or throttled (RESOURCE_EXHAUSTED: the peer failed too often).",
     ["reason"],
 )
 ARTIFACTS_REFUSED = Counter(

@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 from services.coordinator import auth, metrics
 from services.coordinator.farm import CeleryDispatcher, Dispatcher, Farm
 from services.coordinator.gauges import read_gauges
+from services.coordinator.jobevents import JobEvents
 from services.coordinator.servicer import CompileFarmServicer
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.settings import from_env
@@ -46,10 +47,14 @@ async def serve(
 ) -> None:
     """Serves until `stop` is set, then drains and returns."""
     store = Store.from_url(settings.cache_url, settings.redis_prefix)
-    farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url))
+    events = JobEvents(settings.cache_url)  # the Redis that holds the job records
+    farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url), events)
     server = grpc.aio.server(
         options=grpc_options(settings.max_message_bytes),
-        interceptors=[metrics.RpcMetricsInterceptor(), auth.AuthInterceptor(auth.load_tokens(settings))],
+        interceptors=[
+            metrics.RpcMetricsInterceptor(),
+            auth.AuthInterceptor(auth.load_tokens(settings), auth.failure_limiter(settings)),
+        ],
     )
     farm_pb2_grpc.add_CompileFarmServicer_to_server(CompileFarmServicer(farm, settings), server)
     health_servicer = health.aio.HealthServicer()
@@ -75,6 +80,7 @@ async def serve(
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_s)
+    await events.close()
     if http is not None:
         http.shutdown()
         http.server_close()

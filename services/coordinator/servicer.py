@@ -198,7 +198,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
 
     async def CompileKernel(self, request, context):
         async with _ErrorMapping(context):
-            k = await self.kernels.compile(request, request.ByteSize(), auth.caller().namespace)
+            k = await self.kernels.compile(request, request.ByteSize(), auth.caller())
             return farm_pb2.KernelReply(
                 key=k.key,
                 cache_hit=k.cache_hit,

@@ -30,7 +30,14 @@ class CoordinatorSettings:
     stale_job_s: float = celeryconf.VISIBILITY_TIMEOUT_S + 60
     """A queued or running job not updated for this long is requeued on the next submit."""
     poll_interval_s: float = 0.1
-    """How often Watch reads a job's record."""
+    """How often Watch reads a job's record when no job events are wired (unit tests'
+    fakes); the server wires them (services/coordinator/jobevents.py)."""
+    watch_poll_s: float = 2.0
+    """With job events, Watch and CompileKernel's wait also read the record this often:
+    the safety net for changes no one announced (kernel counts) or a lost message."""
+    max_watches_per_tenant: int = 128
+    """Watch streams one tenant may hold open at once on one coordinator process
+    (RESOURCE_EXHAUSTED, reason WATCH_LIMIT, past it); 0 turns the cap off."""
     grace_s: float = 10.0
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0
@@ -44,7 +51,16 @@ class CoordinatorSettings:
     it); 0 turns the quota off. Cache hits and joins of running jobs never count."""
     tokens_file: str = ""
     """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
-    open, every caller shares the unnamed namespace, and the log says so at start."""
+    open, every caller shares the unnamed namespace, and the log says so at start.
+    Reloaded when it changes, so revoking a token needs no restart."""
+    tokens_check_s: float = 1.0
+    """How often the tokens file is checked for a change (the longest a revoked token
+    still works)."""
+    auth_failure_burst: int = 30
+    """Failed authentications one peer host may make at once before it is answered
+    RESOURCE_EXHAUSTED (valid token or not) until its bucket refills."""
+    auth_failure_per_s: float = 0.5
+    """How fast a peer's bucket of failed attempts refills."""
     tls_cert_file: str = ""
     """PEM certificate chain for TLS; with tls_key_file, the port serves TLS only."""
     tls_key_file: str = ""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from torchfarm import trustfile
 from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
@@ -61,6 +62,12 @@ def test_up_prints_address_serves_status_and_stops_clean():
             assert line or proc.poll() is None, "torchfarm up exited early"
         assert f"farm ready at grpc://127.0.0.1:{port}" in line
 
+        # Its signing key is where an SDK of this user looks for it, for that address only.
+        published = trustfile.path_for(f"127.0.0.1:{port}")
+        assert f"signing key published in {published}" in proc.stdout.readline()
+        assert published.stat().st_mode & 0o777 == 0o600
+        assert len(json.loads(published.read_text())) == 1
+
         remote = f"grpc://127.0.0.1:{port}"
         out = subprocess.run(
             [*TORCHFARM, "status", "--remote", remote, "--json"],
@@ -81,6 +88,7 @@ def test_up_prints_address_serves_status_and_stops_clean():
         assert proc.wait(90) == 0
         time.sleep(0.5)
         assert [p for p in family if alive(p)] == []
+        assert not published.exists()  # withdrawn: whoever binds the port next is no one we pinned
     finally:
         if proc.poll() is None:
             proc.kill()

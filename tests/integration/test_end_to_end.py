@@ -113,8 +113,9 @@ def test_hit_from_a_second_virtualenv_at_another_path(stack, tmp_path):
     assert result["builds"] == 0
 
 
-def test_farm_down_falls_back_to_local_with_one_warning(client_cache_dir, caplog):
+def test_farm_down_falls_back_to_local_with_one_warning(client_cache_dir, caplog, monkeypatch):
     remote = f"grpc://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TORCHFARM_TRUST_UNSIGNED", remote)  # trusted, so the SDK calls it
     model, inputs = make_mlp()
     got, ref = train_step(model, inputs, remote=remote, fallback="local")
     assert_matches_eager(got, ref)
@@ -122,8 +123,9 @@ def test_farm_down_falls_back_to_local_with_one_warning(client_cache_dir, caplog
     assert len(warnings) == 1 and "compiles locally" in warnings[0].getMessage()
 
 
-def test_farm_down_with_fallback_error_raises(client_cache_dir):
+def test_farm_down_with_fallback_error_raises(client_cache_dir, monkeypatch):
     remote = f"grpc://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TORCHFARM_TRUST_UNSIGNED", remote)
     model, inputs = make_mlp()
     torch._dynamo.reset()
     compiled = sdk.compile(model, remote=remote, fallback="error")

@@ -97,10 +97,12 @@ def test_training_runs_eagerly_then_swaps_and_matches_eager(farm, client_cache_d
 
 def test_farm_down_keeps_training_eagerly_with_one_warning(client_cache_dir, caplog, monkeypatch):
     monkeypatch.setenv("TORCHFARM_CONNECT_TIMEOUT_S", "1")
+    remote = f"grpc://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("TORCHFARM_TRUST_UNSIGNED", remote)  # trusted, so the SDK calls it
     torch._dynamo.reset()
     model, inputs = make_mlp()
     twin = copy.deepcopy(model)
-    compiled = sdk.compile(model, remote=f"grpc://127.0.0.1:{free_port()}", wait=False)
+    compiled = sdk.compile(model, remote=remote, wait=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
     assert_close_step(sgd_step(compiled, opt, inputs), sgd_step(twin, twin_opt, inputs))

@@ -11,13 +11,17 @@ from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.kernel_client import from_reply
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
+from sdk.trust import Trust
 from torchfarm import kernelreq, targets
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
+from torchfarm.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2
 from workers.triton_compile import compile_kernel
 
 KEY = "ab" * 32
 PAYLOAD = b"an Inductor artifact that must never be deserialized here"
+DEV = Trust(keys=TrustedKeys({}), namespace="", unsigned=True)
+"""A development farm named in TORCHFARM_TRUST_UNSIGNED: only the target checks apply."""
 
 
 def _manifest_for(fp) -> tuple[bytes, dict[str, bytes]]:
@@ -32,26 +36,26 @@ def test_cpu_isa_mismatch_is_refused():
     built = dataclasses.replace(local, isa=other_isa)
     data, blobs = _manifest_for(built)
     with pytest.raises(ArtifactRejected, match=f"isa '{other_isa}' != local '{local.isa}'"):
-        artifact.verify(data, blobs, KEY, local)
+        artifact.verify(data, blobs, KEY, local, DEV)
     data, blobs = _manifest_for(local)
-    assert artifact.verify(data, blobs, KEY, local).key == KEY  # its own target loads
+    assert artifact.verify(data, blobs, KEY, local, DEV).key == KEY  # its own target loads
 
 
 def test_gpu_arch_mismatch_is_refused():
     sm90, sm80 = fingerprint_for(resolve("cuda:sm_90")), fingerprint_for(resolve("cuda:sm_80"))
     data, blobs = _manifest_for(sm90)
     with pytest.raises(ArtifactRejected, match="arch 'sm_90' != local 'sm_80'"):
-        artifact.verify(data, blobs, KEY, sm80)
+        artifact.verify(data, blobs, KEY, sm80, DEV)
     gfx = fingerprint_for(resolve("rocm:gfx942"))
     with pytest.raises(ArtifactRejected, match="device 'cuda' != local 'rocm'"):
-        artifact.verify(data, blobs, KEY, gfx)
-    assert artifact.verify(data, blobs, KEY, sm90).fingerprint["arch"] == "sm_90"
+        artifact.verify(data, blobs, KEY, gfx, DEV)
+    assert artifact.verify(data, blobs, KEY, sm90, DEV).fingerprint["arch"] == "sm_90"
 
 
 def test_a_gpu_artifact_never_loads_on_the_cpu():
     data, blobs = _manifest_for(fingerprint_for(resolve("cuda:sm_90")))
     with pytest.raises(ArtifactRejected, match="device 'cuda' != local 'cpu'"):
-        artifact.verify(data, blobs, KEY, local_fingerprint())
+        artifact.verify(data, blobs, KEY, local_fingerprint(), DEV)
 
 
 def test_a_kernel_binary_for_another_arch_is_refused():

@@ -39,9 +39,9 @@ def signer():
     return Signer.generate()
 
 
-def _trust(signer: Signer | None, namespace: str = "alice", loopback: bool = False) -> Trust:
+def _trust(signer: Signer | None, namespace: str = "alice", unsigned: bool = False) -> Trust:
     keys = TrustedKeys.parse(signer.trusted_entry()) if signer else TrustedKeys({})
-    return Trust(keys=keys, namespace=namespace, loopback=loopback)
+    return Trust(keys=keys, namespace=namespace, unsigned=unsigned)
 
 
 def _reason(fn) -> str:
@@ -69,17 +69,17 @@ def test_refusals_each_with_a_reason(signer):
     assert _reason(lambda: artifact.verify(b"\x80pickle", {}, KEY, FP, t)) == "malformed"
 
 
-def test_no_pinned_keys_loads_only_from_loopback():
+def test_no_known_key_loads_only_from_a_farm_named_as_unsigned():
     manifest, blobs = _artifact(None, tenant="")
-    artifact.verify(manifest, blobs, KEY, FP, _trust(None, namespace="", loopback=True))
-    remote = _trust(None, namespace="", loopback=False)
-    assert not remote.loads_anything
-    assert _reason(lambda: artifact.verify(manifest, blobs, KEY, FP, remote)) == "untrusted_farm"
+    artifact.verify(manifest, blobs, KEY, FP, _trust(None, namespace="", unsigned=True))
+    other = _trust(None, namespace="", unsigned=False)
+    assert not other.loads_anything
+    assert _reason(lambda: artifact.verify(manifest, blobs, KEY, FP, other)) == "untrusted_farm"
 
 
-def test_pinned_keys_refuse_unsigned_even_on_loopback(signer):
+def test_pinned_keys_refuse_unsigned_even_from_a_farm_named_as_unsigned(signer):
     manifest, blobs = _artifact(None)
-    t = _trust(signer, loopback=True)
+    t = _trust(signer, unsigned=True)
     assert _reason(lambda: artifact.verify(manifest, blobs, KEY, FP, t)) == "unsigned"
 
 
@@ -87,7 +87,7 @@ def test_trust_from_settings_reads_namespace_from_token(signer):
     tok = tokens.new_token("team-a")
     inline = ",".join(f"{k}={v}" for k, v in signer.trusted_entry().items())
     t = Trust.from_settings(SDKSettings(token=tok, trusted_keys=inline), "farm.example:50051")
-    assert t.namespace == "team-a" and t.verifies_signatures and not t.loopback
+    assert t.namespace == "team-a" and t.verifies_signatures and not t.unsigned
 
 
 @pytest.mark.parametrize(

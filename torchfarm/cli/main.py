@@ -4,7 +4,8 @@
                  [--metrics-port M]   coordinator /metrics on M, worker i on M+1+i
                  [--auth TENANT]      require tokens; print one for TENANT
     torchfarm keygen DIR [--key-id ID]   an Ed25519 signing key for workers, and its pin
-    torchfarm token TENANT [--namespace NS]   a new token, and its line for the tokens file
+    torchfarm token TENANT [--namespace NS] [--days D] [--tokens-file F]
+                                 a new token (printed once); its hash for the tokens file
     torchfarm status [--remote grpc://host:port] [--json]
                                  workers per target, queues, in-flight and recent jobs
     torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
@@ -26,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from torchfarm import tables
 from torchfarm.cli.cache import add_cache_parser, as_json, call
@@ -52,10 +54,13 @@ def _up(args: argparse.Namespace) -> int:
     stack.start()
     try:
         print(f"torchfarm: farm ready at {stack.address} (logs in {stack.workdir})", flush=True)
-        # The workers sign every artifact with a key made for this run; clients pin it.
-        print("torchfarm: for SDK processes on this machine:", flush=True)
+        # The workers sign every artifact with a key made for this run. It is published
+        # in this user's trust file for the farm's address, where the SDK finds it.
+        print(f"torchfarm: signing key published in {stack.trust_file}", flush=True)
+        print("torchfarm: for SDK processes of this user on this machine:", flush=True)
         for name, value in stack.client_env(args.auth).items():
-            print(f"  export {name}={value}", flush=True)
+            if name != "TORCHFARM_TRUSTED_KEYS_FILE":  # found in the trust file
+                print(f"  export {name}={value}", flush=True)
         if not args.auth:
             print("torchfarm: authentication is off (loopback only); --auth TENANT turns it on", flush=True)
         if args.metrics_port:
@@ -93,9 +98,15 @@ def _token(args: argparse.Namespace) -> int:
     from torchfarm import tokens
 
     tok = tokens.new_token(args.namespace or args.tenant)
+    expires = tokens.default_expiry() if args.days is None else time.time() + args.days * 86400
+    entry = tokens.table_entry(tok, args.tenant, expires=expires if args.days != 0 else None)
     print(f"token (give it to {args.tenant}; it is shown once): {tok}")
-    print("add to the coordinator's TORCHFARM_TOKENS_FILE:")
-    print(json.dumps(tokens.table_entry(tok, args.tenant)))
+    if args.tokens_file:
+        tokens.add_to_file(args.tokens_file, entry)
+        print(f"its hash is in {args.tokens_file}; a running coordinator picks it up within a second")
+    else:
+        print("add to the coordinator's TORCHFARM_TOKENS_FILE (or pass --tokens-file):")
+        print(json.dumps(entry))
     return 0
 
 
@@ -248,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     token = sub.add_parser("token", help="a new tenant token and its tokens-file entry")
     token.add_argument("tenant")
     token.add_argument("--namespace", default="", help="cache namespace (default: the tenant's own)")
+    token.add_argument(
+        "--days", type=float, default=None,
+        help="days until the token expires (default 90; 0: never)",
+    )
+    token.add_argument(
+        "--tokens-file", default="", help="add its hash to this tokens file (atomically, mode 0600)"
+    )
     token.set_defaults(run=_token)
 
     status = sub.add_parser("status", help="workers, queues, cache and recent jobs")

@@ -25,6 +25,7 @@ import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from torchfarm import trustfile
 from torchfarm.store import Store
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class LocalStack:
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
     """With names here, the coordinator requires tokens: one is made per tenant (`tokens`)."""
+    publish_key: bool = True
+    """While the stack runs, its public key is in this user's trust file for its address
+    (torchfarm/trustfile.py), so SDK processes of this user find it unconfigured."""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
     tokens: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -114,6 +118,8 @@ class LocalStack:
         self.signing_key_file = self.workdir / "signing-key.pem"
         self.trusted_keys_file = self.workdir / "trusted-keys.json"
         self.tokens_file = self.workdir / "tokens.json"
+        self.trust_file: Path | None = None
+        """The per-user trust file the running stack published its key in."""
         if self.sign and not self.signing_key_file.exists():
             self._make_signing_key()
         if self.tenants:
@@ -191,8 +197,23 @@ class LocalStack:
         )
         logfile.close()
 
+    @property
+    def listen(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _publish_key(self) -> None:
+        if self.sign and self.publish_key:
+            entry = json.loads(self.trusted_keys_file.read_text())
+            self.trust_file = trustfile.publish(self.listen, entry)
+
+    def _withdraw_key(self) -> None:
+        if self.sign and self.publish_key and self.trusted_keys_file.exists():
+            for key_id in json.loads(self.trusted_keys_file.read_text()):
+                trustfile.withdraw(self.listen, key_id)
+
     def start(self, timeout_s: float = 60.0) -> LocalStack:
         try:
+            self._publish_key()
             self.start_redis()
             self.start_coordinator()
             for i in range(self.workers):
@@ -296,6 +317,7 @@ class LocalStack:
             self.stop_process(name)
         self.stop_process("coordinator")
         self.stop_process("redis")
+        self._withdraw_key()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -1,0 +1,154 @@
+"""The coordinator's token file, reloaded on change, and the per-peer limit on failed
+attempts (issue 16, item 7). No server: a fake clock and files in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import grpc
+import pytest
+
+from services.coordinator import auth
+from services.coordinator.ratelimit import FailureLimiter, peer_host
+from services.coordinator.tokensource import TokenSource
+from torchfarm import tokens
+
+
+def _write(path, *pairs) -> None:
+    table: dict = {}
+    for tok, tenant in pairs:
+        table.update(tokens.table_entry(tok, tenant))
+    tmp = path.with_suffix(".new")
+    tmp.write_text(json.dumps(table))
+    os.replace(tmp, path)  # as an operator should: a new inode, never a half-written file
+
+
+def test_a_revoked_token_is_refused_without_a_restart(tmp_path):
+    alice, bob = tokens.new_token("alice"), tokens.new_token("bob")
+    path = tmp_path / "tokens.json"
+    _write(path, (alice, "alice"), (bob, "bob"))
+    source = TokenSource(str(path), check_every_s=0.0)
+    assert source.table().lookup(alice) and source.table().lookup(bob)
+    _write(path, (bob, "bob"))  # alice revoked
+    assert source.table().lookup(alice) is None
+    assert source.table().lookup(bob)
+
+
+def test_an_edit_in_place_is_seen_too(tmp_path):
+    alice = tokens.new_token("alice")
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(tokens.table_entry(alice, "alice")))
+    source = TokenSource(str(path), check_every_s=0.0)
+    assert source.table().lookup(alice)
+    st = path.stat()
+    path.write_text(json.dumps({}))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a coarse clock
+    assert source.table().lookup(alice) is None
+
+
+def test_a_broken_or_missing_file_admits_no_one(tmp_path):
+    alice = tokens.new_token("alice")
+    path = tmp_path / "tokens.json"
+    _write(path, (alice, "alice"))
+    source = TokenSource(str(path), check_every_s=0.0)
+    assert source.table().lookup(alice)
+    path.write_text("{not json")
+    assert source.table().lookup(alice) is None
+    path.unlink()
+    assert source.table().lookup(alice) is None
+    _write(path, (alice, "alice"))
+    assert source.table().lookup(alice)
+
+
+def test_the_file_is_checked_at_most_every_interval(tmp_path):
+    now = [100.0]
+    alice = tokens.new_token("alice")
+    path = tmp_path / "tokens.json"
+    _write(path, (alice, "alice"))
+    source = TokenSource(str(path), check_every_s=1.0, clock=lambda: now[0])
+    assert source.table().lookup(alice)
+    _write(path)
+    assert source.table().lookup(alice)  # not yet looked at again
+    now[0] += 1.5
+    assert source.table().lookup(alice) is None
+
+
+def test_failed_attempts_drain_a_per_peer_bucket_that_refills():
+    now = [0.0]
+    limiter = FailureLimiter(burst=3, per_s=0.5, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.allowed("10.0.0.1")
+        limiter.failed("10.0.0.1")
+    assert not limiter.allowed("10.0.0.1")
+    assert limiter.allowed("10.0.0.2")  # another peer is not affected
+    now[0] += 2.0  # one attempt's worth
+    assert limiter.allowed("10.0.0.1")
+    limiter.failed("10.0.0.1")
+    assert not limiter.allowed("10.0.0.1")
+
+
+def test_the_limiter_forgets_peers_beyond_its_size():
+    limiter = FailureLimiter(burst=1, per_s=0.0, max_peers=2, clock=lambda: 0.0)
+    for peer in ("a", "b", "c"):
+        limiter.failed(peer)
+    assert len(limiter) == 2
+
+
+@pytest.mark.parametrize(
+    "peer, host",
+    [("ipv4:10.1.2.3:5555", "10.1.2.3"), ("ipv6:[::1]:5555", "::1"), ("unix:/tmp/s", "unix:/tmp/s")],
+)
+def test_peer_host_drops_the_port(peer, host):
+    assert peer_host(peer) == host
+
+
+class _Details:
+    def __init__(self, metadata=()):
+        self.method = "/torchfarm.v1.CompileFarm/Submit"
+        self.invocation_metadata = metadata
+
+
+def test_an_unauthenticated_call_never_reads_its_request(tmp_path):
+    """grpc.aio reads a unary request whole (up to max_receive_message_length) before
+    it calls the handler; a request-streaming handler reads nothing until it iterates.
+    So the refusal is a request-streaming handler that never does."""
+    import asyncio
+
+    path = tmp_path / "tokens.json"
+    _write(path, (tokens.new_token("alice"), "alice"))
+    interceptor = auth.AuthInterceptor(TokenSource(str(path)))
+
+    async def continuation(details):
+        async def behavior(request, context):  # pragma: no cover - must not run
+            raise AssertionError("the servicer ran")
+
+        return grpc.unary_unary_rpc_method_handler(behavior)
+
+    handler = asyncio.run(interceptor.intercept_service(continuation, _Details()))
+    assert handler.request_streaming
+
+    class Context:
+        code = None
+
+        def peer(self):
+            return "ipv4:127.0.0.1:1"
+
+        async def abort(self, code, details, trailing_metadata=()):
+            self.code = code
+            raise grpc.RpcError()
+
+    class Requests:
+        read = False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            self.read = True
+            raise StopAsyncIteration
+
+    requests, context = Requests(), Context()
+    with pytest.raises(grpc.RpcError):
+        asyncio.run(handler.stream_unary(requests, context))
+    assert context.code == grpc.StatusCode.UNAUTHENTICATED and not requests.read

@@ -1,0 +1,154 @@
+"""Client trust (issue 16, item 6): no unsigned artifact is ever loaded unless the user
+names that development farm in TORCHFARM_TRUST_UNSIGNED, loopback or not; and the key
+`torchfarm up` makes is found by an SDK on the same machine without configuration, in
+a per-user trust file keyed by the farm's address."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from sdk import artifact
+from sdk.errors import ArtifactRejected
+from sdk.settings import SDKSettings
+from torchfarm.fx.fingerprint import Fingerprint
+from sdk.trust import Trust
+from torchfarm import trustfile
+from torchfarm.manifest import BlobRef, Manifest, blob_digest
+from torchfarm.signing import Signer
+
+FP = Fingerprint(
+    torch_version="2.13.0+cpu", torch_git="abc", triton_version="3.7.0", python="3.11",
+    platform="linux-x86_64", device="cpu", arch="", isa="avx512", compiler="g++ 12",
+)
+KEY = "a" * 64
+PAYLOAD = b"not really a pickle"
+
+
+def _unsigned() -> tuple[bytes, dict]:
+    m = Manifest(
+        key=KEY, fingerprint=FP.to_dict(), payload=BlobRef(blob_digest(PAYLOAD), len(PAYLOAD)),
+        worker="w", created=1.0, tenant="",
+    )
+    return m.to_json(), {blob_digest(PAYLOAD): PAYLOAD}
+
+
+def _signed(signer: Signer) -> tuple[bytes, dict]:
+    manifest, blobs = _unsigned()
+    return signer.sign(Manifest.from_json(manifest)).to_json(), blobs
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path, monkeypatch):
+    """An empty per-user config dir: nothing a real `torchfarm up` wrote is seen."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
+def _code(fn) -> str:
+    with pytest.raises(ArtifactRejected) as info:
+        fn()
+    return info.value.code
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:50051", "localhost:50051", "[::1]:50051"])
+def test_an_unsigned_artifact_from_a_loopback_farm_is_refused_by_default(address):
+    """A port-forward, an ssh tunnel, or another user's process that bound the port
+    first: loopback proves nothing about who answers."""
+    trust = Trust.from_settings(SDKSettings(remote=f"grpc://{address}"), address)
+    assert not trust.loads_anything
+    manifest, blobs = _unsigned()
+    assert _code(lambda: artifact.verify(manifest, blobs, KEY, FP, trust)) == "untrusted_farm"
+
+
+def test_naming_the_farm_in_trust_unsigned_loads_its_unsigned_artifacts():
+    settings = SDKSettings(trust_unsigned="grpc://127.0.0.1:50051")
+    trust = Trust.from_settings(settings, "127.0.0.1:50051")
+    assert trust.loads_anything and not trust.verifies_signatures
+    manifest, blobs = _unsigned()
+    assert artifact.verify(manifest, blobs, KEY, FP, trust).key == KEY
+
+
+@pytest.mark.parametrize(
+    "named", ["grpc://127.0.0.1:50052", "127.0.0.1", "localhost:50051", "*", "1", "true", ""]
+)
+def test_trust_unsigned_names_one_farm_exactly(named):
+    trust = Trust.from_settings(SDKSettings(trust_unsigned=named), "127.0.0.1:50051")
+    assert not trust.loads_anything
+
+
+def test_trust_unsigned_takes_a_list_of_farms():
+    settings = SDKSettings(trust_unsigned="grpc://dev-a:1, 127.0.0.1:50051")
+    assert Trust.from_settings(settings, "127.0.0.1:50051").loads_anything
+    assert Trust.from_settings(settings, "dev-a:1").loads_anything
+    assert not Trust.from_settings(settings, "dev-b:1").loads_anything
+
+
+def test_the_key_torchfarm_up_publishes_is_found_without_configuration(config_home):
+    signer = Signer.generate()
+    path = trustfile.publish("127.0.0.1:50051", signer.trusted_entry())
+    assert path.parent.parent == config_home / "torchfarm"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    trust = Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
+    assert trust.verifies_signatures
+    assert artifact.verify(*_signed(signer), KEY, FP, trust).key == KEY
+    # Whoever binds that port next cannot sign with the published key.
+    assert _code(lambda: artifact.verify(*_unsigned(), KEY, FP, trust)) == "unsigned"
+    assert _code(lambda: artifact.verify(*_signed(Signer.generate()), KEY, FP, trust)) == "unknown_key"
+    # The file is per farm address: another port is another farm.
+    assert not Trust.from_settings(SDKSettings(), "127.0.0.1:50052").loads_anything
+
+
+def test_a_published_key_wins_over_trust_unsigned(config_home):
+    """A key is known for the farm, so its artifacts must be signed by it."""
+    trustfile.publish("127.0.0.1:50051", Signer.generate().trusted_entry())
+    trust = Trust.from_settings(SDKSettings(trust_unsigned="127.0.0.1:50051"), "127.0.0.1:50051")
+    assert _code(lambda: artifact.verify(*_unsigned(), KEY, FP, trust)) == "unsigned"
+
+
+def test_explicit_pins_win_over_the_published_key(tmp_path):
+    published, pinned = Signer.generate(), Signer.generate()
+    trustfile.publish("127.0.0.1:50051", published.trusted_entry())
+    inline = ",".join(f"{k}={v}" for k, v in pinned.trusted_entry().items())
+    trust = Trust.from_settings(SDKSettings(trusted_keys=inline), "127.0.0.1:50051")
+    assert artifact.verify(*_signed(pinned), KEY, FP, trust).key == KEY
+    assert _code(lambda: artifact.verify(*_signed(published), KEY, FP, trust)) == "unknown_key"
+
+
+def test_withdraw_removes_only_its_own_key():
+    a, b = Signer.generate(), Signer.generate()
+    path = trustfile.publish("127.0.0.1:50051", a.trusted_entry())
+    trustfile.withdraw("127.0.0.1:50051", b.key_id)  # another stack's key: not ours to remove
+    assert path.exists()
+    trustfile.withdraw("127.0.0.1:50051", a.key_id)
+    assert not path.exists()
+
+
+def test_a_trust_file_others_can_write_is_refused(config_home):
+    path = trustfile.publish("127.0.0.1:50051", Signer.generate().trusted_entry())
+    path.chmod(0o666)
+    with pytest.raises(Exception, match="mode|writable"):
+        Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
+
+
+def test_the_sdk_does_not_even_submit_to_an_unnamed_loopback_farm(monkeypatch):
+    """Through sdk.compile: an unconfigured SDK pointed at a loopback port refuses the farm
+    before any call (the port here is closed; a call would fail as unavailable)."""
+    import torch
+
+    import sdk
+    from sdk.client import FarmClient
+    from torchfarm.testing.stack import free_port
+
+    calls = []
+    monkeypatch.setattr(FarmClient, "submit", lambda self, *a, **k: calls.append(a))
+    fn = sdk.compile(lambda x: torch.relu(x) + 1, remote=f"grpc://127.0.0.1:{free_port()}", fallback="error")
+    with pytest.raises(Exception) as info:
+        fn(torch.randn(4))
+    err = info.value
+    err = getattr(err, "inner_exception", err)  # Dynamo's BackendCompilerFailed wraps it
+    assert isinstance(err, ArtifactRejected) and err.code == "untrusted_farm", repr(info.value)
+    assert "TORCHFARM_TRUST_UNSIGNED=127.0.0.1:" in str(err)
+    assert calls == []
