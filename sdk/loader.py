@@ -191,11 +191,14 @@ def _no_precompiled_header(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def install_kernels(kernels: Iterable[tuple[bytes, bytes]]) -> int:
+def install_kernels(
+    kernels: Iterable[tuple[bytes, bytes]], toolchain: dict[str, Any] | None = None
+) -> int:
     """Writes each (spec, binary) at the path the local Inductor will load it from, for the
     current TORCHINDUCTOR_CACHE_DIR. Returns how many files were written (identical files
-    already in place are skipped)."""
-    _skip_isa_probe()
+    already in place are skipped). `toolchain` is the manifest's record of the worker's
+    probes: with it, keying the kernels starts no compiler (sdk/vecisa.py, sdk/toolchain.py)."""
+    _seed_probes(toolchain or {})
     installed = 0
     for source, binary in kernels:
         spec = KernelSpec.from_bytes(source)
@@ -212,6 +215,17 @@ def install_kernels(kernels: Iterable[tuple[bytes, bytes]]) -> int:
         if _write_if_different(targets[spec.output], binary):
             installed += 1
     return installed
+
+
+def _seed_probes(toolchain: dict[str, Any]) -> None:
+    from sdk import toolchain as local_toolchain
+    from sdk import vecisa
+
+    local_toolchain.seed_inductor()
+    if "vec_isa" in toolchain:
+        vecisa.seed(toolchain["vec_isa"])
+    else:  # a manifest from a worker that recorded no probe
+        _skip_isa_probe()
 
 
 def _skip_isa_probe() -> None:

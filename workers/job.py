@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from sdk import guards as shape_guards
 from sdk.target import Fingerprint
+from sdk.vecisa import probed_toolchain
 from torchfarm import keys, options
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
@@ -313,4 +314,5 @@ def _store(
         worker=ctx.name,
         created=time.time(),
         tenant=ctx.store.namespace,
+        toolchain=probed_toolchain(),
     )

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sdk.loader import KernelSpec, kernel_name
+from sdk.vecisa import probed_toolchain
 from torchfarm import keys, routing, targets
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.stages import (
@@ -472,7 +473,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     manifest = Manifest(
         key=key, fingerprint=ctx.fingerprint.to_dict(), payload=plan.payload, kernels=kernels,
         worker=ctx.name, created=time.time(), tenant=ctx.store.namespace,
-        guards=tuple(plan.guards),
+        guards=tuple(plan.guards), toolchain=probed_toolchain(),
     )
     if manifest.total_bytes() > ctx.settings.max_artifact_bytes:
         raise JobFailed(
