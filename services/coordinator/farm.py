@@ -38,8 +38,8 @@ from services.coordinator.errors import (
 )
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
-from torchfarm.explain import Explanation, MissIndex
 from torchfarm.celeryconf import make_celery
+from torchfarm.explain import Explanation, MissIndex
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
 from torchfarm.signing import SignatureError, TrustedKeys
