@@ -94,6 +94,7 @@ def verify(
 def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable:
     """Places the kernel binaries where local Inductor looks for them, then deserializes."""
     loader.install_kernels(
-        (blobs[k.source.digest], blobs[k.binary.digest]) for k in manifest.kernels
+        ((blobs[k.source.digest], blobs[k.binary.digest]) for k in manifest.kernels),
+        manifest.toolchain,
     )
     return loader.load_compiled(blobs[manifest.payload.digest])

@@ -237,10 +237,13 @@ class FarmBackend:
         remote = ""
         if status is not None:
             remote = " (farm: " + stage_timings(status.timings) + ")"
+        why = ""
+        if not reply.cache_hit and reply.HasField("explanation"):
+            why = f" ({reply.explanation.reason}: {reply.explanation.detail})"
         log.info(
-            "torchfarm: graph %d of %s: %s key=%s | encode %.2fs submit+wait %.2fs%s "
+            "torchfarm: graph %d of %s: %s%s key=%s | encode %.2fs submit+wait %.2fs%s "
             "fetch %.2fs load %.2fs | artifact %.1f KB, %d kernels",
-            index, self.name, outcome, reply.key[:12], prepared.encode_s, t3 - t1, remote,
+            index, self.name, outcome, why, reply.key[:12], prepared.encode_s, t3 - t1, remote,
             t4 - t3, t5 - t4, manifest.total_bytes() / 1024, len(manifest.kernels),
         )
         self._publish(

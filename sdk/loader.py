@@ -27,11 +27,14 @@ from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, local_outputs
 log = logging.getLogger(__name__)
 
 
-def install_kernels(kernels: Iterable[tuple[bytes, bytes]]) -> int:
+def install_kernels(
+    kernels: Iterable[tuple[bytes, bytes]], toolchain: dict[str, Any] | None = None
+) -> int:
     """Writes each (spec, binary) at the path the local Inductor will load it from, for the
     current TORCHINDUCTOR_CACHE_DIR. Returns how many files were written (identical files
-    already in place are skipped)."""
-    _skip_isa_probe()
+    already in place are skipped). `toolchain` is the manifest's record of the worker's
+    probes: with it, keying the kernels starts no compiler (torchfarm/fx/vecisa.py, torchfarm/fx/toolchain.py)."""
+    _seed_probes(toolchain or {})
     installed = 0
     for source, binary in kernels:
         try:
@@ -53,6 +56,20 @@ def install_kernels(kernels: Iterable[tuple[bytes, bytes]]) -> int:
         if _write_if_different(targets[spec.output], binary):
             installed += 1
     return installed
+
+
+def _seed_probes(toolchain: dict[str, Any]) -> None:
+    from torchfarm.fx import toolchain as local_toolchain
+    from torchfarm.fx import vecisa
+
+    local_toolchain.seed_inductor()
+    if "vec_isa" in toolchain:
+        try:
+            vecisa.seed(toolchain["vec_isa"])
+        except vecisa.ToolchainMismatch as e:
+            raise ArtifactRejected(str(e), code="ISA") from e
+    else:  # a manifest from a worker that recorded no probe
+        _skip_isa_probe()
 
 
 def _skip_isa_probe() -> None:

@@ -90,6 +90,10 @@ class Manifest:
     """A staged compile's stage records (workers/jobs/ (lower, build, assemble)): each has "stage",
     "seconds" (running), "queued_seconds", "worker", "kernels", "kernels_hit". Empty for
     a whole-graph compile, whose `timings` say it all."""
+    toolchain: dict[str, Any] = field(default_factory=dict)
+    """What the worker's Inductor probed on its toolchain, so a client need not probe
+    again: `vec_isa`, the vector-ISA probe's record (torchfarm/fx/vecisa.py). Empty from older
+    workers, whose clients probe for themselves."""
     signature: Signature | None = None
 
     def blobs(self) -> list[BlobRef]:
@@ -122,6 +126,8 @@ class Manifest:
             body["stages"] = [dict(s) for s in self.stages]
         if self.kind == COMPILE:
             del body["kind"]  # compile manifests read (and verify) as they did before exports
+        if not self.toolchain:
+            del body["toolchain"]  # manifests of workers that record no probe read as before
         if not self.guards:
             del body["guards"]  # and manifests without guards as before guards
         else:
@@ -158,6 +164,7 @@ class Manifest:
                 kind=_kind(body.get("kind", COMPILE)),
                 guards=_guards(body.get("guards", [])),
                 stages=_stages(body.get("stages", [])),
+                toolchain=_toolchain(body.get("toolchain", {})),
                 signature=_signature(body.get("signature")),
             )
         except ManifestError:
@@ -185,6 +192,13 @@ def _stages(body: Any) -> tuple[dict[str, Any], ...]:
     ):
         raise ManifestError("malformed stages")
     return tuple(body)
+
+
+def _toolchain(body: Any) -> dict[str, Any]:
+    # Only the outer shape here; torchfarm/fx/vecisa.py reads the record it names.
+    if not isinstance(body, dict) or not all(isinstance(k, str) for k in body):
+        raise ManifestError("malformed toolchain")
+    return dict(body)
 
 
 def _signature(body: Any) -> Signature | None:

@@ -41,6 +41,7 @@ from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
+from torchfarm.explain import Explanation, MissIndex
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
 from torchfarm.signing import SignatureError, TrustedKeys
@@ -58,6 +59,8 @@ class Submitted:
     state: str
     cache_hit: bool = False
     deduplicated: bool = False
+    explanation: Explanation | None = None
+    """Why it missed, when it queued a compile or joined one (torchfarm/explain.py)."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,10 @@ class Farm:
             store.delete_job(key)
             job = None
         if job is not None:
-            return Submitted(key, job.state, deduplicated=job.state not in JobState.TERMINAL)
+            return Submitted(
+                key, job.state, deduplicated=job.state not in JobState.TERMINAL,
+                explanation=self._last_explanation(store, key),
+            )
         # The queue names the exact target and the job kind (torchfarm/routing.py).
         workers = store.live_workers()
         if not any(queue in w.get("queues", ()) for w in workers.values()):
@@ -227,6 +233,7 @@ class Farm:
             request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
         ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
+        explanation = self._explain(store, request, key)
         self._charge(store, key, tenant)
         try:
             if request.HasField("export"):
@@ -237,7 +244,34 @@ class Farm:
             store.delete_job(key)  # let the next submit try again
             store.forget_job(tenant.name, key)
             raise
-        return Submitted(key, JobState.QUEUED)
+        return Submitted(key, JobState.QUEUED, explanation=explanation)
+
+    def _explain(self, store: Store, request: farm_pb2.CompileRequest, key: str) -> Explanation | None:
+        """Why the new job's key missed, counted by reason; then its own record, for the
+        misses after it. An index that fails costs the explanation, never the submit."""
+        index = MissIndex(store)
+        try:
+            explanation = index.explain(request, key)
+            index.remember(request, key)
+        except (redis.RedisError, ValueError, KeyError) as e:
+            log.warning("key=%s: no miss explanation: %s", keys.short(key), e)
+            return None
+        metrics.MISSES.labels(reason=explanation.reason).inc()
+        log.info("miss key=%s reason=%s %s", keys.short(key), explanation.reason, explanation.detail)
+        return explanation
+
+    def _last_explanation(self, store: Store, key: str) -> Explanation | None:
+        try:
+            return MissIndex(store).last(key)
+        except (redis.RedisError, ValueError, KeyError):
+            return None
+
+    async def explain(self, key: str, tenant: Tenant = OPEN) -> Explanation:
+        """The explanation of `key`'s last miss in the caller's namespace."""
+        found = await self._io(MissIndex(self.store.tenant(tenant.namespace)).last, key)
+        if found is None:
+            raise NotFound(f"the farm has no explanation of a miss for key {keys.short(key)}")
+        return found
 
     def _charge(self, store: Store, key: str, tenant: Tenant) -> None:
         """Counts a new job against the tenant's quota, or undoes it and refuses.

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchfarm import __version__
+from torchfarm.explain import REASONS
 from torchfarm.routing import KERNEL_QUEUE_PREFIX, STAGE_QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,12 @@ ARTIFACTS_REFUSED = Counter(
     "corrupt blob, expired, unsigned, unknown_key, invalid or mismatched signature.",
     ["reason"],
 )
+MISSES = Counter(
+    "torchfarm_misses_total",
+    "Submits that queued a compile, by why no artifact matched (torchfarm/explain.py): "
+    "the first differing key component, evicted, or new.",
+    ["reason"],
+)
 QUOTA_REFUSALS = Counter(
     "torchfarm_quota_refusals_total",
     "Submits refused RESOURCE_EXHAUSTED because the tenant had its quota of jobs in flight.",
@@ -80,6 +87,8 @@ BUILD_INFO = Gauge(
 # Series that exist from the start read 0 instead of "no data" in graphs and alerts.
 for _outcome in ("hit", "miss", "deduplicated", "failed", "invalid"):
     REQUESTS.labels(outcome=_outcome)
+for _reason in REASONS:
+    MISSES.labels(reason=_reason)
 for _code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "NOT_FOUND", "INTERNAL"):
     RPC_ERRORS.labels(code=_code)
 

@@ -107,7 +107,12 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 state=farm_pb2.JobState.Value(s.state),
                 cache_hit=s.cache_hit,
                 deduplicated=s.deduplicated,
+                explanation=s.explanation.to_proto() if s.explanation else None,
             )
+
+    async def ExplainMiss(self, request, context):
+        async with _ErrorMapping(context):
+            return (await self.farm.explain(request.key, auth.caller())).to_proto()
 
     async def GetJob(self, request, context):
         async with _ErrorMapping(context):

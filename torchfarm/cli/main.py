@@ -9,6 +9,8 @@
     torchfarm status [--remote grpc://host:port] [--json]
                                  workers per target, queues, in-flight and recent jobs
     torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
+    torchfarm explain KEY [--json]   why KEY missed: the closest artifact and the key
+                                 component that differs (cli_explain.py)
     torchfarm warm [--steps N] SCRIPT.py [args]   run a script to fill the farm's cache
                                  (cli_warm.py, sdk/warm_mode.py)
     torchfarm coordinator        run the coordinator (settings from TORCHFARM_*)
@@ -31,6 +33,7 @@ import time
 
 from torchfarm import tables
 from torchfarm.cli.cache import add_cache_parser, as_json, call
+from torchfarm.cli.explain import add_explain_parser
 from torchfarm.cli.targets import add_kernel_parser, targets_table
 from torchfarm.cli.warm import add_warm_parser
 from torchfarm.v1 import farm_pb2
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     add_kernel_parser(sub)
     add_cache_parser(sub)
     add_warm_parser(sub)
+    add_explain_parser(sub)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

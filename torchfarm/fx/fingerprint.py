@@ -20,9 +20,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
-import os
 import platform
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -30,10 +28,6 @@ from torchfarm import targets
 from torchfarm.targets import Target, TargetError
 
 log = logging.getLogger(__name__)
-
-_COMPILER_PROBE_TIMEOUT_S = 30.0
-"""Upper bound for one `c++ --version` / `-Q --help=target` probe."""
-
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -188,6 +182,9 @@ def _compiler_identity() -> str:
     # kernel; _get_cpu_arch_cflags() is where its -march flag comes from.
     from torch._inductor import cpp_builder
 
+    from torchfarm.fx import toolchain
+
+    toolchain.seed_inductor()  # so that a machine's second process asks the compiler nothing
     try:
         compiler = cpp_builder.get_cpp_compiler()
     except Exception as e:  # InvalidCxxCompiler: such a client can load no C++ kernel
@@ -214,10 +211,7 @@ def _resolve_native(compiler: str, flag: str) -> str:
 
 
 def _run(cmd: list[str]) -> str:
-    env = {**os.environ, "LC_ALL": "C"}
-    try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, env=env, timeout=_COMPILER_PROBE_TIMEOUT_S
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    # Answered from this machine's toolchain record once it has been asked (torchfarm/fx/toolchain.py).
+    from torchfarm.fx import toolchain
+
+    return toolchain.record().run(cmd)[1]

@@ -134,16 +134,30 @@ class ExportDim(_message.Message):
     def __init__(self, symbol: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
-    __slots__ = ("key", "state", "cache_hit", "deduplicated")
+    __slots__ = ("key", "state", "cache_hit", "deduplicated", "explanation")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     key: str
     state: JobState
     cache_hit: bool
     deduplicated: bool
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., cache_hit: _Optional[bool] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+    explanation: MissExplanation
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., cache_hit: _Optional[bool] = ..., deduplicated: _Optional[bool] = ..., explanation: _Optional[_Union[MissExplanation, _Mapping]] = ...) -> None: ...
+
+class MissExplanation(_message.Message):
+    __slots__ = ("reason", "closest_key", "detail", "differs")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CLOSEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DIFFERS_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    closest_key: str
+    detail: str
+    differs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, reason: _Optional[str] = ..., closest_key: _Optional[str] = ..., detail: _Optional[str] = ..., differs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobRef(_message.Message):
     __slots__ = ("key",)

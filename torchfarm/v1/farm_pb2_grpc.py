@@ -64,6 +64,11 @@ class CompileFarmStub:
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
                 response_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
                 _registered_method=True)
+        self.ExplainMiss = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/ExplainMiss',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.JobRef.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.MissExplanation.FromString,
+                _registered_method=True)
         self.ListArtifacts = channel.unary_unary(
                 '/torchfarm.v1.CompileFarm/ListArtifacts',
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheQuery.SerializeToString,
@@ -124,6 +129,13 @@ class CompileFarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainMiss(self, request, context):
+        """The explanation of a key's last miss (NOT_FOUND when the farm has none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListArtifacts(self, request, context):
         """The caller's cache entries (its tenant namespace only), filtered, with totals per
         target: `torchfarm cache ls|stats`.
@@ -171,6 +183,11 @@ def add_CompileFarmServicer_to_server(servicer, server):
                     servicer.CompileKernel,
                     request_deserializer=torchfarm_dot_v1_dot_farm__pb2.KernelRequest.FromString,
                     response_serializer=torchfarm_dot_v1_dot_farm__pb2.KernelReply.SerializeToString,
+            ),
+            'ExplainMiss': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainMiss,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.JobRef.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.MissExplanation.SerializeToString,
             ),
             'ListArtifacts': grpc.unary_unary_rpc_method_handler(
                     servicer.ListArtifacts,
@@ -345,6 +362,33 @@ class CompileFarm:
             '/torchfarm.v1.CompileFarm/CompileKernel',
             torchfarm_dot_v1_dot_farm__pb2.KernelRequest.SerializeToString,
             torchfarm_dot_v1_dot_farm__pb2.KernelReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainMiss(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/ExplainMiss',
+            torchfarm_dot_v1_dot_farm__pb2.JobRef.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.MissExplanation.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from torchfarm import keys
+from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.seal import TamperedRecord
 from torchfarm.store import JobState
@@ -92,7 +93,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     manifest = Manifest(
         key=key, fingerprint=ctx.fingerprint.to_dict(), payload=plan.payload, kernels=kernels,
         worker=ctx.name, created=time.time(), tenant=ctx.store.namespace,
-        guards=tuple(plan.guards),
+        guards=tuple(plan.guards), toolchain=probed_toolchain(),
     )
     if manifest.total_bytes() > ctx.settings.max_artifact_bytes:
         raise JobFailed(

@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
 from workers.compiler import CompileFailed, CompileResult, compile_graph
 from workers.limits import cpu_time_limit
@@ -74,4 +75,5 @@ def _store(
         worker=ctx.name,
         created=time.time(),
         tenant=ctx.store.namespace,
+        toolchain=probed_toolchain(),
     )
