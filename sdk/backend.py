@@ -162,7 +162,8 @@ class FarmBackend:
 
     def _warn_fallback(self, index: int, e: FarmError) -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
-        # An unreachable or untrusted farm says so once, not once per graph.
+        # An unreachable or untrusted farm says so once, not once per graph; a farm bug
+        # (FarmBug) is not an outage and is warned of every time, with its key.
         once = ""
         if isinstance(e, FarmUnavailable):
             once = "unavailable"
@@ -229,7 +230,7 @@ class FarmBackend:
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
-            reply, status = self._submit_and_wait(request, track)
+            reply, status = self._submit_and_wait(request, track, expected_key)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
@@ -298,12 +299,15 @@ class FarmBackend:
             raise artifact.rejected("guards", f"artifact {key[:12]} refused: {e}") from e
         return guards
 
-    def _submit_and_wait(self, request, track: GraphTrack | None = None) -> tuple[Any, Any]:
+    def _submit_and_wait(
+        self, request, track: GraphTrack | None = None, key: str = ""
+    ) -> tuple[Any, Any]:
         """Submits, then waits unless it was a hit. A job the farm lost (Redis restarted
-        under it) is submitted again: the key is the same, so this is idempotent."""
+        under it) is submitted again: the key is the same, so this is idempotent. `key`
+        is the one expected, named if the farm fails on a bug."""
         assert self._client is not None
         for attempt in range(self.settings.max_resubmits + 1):
-            reply = self._client.submit(request)
+            reply = self._client.submit(request, key)
             if reply.cache_hit:
                 return reply, None
             try:
@@ -341,7 +345,10 @@ class FarmBackend:
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, self.local.config, label)
-                reply, _ = self._submit_and_wait(request)
+                assert self.trust is not None
+                reply, _ = self._submit_and_wait(
+                    request, key=keys.compute_key(request, self.trust.namespace)
+                )
                 log.info(
                     "torchfarm: graph %d of %s for %s (torch %s): %s key=%s",
                     index, self.name, target, fp.torch_version,

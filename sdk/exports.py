@@ -43,6 +43,7 @@ from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from sdk.trust import Trust
 from torchfarm import keys
+from torchfarm.codes import Reason
 from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
 from torchfarm.targets import Target, TargetError
@@ -129,10 +130,10 @@ def export(
             raise RequestTooLarge(
                 f"the exported model is {size} bytes with its weights; a farm request carries "
                 f"at most {settings.max_message_bytes} (TORCHFARM_MAX_MESSAGE_BYTES), and the "
-                "coordinator's own limit may be lower", "REQUEST_TOO_LARGE",
+                "coordinator's own limit may be lower", Reason.REQUEST_TOO_LARGE,
             )
         expected = keys.compute_key(request, trust.namespace)
-        reply = _submit_and_wait(client, request, settings.max_resubmits)
+        reply = _submit_and_wait(client, request, settings.max_resubmits, expected)
         if reply.key != expected:
             raise ArtifactRejected(
                 f"the farm answered for key {reply.key[:12]}, not this export's {expected[:12]}",
@@ -172,9 +173,9 @@ def _target_build(client: FarmClient, target: str | Target | None, inputs: list[
     return wanted, chosen
 
 
-def _submit_and_wait(client: FarmClient, request: Any, resubmits: int) -> Any:
+def _submit_and_wait(client: FarmClient, request: Any, resubmits: int, key: str) -> Any:
     for attempt in range(resubmits + 1):
-        reply = client.submit(request)
+        reply = client.submit(request, key)
         if reply.cache_hit:
             return reply
         try:

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 
 from services.coordinator import metrics
 from services.coordinator.settings import CoordinatorSettings
+from torchfarm.codes import Reason
 from torchfarm.tokens import OPEN, Tenant, TokenTable
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHand
     async def unary(request, context):
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, message,
-            trailing_metadata=((REASON_KEY, "UNAUTHENTICATED"),),
+            trailing_metadata=((REASON_KEY, Reason.UNAUTHENTICATED.value),),
         )
 
     async def stream(request, context):
@@ -146,7 +147,7 @@ async def _reject_malformed(request, context) -> None:
     if isinstance(request, _Malformed):
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}",
-            trailing_metadata=((REASON_KEY, "MALFORMED_REQUEST"),),
+            trailing_metadata=((REASON_KEY, Reason.MALFORMED_REQUEST.value),),
         )
 
 

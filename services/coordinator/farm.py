@@ -39,6 +39,7 @@ from services.coordinator.errors import (
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
+from torchfarm.codes import Reason, Stage
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
 from torchfarm.signing import SignatureError, TrustedKeys
@@ -172,7 +173,7 @@ class Farm:
             )
         except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
-            raise InvalidRequest(str(e), "UNKNOWN_TARGET") from e
+            raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e
         except GraphError as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), _graph_reason(e)) from e
@@ -289,7 +290,7 @@ class Farm:
         manifest = await self._io(store.get_manifest, key)
         if manifest is not None:
             return JobRecord(
-                key=key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
+                key=key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
                 artifact_bytes=manifest.total_bytes(), worker=manifest.worker,
                 stages=list(manifest.stages),
             )
@@ -366,12 +367,12 @@ class Farm:
         )
 
 
-def _graph_reason(e: GraphError) -> str:
+def _graph_reason(e: GraphError) -> Reason:
     if isinstance(e, options.OptionNotAllowed):
-        return "OPTION_NOT_ALLOWED"
+        return Reason.OPTION_NOT_ALLOWED
     if isinstance(e, GraphTooLarge):
-        return "GRAPH_TOO_LARGE"
-    return "DISALLOWED_OP" if isinstance(e, DisallowedOp) else "INVALID_GRAPH"
+        return Reason.GRAPH_TOO_LARGE
+    return Reason.DISALLOWED_OP if isinstance(e, DisallowedOp) else Reason.INVALID_GRAPH
 
 
 def _outcome(s: Submitted) -> str:

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchfarm import __version__
+from torchfarm.codes import REASONS
 from torchfarm.routing import KERNEL_QUEUE_PREFIX, STAGE_QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ BUILD_INFO = Gauge(
 # Series that exist from the start read 0 instead of "no data" in graphs and alerts.
 for _outcome in ("hit", "miss", "deduplicated", "failed", "invalid"):
     REQUESTS.labels(outcome=_outcome)
-for _code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "NOT_FOUND", "INTERNAL"):
+for _code in sorted({info.status for info in REASONS.values()}):
     RPC_ERRORS.labels(code=_code)
 
 SERVER_ERROR_CODES = ("UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "DATA_LOSS")

@@ -133,6 +133,126 @@ class ExportDim(_message.Message):
     max: int
     def __init__(self, symbol: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
+class JobError(_message.Message):
+    __slots__ = ()
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CODE_UNSPECIFIED: _ClassVar[JobError.Code]
+        COMPILE_ERROR: _ClassVar[JobError.Code]
+        COMPILE_TIMEOUT: _ClassVar[JobError.Code]
+        BUILD_MISMATCH: _ClassVar[JobError.Code]
+        INVALID_GRAPH: _ClassVar[JobError.Code]
+        MALFORMED_REQUEST: _ClassVar[JobError.Code]
+        REQUEST_EXPIRED: _ClassVar[JobError.Code]
+        TOO_MANY_ATTEMPTS: _ClassVar[JobError.Code]
+        ARTIFACT_TOO_LARGE: _ClassVar[JobError.Code]
+        OPTION_NOT_ALLOWED: _ClassVar[JobError.Code]
+        PLAN_EXPIRED: _ClassVar[JobError.Code]
+        KERNELS_LOST: _ClassVar[JobError.Code]
+        UNSHIPPABLE_GUARD: _ClassVar[JobError.Code]
+        INVALID_KERNEL: _ClassVar[JobError.Code]
+        KERNEL_COMPILE_ERROR: _ClassVar[JobError.Code]
+        KERNEL_TIMEOUT: _ClassVar[JobError.Code]
+        WRONG_TARGET: _ClassVar[JobError.Code]
+    CODE_UNSPECIFIED: JobError.Code
+    COMPILE_ERROR: JobError.Code
+    COMPILE_TIMEOUT: JobError.Code
+    BUILD_MISMATCH: JobError.Code
+    INVALID_GRAPH: JobError.Code
+    MALFORMED_REQUEST: JobError.Code
+    REQUEST_EXPIRED: JobError.Code
+    TOO_MANY_ATTEMPTS: JobError.Code
+    ARTIFACT_TOO_LARGE: JobError.Code
+    OPTION_NOT_ALLOWED: JobError.Code
+    PLAN_EXPIRED: JobError.Code
+    KERNELS_LOST: JobError.Code
+    UNSHIPPABLE_GUARD: JobError.Code
+    INVALID_KERNEL: JobError.Code
+    KERNEL_COMPILE_ERROR: JobError.Code
+    KERNEL_TIMEOUT: JobError.Code
+    WRONG_TARGET: JobError.Code
+    def __init__(self) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ()
+    class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REASON_UNSPECIFIED: _ClassVar[Failure.Reason]
+        INTERNAL: _ClassVar[Failure.Reason]
+        INVALID_REQUEST: _ClassVar[Failure.Reason]
+        REQUEST_TOO_LARGE: _ClassVar[Failure.Reason]
+        TENANT_QUEUE_FULL: _ClassVar[Failure.Reason]
+        NO_WORKER: _ClassVar[Failure.Reason]
+        NOT_FOUND: _ClassVar[Failure.Reason]
+        ARTIFACT_CORRUPT: _ClassVar[Failure.Reason]
+        BACKEND_UNAVAILABLE: _ClassVar[Failure.Reason]
+        UNAUTHENTICATED: _ClassVar[Failure.Reason]
+        MALFORMED_REQUEST: _ClassVar[Failure.Reason]
+        UNKNOWN_TARGET: _ClassVar[Failure.Reason]
+        OPTION_NOT_ALLOWED: _ClassVar[Failure.Reason]
+        GRAPH_TOO_LARGE: _ClassVar[Failure.Reason]
+        DISALLOWED_OP: _ClassVar[Failure.Reason]
+        INVALID_GRAPH: _ClassVar[Failure.Reason]
+        INVALID_KERNEL: _ClassVar[Failure.Reason]
+        KERNEL_FAILED: _ClassVar[Failure.Reason]
+        KERNEL_TIMEOUT: _ClassVar[Failure.Reason]
+        KERNEL_EVICTED: _ClassVar[Failure.Reason]
+        NOTHING_TO_EVICT: _ClassVar[Failure.Reason]
+        INVALID_FILTER: _ClassVar[Failure.Reason]
+        AMBIGUOUS_KEY: _ClassVar[Failure.Reason]
+        KERNEL_COMPILE_ERROR: _ClassVar[Failure.Reason]
+    REASON_UNSPECIFIED: Failure.Reason
+    INTERNAL: Failure.Reason
+    INVALID_REQUEST: Failure.Reason
+    REQUEST_TOO_LARGE: Failure.Reason
+    TENANT_QUEUE_FULL: Failure.Reason
+    NO_WORKER: Failure.Reason
+    NOT_FOUND: Failure.Reason
+    ARTIFACT_CORRUPT: Failure.Reason
+    BACKEND_UNAVAILABLE: Failure.Reason
+    UNAUTHENTICATED: Failure.Reason
+    MALFORMED_REQUEST: Failure.Reason
+    UNKNOWN_TARGET: Failure.Reason
+    OPTION_NOT_ALLOWED: Failure.Reason
+    GRAPH_TOO_LARGE: Failure.Reason
+    DISALLOWED_OP: Failure.Reason
+    INVALID_GRAPH: Failure.Reason
+    INVALID_KERNEL: Failure.Reason
+    KERNEL_FAILED: Failure.Reason
+    KERNEL_TIMEOUT: Failure.Reason
+    KERNEL_EVICTED: Failure.Reason
+    NOTHING_TO_EVICT: Failure.Reason
+    INVALID_FILTER: Failure.Reason
+    AMBIGUOUS_KEY: Failure.Reason
+    KERNEL_COMPILE_ERROR: Failure.Reason
+    def __init__(self) -> None: ...
+
+class Stage(_message.Message):
+    __slots__ = ()
+    class Name(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NAME_UNSPECIFIED: _ClassVar[Stage.Name]
+        DECODE: _ClassVar[Stage.Name]
+        COMPILE: _ClassVar[Stage.Name]
+        DECOMPOSING: _ClassVar[Stage.Name]
+        LOWERING: _ClassVar[Stage.Name]
+        KERNELS: _ClassVar[Stage.Name]
+        ASSEMBLING: _ClassVar[Stage.Name]
+        EXPORT: _ClassVar[Stage.Name]
+        STORE: _ClassVar[Stage.Name]
+        DONE: _ClassVar[Stage.Name]
+    NAME_UNSPECIFIED: Stage.Name
+    DECODE: Stage.Name
+    COMPILE: Stage.Name
+    DECOMPOSING: Stage.Name
+    LOWERING: Stage.Name
+    KERNELS: Stage.Name
+    ASSEMBLING: Stage.Name
+    EXPORT: Stage.Name
+    STORE: Stage.Name
+    DONE: Stage.Name
+    def __init__(self) -> None: ...
+
 class SubmitReply(_message.Message):
     __slots__ = ("key", "state", "cache_hit", "deduplicated")
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,7 +288,7 @@ class StageTiming(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ..., kernels: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit")
+    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit", "error", "stage_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +302,8 @@ class JobStatus(_message.Message):
     KERNELS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KERNELS_DONE_FIELD_NUMBER: _ClassVar[int]
     KERNELS_HIT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STAGE_ID_FIELD_NUMBER: _ClassVar[int]
     key: str
     state: JobState
     stage: str
@@ -195,7 +317,9 @@ class JobStatus(_message.Message):
     kernels_total: int
     kernels_done: int
     kernels_hit: int
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ...) -> None: ...
+    error: JobError.Code
+    stage_id: Stage.Name
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., error: _Optional[_Union[JobError.Code, str]] = ..., stage_id: _Optional[_Union[Stage.Name, str]] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("key",)

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from torchfarm import keys
+from torchfarm.codes import JobError, Stage
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.store import JobState
 from workers.board import BUILD, CACHED, Plan, StageBoard
@@ -27,7 +28,7 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     ctx = in_tenant(ctx, namespace)
     store, board = ctx.store, StageBoard(ctx.store)
     if store.get_manifest(key) is not None:
-        store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+        store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
         board.clear(key)
         return
     if not live_job(key, ctx):
@@ -35,11 +36,11 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     try:
         if board.count(key, "assemble_attempts") > ctx.settings.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS", "the assembly was delivered too often; a worker was lost each time"
+                JobError.TOO_MANY_ATTEMPTS, "the assembly was delivered too often; a worker was lost each time"
             )
         plan = board.get_plan(key)
         if plan is None:
-            raise JobFailed("PLAN_EXPIRED", "the staged compile's plan is no longer in the cache")
+            raise JobFailed(JobError.PLAN_EXPIRED, "the staged compile's plan is no longer in the cache")
         manifest = _assemble(key, ctx, plan, board)
     except JobFailed as e:
         record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
@@ -47,7 +48,7 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     if manifest is None:
         return
     store.update_job(
-        key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
+        key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
         stages=list(manifest.stages), artifact_bytes=manifest.total_bytes(),
     )
     store.expire_job(key, ctx.settings.done_ttl_s)
@@ -67,11 +68,11 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     missing = [k for k in wanted if k not in binaries]
     if missing:
         if board.count(key, "kernel_resends") > ctx.settings.max_attempts:
-            raise JobFailed("KERNELS_LOST", f"{len(missing)} kernel binaries left the cache again")
+            raise JobFailed(JobError.KERNELS_LOST, f"{len(missing)} kernel binaries left the cache again")
         log.warning("job key=%s: %d kernel binaries missing at assembly; building them again",
                     keys.short(key), len(missing))
         board.forget_binaries(missing)  # a record whose blob is gone would read as cached
-        ctx.store.update_job(key, stage="kernels")
+        ctx.store.update_job(key, stage=Stage.KERNELS)
         by_key = {k.cache_key: k for k in plan.kernels}
         again = [by_key[k] for k in missing]
         verdicts = claim(ctx, key, plan.target, again)
@@ -90,12 +91,12 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     )
     if manifest.total_bytes() > ctx.settings.max_artifact_bytes:
         raise JobFailed(
-            "ARTIFACT_TOO_LARGE",
+            JobError.ARTIFACT_TOO_LARGE,
             f"the artifact is {manifest.total_bytes()} bytes; the farm stores at most "
             f"{ctx.settings.max_artifact_bytes}",
         )
     if not ctx.store.has_blobs(b.digest for b in manifest.blobs()):
-        raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
+        raise JobFailed(JobError.PLAN_EXPIRED, "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
     schedule = _schedule(plan, {k: seconds for k, (_, seconds) in cached.items()})
     stages, timings = _timings(plan, fields, len(wanted), schedule, t0, ctx.name)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from torchfarm import keys, routing
+from torchfarm.codes import JobError
 from workers.board import StageBoard, parse_waiter, waiter_name
 from workers.compiler import CompileFailed, Kernel, start_kernel_build
 from workers.jobs.sending import build_threads, kernel_key, send_assembly, send_stage, stage_queue
@@ -47,7 +48,7 @@ def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[l
     try:
         if attempt > ctx.settings.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS",
+                JobError.TOO_MANY_ATTEMPTS,
                 f"a kernel-build job was delivered {attempt} times; a worker was lost on each try",
             )
         board.note_kernel_start(key, ctx.name)
@@ -104,10 +105,10 @@ def _build_missing(
             continue
         spec = ctx.store.get_blob(digest)
         if spec is None:
-            raise JobFailed("PLAN_EXPIRED", "a kernel's source left the cache before its build")
+            raise JobFailed(JobError.PLAN_EXPIRED, "a kernel's source left the cache before its build")
         if kernel_key(ctx, spec, target) != cache_key:
             raise JobFailed(
-                "BUILD_MISMATCH",
+                JobError.BUILD_MISMATCH,
                 f"kernel {cache_key[:12]} was keyed for another build or target than this "
                 f"worker's ({target})",
             )
