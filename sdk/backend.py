@@ -22,6 +22,7 @@ import torch
 
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
+from torchfarm.codes import Rejection
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected, JobLost
 from torchfarm.fx.guards import CaptureShapes, GuardError
@@ -167,8 +168,8 @@ class FarmBackend:
         once = ""
         if isinstance(e, FarmUnavailable):
             once = "unavailable"
-        elif e.code == "untrusted_farm":
-            once = "untrusted_farm"
+        elif e.code == Rejection.UNTRUSTED_FARM:
+            once = Rejection.UNTRUSTED_FARM
         if once:
             if once in self._warned:
                 return
@@ -202,7 +203,7 @@ class FarmBackend:
                 f"the farm at {self._client.address} is not on this machine and no signing "
                 "keys are pinned, so none of its artifacts could be loaded; set "
                 "TORCHFARM_TRUSTED_KEYS_FILE to the farm's public keys",
-                "untrusted_farm",
+                Rejection.UNTRUSTED_FARM,
             )
         t0 = time.perf_counter()
         try:
@@ -234,7 +235,7 @@ class FarmBackend:
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
-                    "mismatch",
+                    Rejection.MISMATCH,
                 )
             t3 = time.perf_counter()
             track.set_stage("fetch")
@@ -296,7 +297,7 @@ class FarmBackend:
                 )
             shapes.install(guards)
         except GuardError as e:
-            raise artifact.rejected("guards", f"artifact {key[:12]} refused: {e}") from e
+            raise artifact.rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
         return guards
 
     def _submit_and_wait(

@@ -38,6 +38,7 @@ from sdk.errors import (
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
 from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason
+from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return Unauthenticated(f"{detail} (check TORCHFARM_TOKEN)", reason)
     if code == grpc.StatusCode.DATA_LOSS:
-        return ArtifactRejected(detail, "corrupt")
+        return ArtifactRejected(detail, Rejection.CORRUPT)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FarmUnavailable(detail, reason)
     if code == grpc.StatusCode.NOT_FOUND:
@@ -240,7 +241,7 @@ class FarmClient:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     # The job record is gone: Redis lost it (a restart). Submitting again
                     # is idempotent, so the backend does that.
-                    raise JobLost(f"watch: the farm lost the job {key[:12]}", "NOT_FOUND") from e
+                    raise JobLost(f"watch: the farm lost the job {key[:12]}", Reason.NOT_FOUND) from e
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch", key) from e
                 # The coordinator went away mid-watch; the job lives on in Redis.
@@ -265,16 +266,16 @@ class FarmClient:
                 if received > self.settings.max_artifact_bytes:
                     raise ArtifactRejected(
                         f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes",
-                        "too_large",
+                        Rejection.TOO_LARGE,
                     )
                 pieces = parts.setdefault(blob.digest, [])
                 if blob.offset != sum(len(p) for p in pieces):
-                    raise ArtifactRejected(f"artifact {key[:12]} arrived out of order")
+                    raise ArtifactRejected(f"artifact {key[:12]} arrived out of order", Rejection.MALFORMED)
                 pieces.append(blob.data)
         except grpc.RpcError as e:
             raise _map_error(e, "fetch", key) from e
         if manifest is None:
-            raise ArtifactRejected(f"artifact {key[:12]} came without a manifest")
+            raise ArtifactRejected(f"artifact {key[:12]} came without a manifest", Rejection.MALFORMED)
         return manifest, {d: b"".join(p) for d, p in parts.items()}
 
     def compile_kernel(self, request: farm_pb2.KernelRequest) -> farm_pb2.KernelReply:

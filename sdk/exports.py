@@ -43,7 +43,7 @@ from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from sdk.trust import Trust
 from torchfarm import keys
-from torchfarm.codes import Reason
+from torchfarm.codes import Reason, Rejection
 from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
 from torchfarm.targets import Target, TargetError
@@ -112,7 +112,7 @@ def export(
                 f"the farm at {client.address} is not on this machine and no signing keys "
                 "are pinned, so its package could not be verified; set "
                 "TORCHFARM_TRUSTED_KEYS_FILE to the farm's public keys",
-                "untrusted_farm",
+                Rejection.UNTRUSTED_FARM,
             )
         program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
         try:
@@ -137,7 +137,7 @@ def export(
         if reply.key != expected:
             raise ArtifactRejected(
                 f"the farm answered for key {reply.key[:12]}, not this export's {expected[:12]}",
-                "mismatch",
+                Rejection.MISMATCH,
             )
         manifest_bytes, blobs = client.fetch(reply.key)
         manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, trust, kind=EXPORT)

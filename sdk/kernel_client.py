@@ -25,6 +25,7 @@ from sdk.errors import ArtifactRejected, ConfigError, KernelRejected
 from sdk.settings import SDKSettings
 from torchfarm import elf, kernelcheck, kernelreq, targets
 from torchfarm.codes import Reason
+from torchfarm.codes import Reason, Rejection
 from torchfarm.settings import from_env
 from torchfarm.v1 import farm_pb2
 
@@ -95,7 +96,7 @@ def from_reply(reply: farm_pb2.KernelReply, target: str) -> CompiledKernel:
     try:
         kernelreq.check_reply(reply, target)
     except elf.NotAKernel as e:
-        raise ArtifactRejected(f"kernel {reply.key[:12]} refused: {e}", "wrong_arch") from e
+        raise ArtifactRejected(f"kernel {reply.key[:12]} refused: {e}", Rejection.WRONG_ARCH) from e
     return CompiledKernel(
         key=reply.key,
         target=str(targets.parse(target)),

@@ -8,6 +8,7 @@ Python enums, and next to each, the table of what its members mean for the clien
   metadata carries the name). `REASONS` gives each its gRPC status, and whether the
   client retries and falls back.
 - `Stage`: where a job is (`JobStatus.stage` carries the name, lower case).
+- `Rejection`: why an artifact was refused (ArtifactRejected's `code`, lower case).
 
 Each member's value is the string records and metadata carry (so a member can go
 wherever the name went), and `number` its proto value; a unit test checks that every
@@ -97,10 +98,35 @@ class Stage(_ProtoEnum):
     DONE = "done"
 
 
+class Rejection(_ProtoEnum):
+    """farm.proto's ArtifactRejection.Reason, without UNSPECIFIED; the value is the name
+    in lower case, the `code` of sdk.errors.ArtifactRejected and a metrics label. Every
+    one falls back (sdk/errors.py), so it needs no table."""
+
+    UNSIGNED = "unsigned"
+    UNKNOWN_KEY = "unknown_key"
+    EXPIRED = "expired"
+    NOT_YET_VALID = "not_yet_valid"
+    INVALID = "invalid"
+    MISMATCH = "mismatch"
+    FINGERPRINT = "fingerprint"
+    DIGEST = "digest"
+    MALFORMED = "malformed"
+    UNTRUSTED_FARM = "untrusted_farm"
+    CORRUPT = "corrupt"
+    TOO_LARGE = "too_large"
+    GUARDS = "guards"
+    WRONG_ARCH = "wrong_arch"
+    BAD_KERNEL = "bad_kernel"
+    KERNEL_INSTALL = "kernel_install"
+    DESERIALIZE = "deserialize"
+
+
 _PROTO: dict[type[_ProtoEnum], EnumTypeWrapper] = {
     JobError: farm_pb2.JobError.Code,
     Reason: farm_pb2.Failure.Reason,
     Stage: farm_pb2.Stage.Name,
+    Rejection: farm_pb2.ArtifactRejection.Reason,
 }
 """Each enum's proto counterpart."""
 

@@ -39,7 +39,7 @@ from services.coordinator.errors import (
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
-from torchfarm.codes import Reason, Stage
+from torchfarm.codes import Reason, Rejection, Stage
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
 from torchfarm.signing import SignatureError, TrustedKeys
@@ -264,10 +264,10 @@ class Farm:
         store.delete_artifact(key)
         return False
 
-    def _refusal(self, manifest: Manifest, key: str, namespace: str) -> str | None:
+    def _refusal(self, manifest: Manifest, key: str, namespace: str) -> Rejection | None:
         sig = manifest.signature
         if sig is not None and sig.expires_at <= time.time() + self.settings.poll_interval_s + 60:
-            return "expired"  # about to: a client fetching now would refuse it
+            return Rejection.EXPIRED  # about to: a client fetching now would refuse it
         if self.trusted is None:
             return None
         try:
@@ -330,7 +330,7 @@ class Farm:
                 digest.update(data)
                 yield ArtifactPiece(ref.digest, offset, data)
             if "sha256:" + digest.hexdigest() != ref.digest:
-                metrics.ARTIFACTS_REFUSED.labels(reason="corrupt").inc()
+                metrics.ARTIFACTS_REFUSED.labels(reason=Rejection.CORRUPT).inc()
                 log.error("key=%s blob %s does not match its digest; dropping the artifact",
                           keys.short(key), ref.digest[:19])
                 # The blob is keyed by the digest it no longer has: drop it too, or the

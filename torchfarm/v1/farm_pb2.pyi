@@ -227,6 +227,48 @@ class Failure(_message.Message):
     KERNEL_COMPILE_ERROR: Failure.Reason
     def __init__(self) -> None: ...
 
+class ArtifactRejection(_message.Message):
+    __slots__ = ()
+    class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REASON_UNSPECIFIED: _ClassVar[ArtifactRejection.Reason]
+        UNSIGNED: _ClassVar[ArtifactRejection.Reason]
+        UNKNOWN_KEY: _ClassVar[ArtifactRejection.Reason]
+        EXPIRED: _ClassVar[ArtifactRejection.Reason]
+        NOT_YET_VALID: _ClassVar[ArtifactRejection.Reason]
+        INVALID: _ClassVar[ArtifactRejection.Reason]
+        MISMATCH: _ClassVar[ArtifactRejection.Reason]
+        FINGERPRINT: _ClassVar[ArtifactRejection.Reason]
+        DIGEST: _ClassVar[ArtifactRejection.Reason]
+        MALFORMED: _ClassVar[ArtifactRejection.Reason]
+        UNTRUSTED_FARM: _ClassVar[ArtifactRejection.Reason]
+        CORRUPT: _ClassVar[ArtifactRejection.Reason]
+        TOO_LARGE: _ClassVar[ArtifactRejection.Reason]
+        GUARDS: _ClassVar[ArtifactRejection.Reason]
+        WRONG_ARCH: _ClassVar[ArtifactRejection.Reason]
+        BAD_KERNEL: _ClassVar[ArtifactRejection.Reason]
+        KERNEL_INSTALL: _ClassVar[ArtifactRejection.Reason]
+        DESERIALIZE: _ClassVar[ArtifactRejection.Reason]
+    REASON_UNSPECIFIED: ArtifactRejection.Reason
+    UNSIGNED: ArtifactRejection.Reason
+    UNKNOWN_KEY: ArtifactRejection.Reason
+    EXPIRED: ArtifactRejection.Reason
+    NOT_YET_VALID: ArtifactRejection.Reason
+    INVALID: ArtifactRejection.Reason
+    MISMATCH: ArtifactRejection.Reason
+    FINGERPRINT: ArtifactRejection.Reason
+    DIGEST: ArtifactRejection.Reason
+    MALFORMED: ArtifactRejection.Reason
+    UNTRUSTED_FARM: ArtifactRejection.Reason
+    CORRUPT: ArtifactRejection.Reason
+    TOO_LARGE: ArtifactRejection.Reason
+    GUARDS: ArtifactRejection.Reason
+    WRONG_ARCH: ArtifactRejection.Reason
+    BAD_KERNEL: ArtifactRejection.Reason
+    KERNEL_INSTALL: ArtifactRejection.Reason
+    DESERIALIZE: ArtifactRejection.Reason
+    def __init__(self) -> None: ...
+
 class Stage(_message.Message):
     __slots__ = ()
     class Name(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
