@@ -130,3 +130,15 @@ def test_each_coordinator_error_answers_the_status_its_tree_names():
     tree = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.CoordinatorError)}
     assert set(expected) == tree
     assert {kind: status_of(kind.reason) for kind in tree} == expected
+
+
+def test_job_status_carries_code_and_stage_by_name_and_by_value():
+    from services.coordinator.servicer import job_status
+    from torchfarm.store import JobRecord, JobState
+
+    failed = job_status(JobRecord(KEY, JobState.FAILED, stage="compile", error_code="COMPILE_ERROR"))
+    assert (failed.error_code, failed.error) == ("COMPILE_ERROR", farm_pb2.JobError.COMPILE_ERROR)
+    assert (failed.stage, failed.stage_id) == ("compile", farm_pb2.Stage.COMPILE)
+    # A name this build does not know keeps its string and reads UNSPECIFIED.
+    odd = job_status(JobRecord(KEY, JobState.FAILED, stage="later", error_code="CANCELLED"))
+    assert (odd.error_code, odd.error, odd.stage, odd.stage_id) == ("CANCELLED", 0, "later", 0)
