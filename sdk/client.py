@@ -37,7 +37,6 @@ from sdk.errors import (
 )
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
-from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason
 from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 

@@ -24,7 +24,6 @@ from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected, ConfigError, KernelRejected
 from sdk.settings import SDKSettings
 from torchfarm import elf, kernelcheck, kernelreq, targets
-from torchfarm.codes import Reason
 from torchfarm.codes import Reason, Rejection
 from torchfarm.settings import from_env
 from torchfarm.v1 import farm_pb2

@@ -23,7 +23,7 @@ from sdk.settings import SDKSettings
 from services.coordinator import errors
 from services.coordinator.servicer import CompileFarmServicer, status_of
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason
+from torchfarm.codes import RETRYABLE_STATUSES, Reason
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 KEY = "ab" * 32

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from torchfarm import routing, targets
 from torchfarm.codes import Stage
-from torchfarm.codes import Stage
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name
 from torchfarm.store import Store
 from workers.board import PlannedKernel, StageBoard, kernel_cache_key, waiter_name
