@@ -22,13 +22,14 @@ from collections.abc import Callable
 from sdk import loader
 from sdk.errors import ArtifactRejected
 from sdk.metrics import ARTIFACTS_REJECTED
+from torchfarm.codes import Rejection
 from torchfarm.fx.fingerprint import Fingerprint
 from sdk.trust import Trust
 from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
 from torchfarm.signing import SignatureError
 
 
-def rejected(reason: str, message: str) -> ArtifactRejected:
+def rejected(reason: Rejection, message: str) -> ArtifactRejected:
     ARTIFACTS_REJECTED.labels(reason=reason).inc()
     return ArtifactRejected(message, reason)
 
@@ -51,13 +52,13 @@ def verify(
     target fleet's (sdk/exports.py)."""
     if not trust.loads_anything:
         raise rejected(
-            "untrusted_farm",
+            Rejection.UNTRUSTED_FARM,
             "no signing key is known for the farm and it is not named in TORCHFARM_TRUST_UNSIGNED",
         )
     try:
         manifest = Manifest.from_json(manifest_bytes)
     except ManifestError as e:
-        raise rejected("malformed", f"artifact {key[:12]} refused: {e}") from e
+        raise rejected(Rejection.MALFORMED, f"artifact {key[:12]} refused: {e}") from e
     mine = local.to_dict()
     if trust.verifies_signatures:
         try:
@@ -65,12 +66,12 @@ def verify(
         except SignatureError as e:
             raise rejected(e.reason, f"artifact {key[:12]} refused: {e}") from e
     if manifest.kind != kind:
-        raise rejected("mismatch", f"artifact {key[:12]} refused: its kind is {manifest.kind!r}, not {kind!r}")
+        raise rejected(Rejection.MISMATCH, f"artifact {key[:12]} refused: its kind is {manifest.kind!r}, not {kind!r}")
     if manifest.key != key:
-        raise rejected("mismatch", f"artifact refused: it is for key {manifest.key[:12]}, not {key[:12]}")
+        raise rejected(Rejection.MISMATCH, f"artifact refused: it is for key {manifest.key[:12]}, not {key[:12]}")
     if manifest.tenant != trust.namespace:
         raise rejected(
-            "mismatch",
+            Rejection.MISMATCH,
             f"artifact {key[:12]} refused: it belongs to namespace {manifest.tenant!r}, this "
             f"client to {trust.namespace!r} (is the token right, and authentication on?)",
         )
@@ -81,13 +82,13 @@ def verify(
     ]
     if diff or set(manifest.fingerprint) != set(mine):
         raise rejected(
-            "fingerprint",
+            Rejection.FINGERPRINT,
             f"artifact {key[:12]} was built for another machine: {'; '.join(diff) or 'fields differ'}",
         )
     try:
         check_blobs(manifest, blobs)
     except ManifestError as e:
-        raise rejected("digest", f"artifact {key[:12]} refused: {e}") from e
+        raise rejected(Rejection.DIGEST, f"artifact {key[:12]} refused: {e}") from e
     return manifest
 
 

@@ -22,6 +22,7 @@ import torch
 
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
+from torchfarm.codes import Rejection
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected
 from torchfarm.fx.guards import CaptureShapes, GuardError
@@ -148,12 +149,13 @@ class FarmBackend:
 
     def _warn_fallback(self, index: int, e: FarmError) -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
-        # An unreachable or untrusted farm says so once, not once per graph.
+        # An unreachable or untrusted farm says so once, not once per graph; a farm bug
+        # (FarmBug) is not an outage and is warned of every time, with its key.
         once = ""
         if isinstance(e, FarmUnavailable):
             once = "unavailable"
-        elif e.code == "untrusted_farm":
-            once = "untrusted_farm"
+        elif e.code == Rejection.UNTRUSTED_FARM:
+            once = Rejection.UNTRUSTED_FARM
         if once:
             if once in self._warned:
                 return
@@ -183,7 +185,7 @@ class FarmBackend:
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
         assert self._client is not None and self.trust is not None
         if not self.trust.loads_anything:
-            raise ArtifactRejected(untrusted_message(self._client.address), "untrusted_farm")
+            raise ArtifactRejected(untrusted_message(self._client.address), Rejection.UNTRUSTED_FARM)
         t0 = time.perf_counter()
         try:
             graph = encode_graph(gm, example_inputs)
@@ -210,11 +212,13 @@ class FarmBackend:
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
-            reply, status = self._client.submit_and_wait(request, track.update if track else None)
+            reply, status = self._client.submit_and_wait(
+                request, track.update if track else None, expected_key
+            )
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
-                    "mismatch",
+                    Rejection.MISMATCH,
                 )
             t3 = time.perf_counter()
             track.set_stage("fetch")
@@ -279,7 +283,7 @@ class FarmBackend:
                 )
             shapes.install(guards)
         except GuardError as e:
-            raise artifact.rejected("guards", f"artifact {key[:12]} refused: {e}") from e
+            raise artifact.rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
         return guards
 
     def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
@@ -309,7 +313,10 @@ class FarmBackend:
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, self.local.config, label)
-                reply, _ = self._client.submit_and_wait(request)
+                assert self.trust is not None
+                reply, _ = self._client.submit_and_wait(
+                    request, key=keys.compute_key(request, self.trust.namespace)
+                )
                 log.info(
                     "torchfarm: graph %d of %s for %s (torch %s): %s key=%s",
                     index, self.name, target, fp.torch_version,

@@ -23,11 +23,13 @@ import grpc
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
+    FarmBug,
     FarmError,
     FarmUnavailable,
     GraphRejected,
     JobLost,
     KernelRejected,
+    NoWorker,
     QuotaExceeded,
     RemoteCompileError,
     RequestTooLarge,
@@ -35,12 +37,15 @@ from sdk.errors import (
 )
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
+from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# Transient UNAVAILABLE (a coordinator restart, a dropped connection) is retried by the
-# channel itself. Submit is idempotent on its key, so retrying it is safe.
+# Transient UNAVAILABLE (a coordinator restart, a dropped connection, Redis down) is
+# retried by the channel itself, and nothing else: the retryable refusals of
+# torchfarm/codes.py. "No worker serves this target" is FAILED_PRECONDITION, which a
+# retry cannot mend. Submit is idempotent on its key, so retrying it is safe.
 _SERVICE_CONFIG = json.dumps(
     {
         "methodConfig": [
@@ -51,7 +56,7 @@ _SERVICE_CONFIG = json.dumps(
                     "initialBackoff": "0.2s",
                     "maxBackoff": "2s",
                     "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
+                    "retryableStatusCodes": list(RETRYABLE_STATUSES),
                 },
             }
         ]
@@ -88,10 +93,28 @@ def _reason(e: grpc.RpcError) -> str:
     return ""
 
 
-def _map_error(e: grpc.RpcError, what: str) -> FarmError:
+_FARM_BUGS = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+"""Statuses of a call the farm failed on its own bug (an unexpected exception)."""
+
+
+def _map_error(e: grpc.RpcError, what: str, key: str = "") -> FarmError:
+    """The SDK error for a failed call; `key`, when known, is named in a farm bug's."""
+    error = _error_of(e, what, key)
+    if error.code in Reason.__members__:
+        error.fallback = REASONS[Reason(error.code)].fallback
+    return error
+
+
+def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     code = e.code()
     reason = _reason(e) or code.name
     detail = f"{what}: {e.details()}"
+    if code in _FARM_BUGS:
+        return FarmBug(f"{what}: the farm failed with {code.name}: {e.details()}", key, reason)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and reason == Reason.NO_WORKER:
+        return NoWorker(detail, reason)
+    if code == grpc.StatusCode.ABORTED:
+        return RemoteCompileError(detail, reason)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GraphRejected(detail, reason)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -101,7 +124,7 @@ def _map_error(e: grpc.RpcError, what: str) -> FarmError:
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return Unauthenticated(f"{detail} (check TORCHFARM_TOKEN)", reason)
     if code == grpc.StatusCode.DATA_LOSS:
-        return ArtifactRejected(detail, "corrupt")
+        return ArtifactRejected(detail, Rejection.CORRUPT)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return FarmUnavailable(detail, reason)
     if code == grpc.StatusCode.NOT_FOUND:
@@ -177,14 +200,15 @@ class FarmClient:
                 f"{self.settings.connect_timeout_s:.0f}s"
             ) from e
 
-    def submit(self, request: farm_pb2.CompileRequest) -> farm_pb2.SubmitReply:
+    def submit(self, request: farm_pb2.CompileRequest, key: str = "") -> farm_pb2.SubmitReply:
+        """Submits the request; `key` (the one the client expects) is named in a farm bug."""
         self.connect()
         try:
             return self.stub.Submit(
                 request, timeout=self.settings.rpc_timeout_s, metadata=self.metadata
             )
         except grpc.RpcError as e:
-            raise _map_error(e, "submit") from e
+            raise _map_error(e, "submit", key) from e
 
     def wait(
         self, key: str, on_status: Callable[[farm_pb2.JobStatus], None] | None = None
@@ -216,28 +240,29 @@ class FarmClient:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     # The job record is gone: Redis lost it (a restart). Submitting again
                     # is idempotent, so the backend does that.
-                    raise JobLost(f"watch: the farm lost the job {key[:12]}", "NOT_FOUND") from e
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(e) == "WATCH_LIMIT":
+                    raise JobLost(f"watch: the farm lost the job {key[:12]}", Reason.NOT_FOUND) from e
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _reason(e) == Reason.WATCH_LIMIT:
                     # This tenant has its most Watch streams open (other graphs, other
                     # processes); the job goes on regardless, so wait and watch again.
                     log.info("watch of %s deferred: %s", key[:12], e.details())
                     time.sleep(1.0)
                     continue
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise _map_error(e, "watch") from e
+                    raise _map_error(e, "watch", key) from e
                 # The coordinator went away mid-watch; the job lives on in Redis.
                 log.info("watch of %s interrupted (%s); resuming", key[:12], e.details())
                 time.sleep(0.5)
 
     def submit_and_wait(
         self, request: farm_pb2.CompileRequest,
-        on_status: Callable[[farm_pb2.JobStatus], None] | None = None,
+        on_status: Callable[[farm_pb2.JobStatus], None] | None = None, key: str = "",
     ) -> tuple[farm_pb2.SubmitReply, farm_pb2.JobStatus | None]:
         """Submits, then waits unless it was a hit (the status is then None). A job the
         farm lost (Redis restarted under it) is submitted again, up to
-        `max_resubmits` times: the key is the same, so this is idempotent."""
+        `max_resubmits` times: the key is the same, so this is idempotent. `key` is the
+        one expected, named if the farm fails on a bug."""
         for attempt in range(self.settings.max_resubmits + 1):
-            reply = self.submit(request)
+            reply = self.submit(request, key)
             if reply.cache_hit:
                 return reply, None
             try:
@@ -266,16 +291,16 @@ class FarmClient:
                 if received > self.settings.max_artifact_bytes:
                     raise ArtifactRejected(
                         f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes",
-                        "too_large",
+                        Rejection.TOO_LARGE,
                     )
                 pieces = parts.setdefault(blob.digest, [])
                 if blob.offset != sum(len(p) for p in pieces):
-                    raise ArtifactRejected(f"artifact {key[:12]} arrived out of order")
+                    raise ArtifactRejected(f"artifact {key[:12]} arrived out of order", Rejection.MALFORMED)
                 pieces.append(blob.data)
         except grpc.RpcError as e:
-            raise _map_error(e, "fetch") from e
+            raise _map_error(e, "fetch", key) from e
         if manifest is None:
-            raise ArtifactRejected(f"artifact {key[:12]} came without a manifest")
+            raise ArtifactRejected(f"artifact {key[:12]} came without a manifest", Rejection.MALFORMED)
         return manifest, {d: b"".join(p) for d, p in parts.items()}
 
     def compile_kernel(self, request: farm_pb2.KernelRequest) -> farm_pb2.KernelReply:

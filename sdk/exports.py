@@ -43,6 +43,7 @@ from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
+from torchfarm.codes import Reason, Rejection
 from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
 from torchfarm.targets import Target, TargetError
@@ -107,7 +108,7 @@ def export(
     try:
         trust = Trust.from_settings(settings, parse_address(settings.remote))
         if not trust.loads_anything:
-            raise ArtifactRejected(untrusted_message(client.address), "untrusted_farm")
+            raise ArtifactRejected(untrusted_message(client.address), Rejection.UNTRUSTED_FARM)
         program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
         try:
             graph, spec = encode_export(program)
@@ -124,14 +125,14 @@ def export(
             raise RequestTooLarge(
                 f"the exported model is {size} bytes with its weights; a farm request carries "
                 f"at most {settings.max_message_bytes} (TORCHFARM_MAX_MESSAGE_BYTES), and the "
-                "coordinator's own limit may be lower", "REQUEST_TOO_LARGE",
+                "coordinator's own limit may be lower", Reason.REQUEST_TOO_LARGE,
             )
         expected = keys.compute_key(request, trust.namespace)
-        reply, _ = client.submit_and_wait(request)
+        reply, _ = client.submit_and_wait(request, key=expected)
         if reply.key != expected:
             raise ArtifactRejected(
                 f"the farm answered for key {reply.key[:12]}, not this export's {expected[:12]}",
-                "mismatch",
+                Rejection.MISMATCH,
             )
         manifest_bytes, blobs = client.fetch(reply.key)
         manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, trust, kind=EXPORT)

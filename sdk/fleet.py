@@ -27,7 +27,8 @@ from typing import Any
 from google.protobuf.message import Message
 
 from sdk.client import FarmClient
-from sdk.errors import FarmUnavailable
+from sdk.errors import FarmUnavailable, NoWorker
+from torchfarm.codes import JobError, Reason
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.targets import Target
 from torchfarm.v1 import graph_pb2
@@ -53,14 +54,14 @@ def fleet_fingerprints(client: FarmClient, target: Target) -> list[Fingerprint]:
 def usable_builds(fleet: list[Fingerprint], local_torch: str, target: Target) -> list[Fingerprint]:
     """The fleet builds a graph captured here can serve: same torch version (any build)."""
     if not fleet:
-        raise FarmUnavailable(f"no live worker compiles graphs for target {target}", "NO_WORKER")
+        raise NoWorker(f"no live worker compiles graphs for target {target}", Reason.NO_WORKER)
     mine = local_torch.split("+")[0]
     usable = [fp for fp in fleet if fp.torch_version.split("+")[0] == mine]
     if not usable:
         theirs = ", ".join(sorted({fp.torch_version for fp in fleet}))
         raise FarmUnavailable(
             f"the workers for {target} run torch {theirs}; this process runs {local_torch}, "
-            "whose graphs would not match theirs", "BUILD_MISMATCH",
+            "whose graphs would not match theirs", JobError.BUILD_MISMATCH,
         )
     return usable
 

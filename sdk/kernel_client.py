@@ -24,6 +24,7 @@ from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected, ConfigError, KernelRejected
 from sdk.settings import SDKSettings
 from torchfarm import elf, kernelcheck, kernelreq, targets
+from torchfarm.codes import Reason, Rejection
 from torchfarm.settings import from_env
 from torchfarm.v1 import farm_pb2
 
@@ -74,7 +75,7 @@ def compile_kernel(
             label=label,
         )
     except kernelcheck.KernelRejected as e:
-        raise KernelRejected(str(e), "INVALID_KERNEL") from e
+        raise KernelRejected(str(e), Reason.INVALID_KERNEL) from e
     except (targets.TargetError, kernelreq.KernelRequestError) as e:
         raise ConfigError(str(e)) from e
     settings = from_env(SDKSettings)
@@ -94,7 +95,7 @@ def from_reply(reply: farm_pb2.KernelReply, target: str) -> CompiledKernel:
     try:
         kernelreq.check_reply(reply, target)
     except elf.NotAKernel as e:
-        raise ArtifactRejected(f"kernel {reply.key[:12]} refused: {e}", "wrong_arch") from e
+        raise ArtifactRejected(f"kernel {reply.key[:12]} refused: {e}", Rejection.WRONG_ARCH) from e
     return CompiledKernel(
         key=reply.key,
         target=str(targets.parse(target)),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sdk.errors import ArtifactRejected
+from torchfarm.codes import Rejection
 from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, local_outputs
 
@@ -40,18 +41,18 @@ def install_kernels(
         try:
             spec = KernelSpec.from_bytes(source)
         except KernelSpecError as e:
-            raise ArtifactRejected(str(e), code="BAD_KERNEL") from e
+            raise ArtifactRejected(str(e), code=Rejection.BAD_KERNEL) from e
         try:
             key, targets = local_outputs(spec)
         except KernelSpecError as e:
-            raise ArtifactRejected(str(e), code="BAD_KERNEL") from e
+            raise ArtifactRejected(str(e), code=Rejection.BAD_KERNEL) from e
         except RuntimeError as e:
-            raise ArtifactRejected(str(e), code="KERNEL_INSTALL") from e
+            raise ArtifactRejected(str(e), code=Rejection.KERNEL_INSTALL) from e
         if len(targets) != spec.outputs:
             raise ArtifactRejected(
                 f"kernel {key}: local Inductor builds {len(targets)} outputs, artifact has "
                 f"{spec.outputs}; it was built with different options",
-                code="KERNEL_INSTALL",
+                code=Rejection.KERNEL_INSTALL,
             )
         if _write_if_different(targets[spec.output], binary):
             installed += 1
@@ -67,7 +68,7 @@ def _seed_probes(toolchain: dict[str, Any]) -> None:
         try:
             vecisa.seed(toolchain["vec_isa"])
         except vecisa.ToolchainMismatch as e:
-            raise ArtifactRejected(str(e), code="ISA") from e
+            raise ArtifactRejected(str(e), code=Rejection.ISA) from e
     else:  # a manifest from a worker that recorded no probe
         _skip_isa_probe()
 
@@ -127,7 +128,7 @@ def load_compiled(payload: bytes) -> Callable[..., Any]:
         try:
             artifact = AOTCompiledArtifact.deserialize(payload)
         except Exception as e:
-            raise ArtifactRejected(f"cannot deserialize artifact: {e!r}", code="DESERIALIZE") from e
+            raise ArtifactRejected(f"cannot deserialize artifact: {e!r}", code=Rejection.DESERIALIZE) from e
     if builds.kernels:
         log.warning(
             "loading the artifact rebuilt %d C++ kernels locally: their shipped binaries "

@@ -15,7 +15,8 @@ runs each graph's eager code or its compiled code, never a mix. Calls from sever
 threads at once are not supported.
 
 Errors in the background never reach the training loop with `fallback="local"`: the
-graph keeps running eagerly, with one warning per model (later failures log at INFO).
+graph keeps running eagerly, with one warning per model (later failures log at INFO;
+a farm bug, `FarmBug`, is warned of every time).
 No local compile is started: it would compete with training for the CPU, and a
 compile on the main thread would stall the steps `wait=False` exists to keep going.
 With `fallback="error"`, or an error that never falls back (`ConfigError`), the error
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from sdk.errors import ConfigError, FarmError
+from sdk.errors import ConfigError, FarmBug, FarmError
 from sdk.metrics import FALLBACKS
 
 log = logging.getLogger(__name__)
@@ -164,8 +165,10 @@ class Swapper:
         code = f" [{e.code}]" if isinstance(e, FarmError) and e.code else ""
         with self._lock:
             first, self._warned = not self._warned, True
+        # A farm bug is not an outage: every one is warned of, with its key, to report it.
+        loud = first or isinstance(e, FarmBug)
         log.log(
-            logging.WARNING if first else logging.INFO,
+            logging.WARNING if loud else logging.INFO,
             "torchfarm: graph %d of %s keeps running eagerly (%s%s): %s",
             slot.index, self.name, type(e).__name__, code, e,
             exc_info=e if not isinstance(e, FarmError) else None,

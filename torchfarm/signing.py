@@ -43,6 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from torchfarm.codes import Rejection
 from torchfarm.manifest import Manifest, Signature
 
 DOMAIN = b"torchfarm.artifact-signature/1\n"
@@ -60,11 +61,11 @@ _KEY_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 class SignatureError(ValueError):
     """An artifact's signature is missing, unknown, expired, or does not verify.
 
-    `reason` is a short stable label for metrics: unsigned, unknown_key, expired,
-    not_yet_valid, mismatch, invalid.
+    `reason` is a short stable label for metrics (a `Rejection`: unsigned, unknown_key,
+    expired, not_yet_valid, mismatch, invalid).
     """
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: Rejection, message: str):
         super().__init__(message)
         self.reason = reason
 
@@ -190,25 +191,25 @@ class TrustedKeys:
         this key, tenant and fingerprint, and the signature is in date."""
         sig = manifest.signature
         if sig is None:
-            raise SignatureError("unsigned", "the artifact is not signed")
+            raise SignatureError(Rejection.UNSIGNED, "the artifact is not signed")
         if sig.alg != "ed25519":
-            raise SignatureError("invalid", f"unsupported signature algorithm {sig.alg!r}")
+            raise SignatureError(Rejection.INVALID, f"unsupported signature algorithm {sig.alg!r}")
         public = self.keys.get(sig.key_id)
         if public is None:
-            raise SignatureError("unknown_key", f"signed by key {sig.key_id!r}, which is not pinned")
+            raise SignatureError(Rejection.UNKNOWN_KEY, f"signed by key {sig.key_id!r}, which is not pinned")
         now = time.time() if now is None else now
         if sig.expires_at <= now:
-            raise SignatureError("expired", f"the signature expired at {sig.expires_at} (now {int(now)})")
+            raise SignatureError(Rejection.EXPIRED, f"the signature expired at {sig.expires_at} (now {int(now)})")
         if sig.signed_at > now + CLOCK_SKEW_S:
-            raise SignatureError("not_yet_valid", f"the signature is dated {sig.signed_at}, in the future")
+            raise SignatureError(Rejection.NOT_YET_VALID, f"the signature is dated {sig.signed_at}, in the future")
         for what, got, want in (("key", manifest.key, key), ("tenant", manifest.tenant, tenant)):
             if got != want:
-                raise SignatureError("mismatch", f"the artifact is for {what} {got!r}, not {want!r}")
+                raise SignatureError(Rejection.MISMATCH, f"the artifact is for {what} {got!r}, not {want!r}")
         try:
             value = base64.b64decode(sig.value, validate=True)
             message = statement(manifest, sig, key=key, tenant=tenant, fingerprint=fingerprint)
             public.verify(value, message)
         except (InvalidSignature, ValueError) as e:
             raise SignatureError(
-                "invalid", "the signature does not verify for this key, tenant, content and build"
+                Rejection.INVALID, "the signature does not verify for this key, tenant, content and build"
             ) from e

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from celery.exceptions import TimeLimitExceeded
 
 from torchfarm import keys
+from torchfarm.codes import JobError
 from torchfarm.routing import KERNEL_TASK
 from torchfarm.store import JobState, Store
 
@@ -34,7 +35,7 @@ def fail_killed_job(
     job = tenant.get_job(key)
     if job is None or job.state in JobState.TERMINAL:
         return False
-    code = "KERNEL_TIMEOUT" if task_name == KERNEL_TASK else "COMPILE_TIMEOUT"
+    code = JobError.KERNEL_TIMEOUT if task_name == KERNEL_TASK else JobError.COMPILE_TIMEOUT
     log.warning("job key=%s killed at the hard time limit (%ss) in %s", keys.short(key), limit, task_name)
     tenant.fail_job(key, code, f"the job was killed at the farm's hard time limit ({limit}s)", failed_ttl_s)
     return True

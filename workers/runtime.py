@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from torchfarm import keys, options
+from torchfarm.codes import JobError, Stage
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.decode import DecodedGraph, decode_graph
 from torchfarm.fx.fingerprint import Fingerprint
@@ -38,9 +39,12 @@ R = TypeVar("R", bound=Message)
 
 
 class JobFailed(Exception):
-    """Ends a job as FAILED without a retry; `code` is the stable name clients see."""
+    """Ends a job as FAILED without a retry; `code`'s name is what clients see. Only a
+    `JobError` member is taken: a code is part of the contract (torchfarm/codes.py)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: JobError, message: str):
+        if not isinstance(code, JobError):
+            raise TypeError(f"JobFailed takes a torchfarm.codes.JobError, not {code!r}")
         super().__init__(message)
         self.code = code
 
@@ -100,15 +104,15 @@ def run_delivery(
     attempt = store.incr_attempts(key)
     try:
         if finished(store):
-            store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+            store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
             return None
         if attempt > delivery.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS",
+                JobError.TOO_MANY_ATTEMPTS,
                 f"the job was delivered {attempt} times; a worker was lost on each earlier try",
             )
         store.update_job(
-            key, state=JobState.RUNNING, stage="decode", worker=delivery.worker, started=time.time()
+            key, state=JobState.RUNNING, stage=Stage.DECODE, worker=delivery.worker, started=time.time()
         )
         outcome = work(store)
     except JobFailed as e:
@@ -117,7 +121,7 @@ def run_delivery(
     if outcome is None:
         return None
     store.update_job(
-        key, state=JobState.SUCCEEDED, stage="done", timings=outcome.timings,
+        key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=outcome.timings,
         artifact_bytes=outcome.total_bytes(),
     )
     store.expire_job(key, delivery.done_ttl_s)
@@ -129,14 +133,14 @@ def in_tenant(ctx: WorkerContext, namespace: str) -> WorkerContext:
     return dataclasses.replace(ctx, store=ctx.store.tenant(namespace))
 
 
-def fail_job(key: str, ctx: WorkerContext, code: str, message: str, namespace: str = "") -> None:
+def fail_job(key: str, ctx: WorkerContext, code: JobError, message: str, namespace: str = "") -> None:
     """Marks a job FAILED from outside its delivery (a time limit hit, say)."""
     record_failure(key, ctx.store.tenant(namespace), code, message, ctx.settings.failed_ttl_s)
 
 
-def record_failure(key: str, store: Store, code: str, message: str, ttl_s: int) -> None:
-    log.warning("job key=%s failed: %s: %s", keys.short(key), code, message[-500:])
-    store.fail_job(key, code, message, ttl_s)
+def record_failure(key: str, store: Store, code: JobError, message: str, ttl_s: int) -> None:
+    log.warning("job key=%s failed: %s: %s", keys.short(key), code.name, message[-500:])
+    store.fail_job(key, code.name, message, ttl_s)
 
 
 def load_request(key: str, store: Store, kind: type[R], what: str) -> R:
@@ -145,14 +149,14 @@ def load_request(key: str, store: Store, kind: type[R], what: str) -> R:
     get, key_of = _REQUEST_KINDS[kind]
     data = get(store, key)
     if data is None:
-        raise JobFailed("REQUEST_EXPIRED", f"the {what} request is no longer in the cache")
+        raise JobFailed(JobError.REQUEST_EXPIRED, f"the {what} request is no longer in the cache")
     request = kind()
     try:
         request.ParseFromString(data)
     except DecodeError as e:
-        raise JobFailed("MALFORMED_REQUEST", f"cannot parse the {what} request: {e}") from e
+        raise JobFailed(JobError.MALFORMED_REQUEST, f"cannot parse the {what} request: {e}") from e
     if key_of(request, store.namespace) != key:
-        raise JobFailed("MALFORMED_REQUEST", f"the stored {what} request does not match its key")
+        raise JobFailed(JobError.MALFORMED_REQUEST, f"the stored {what} request does not match its key")
     return request
 
 
@@ -189,7 +193,7 @@ def check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
     ]
     if diff:
         raise JobFailed(
-            "BUILD_MISMATCH", "this worker cannot build for the request: " + "; ".join(diff)
+            JobError.BUILD_MISMATCH, "this worker cannot build for the request: " + "; ".join(diff)
         )
 
 
@@ -200,7 +204,7 @@ def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
             request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
         )
     except options.OptionNotAllowed as e:
-        raise JobFailed("OPTION_NOT_ALLOWED", str(e)) from e
+        raise JobFailed(JobError.OPTION_NOT_ALLOWED, str(e)) from e
 
 
 @dataclass
@@ -228,7 +232,7 @@ def prepare(key: str, ctx: WorkerContext) -> Prepared:
     try:
         decoded = decode_graph(request.graph)
     except GraphError as e:
-        raise JobFailed("INVALID_GRAPH", str(e)) from e
+        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
     t_decode = time.perf_counter() - t0
     return Prepared(request, decoded, check_options(request), t_decode, t0)
 
@@ -236,8 +240,8 @@ def prepare(key: str, ctx: WorkerContext) -> Prepared:
 def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
     """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
     if cause_of(e, ctx.timeout_errors) is not None:
-        return JobFailed("COMPILE_TIMEOUT", "the compile ran past the farm's time limit")
-    return JobFailed("COMPILE_ERROR", str(e))
+        return JobFailed(JobError.COMPILE_TIMEOUT, "the compile ran past the farm's time limit")
+    return JobFailed(JobError.COMPILE_ERROR, str(e))
 
 
 def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
@@ -251,7 +255,7 @@ def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
         )
     except shape_guards.GuardError as e:
         raise JobFailed(
-            "UNSHIPPABLE_GUARD", f"the compile added a shape guard the farm cannot ship: {e}"
+            JobError.UNSHIPPABLE_GUARD, f"the compile added a shape guard the farm cannot ship: {e}"
         ) from e
 
 
@@ -276,6 +280,6 @@ def get_verified_blob(store: Store, digest: str) -> bytes | None:
     under its digest fails the job: nothing acts on it."""
     data = store.get_blob(digest)
     if data is not None and blob_digest(data) != digest:
-        raise JobFailed("RECORD_TAMPERED", f"blob {digest[:12]} no longer matches its digest")
+        raise JobFailed(JobError.RECORD_TAMPERED, f"blob {digest[:12]} no longer matches its digest")
     return data
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
+from torchfarm.codes import JobError
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint
 from torchfarm.routing import (
     ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
@@ -83,7 +84,7 @@ def _time_limit_fails(key: str, namespace: str, what: str) -> Iterator[None]:
         yield
     except SoftTimeLimitExceeded:
         fail_job(
-            key, _context(), "COMPILE_TIMEOUT", f"{what} ran past the farm's time limit", namespace
+            key, _context(), JobError.COMPILE_TIMEOUT, f"{what} ran past the farm's time limit", namespace
         )
 
 
@@ -196,6 +197,6 @@ def compile_kernel_task(key: str, namespace: str = "") -> None:
         in_stack_room(run_kernel_job, key, _kernel_context(), namespace)
     except SoftTimeLimitExceeded:
         fail_kernel_job(
-            key, _kernel_context(), "KERNEL_TIMEOUT",
+            key, _kernel_context(), JobError.KERNEL_TIMEOUT,
             f"the kernel compile ran past {settings.kernel_soft_time_limit_s}s", namespace,
         )

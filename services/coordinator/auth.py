@@ -45,6 +45,7 @@ from services.coordinator import metrics
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.tokensource import TokenSource
+from torchfarm.codes import Reason
 from torchfarm.tokens import OPEN, Tenant, TokenRefused, TokenTable
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ async def _throttled(context, limiter: FailureLimiter) -> None:
         await context.abort(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "too many failed authentication attempts from this address; retry later",
-            trailing_metadata=((REASON_KEY, "AUTH_THROTTLED"),),
+            trailing_metadata=((REASON_KEY, Reason.AUTH_THROTTLED.value),),
         )
 
 
@@ -150,7 +151,7 @@ def _refusal(
         metrics.AUTH_FAILURES.labels(reason=reason).inc()
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, message,
-            trailing_metadata=((REASON_KEY, "UNAUTHENTICATED"),),
+            trailing_metadata=((REASON_KEY, Reason.UNAUTHENTICATED.value),),
         )
 
     async def stream(requests, context):
@@ -184,7 +185,7 @@ async def _reject_malformed(request, context) -> None:
     if isinstance(request, _Malformed):
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}",
-            trailing_metadata=((REASON_KEY, "MALFORMED_REQUEST"),),
+            trailing_metadata=((REASON_KEY, Reason.MALFORMED_REQUEST.value),),
         )
 
 

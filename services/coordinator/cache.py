@@ -25,6 +25,7 @@ from typing import TypeVar
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
 from torchfarm import keys, targets
+from torchfarm.codes import Reason
 from torchfarm.manifest import Manifest, ManifestError
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class CacheService:
     async def evict(self, filters: Filters, everything: bool, namespace: str = "") -> list[Entry]:
         if not (everything or filters.keys or filters.target or filters.older_than_s):
             raise InvalidRequest(
-                "evict needs keys, all, or a filter (target, older than)", "NOTHING_TO_EVICT"
+                "evict needs keys, all, or a filter (target, older than)", Reason.NOTHING_TO_EVICT
             )
         matched = await self._io(self._matching, filters, namespace)
         store = self.farm.store.tenant(namespace)
@@ -163,19 +164,19 @@ class CacheService:
 def _check_filters(filters: Filters) -> str:
     """The canonical target filter ("" for none); InvalidRequest for a bad filter."""
     if filters.older_than_s < 0:
-        raise InvalidRequest("older_than_seconds must not be negative", "INVALID_FILTER")
+        raise InvalidRequest("older_than_seconds must not be negative", Reason.INVALID_FILTER)
     for k in filters.keys:
         if len(k) < MIN_PREFIX or not _HEX.fullmatch(k):
             raise InvalidRequest(
                 f"{k!r} is not a key or a prefix of {MIN_PREFIX}+ lower-case hex digits",
-                "INVALID_FILTER",
+                Reason.INVALID_FILTER,
             )
     if not filters.target:
         return ""
     try:
         return str(targets.parse(filters.target))
     except targets.TargetError as e:
-        raise InvalidRequest(str(e), "UNKNOWN_TARGET") from e
+        raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e
 
 
 def _by_prefix(entries: list[Entry], prefixes: tuple[str, ...]) -> list[Entry]:
@@ -187,7 +188,7 @@ def _by_prefix(entries: list[Entry], prefixes: tuple[str, ...]) -> list[Entry]:
         if len(hits) > 1:
             raise InvalidRequest(
                 f"key prefix {p!r} matches {len(hits)} entries; give more digits",
-                "AMBIGUOUS_KEY",
+                Reason.AMBIGUOUS_KEY,
             )
         found.update((e.key, e) for e in hits)
     return list(found.values())

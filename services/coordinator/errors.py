@@ -1,55 +1,68 @@
-"""The coordinator's error tree. The servicer maps each class to one gRPC status code,
-and sends `reason`, a stable name, in the `torchfarm-reason` trailing metadata.
+"""The coordinator's error tree. Each error carries `reason`, a `torchfarm.codes.Reason`;
+the servicer answers with that reason's gRPC status (`torchfarm.codes.REASONS`) and
+sends its name in the `torchfarm-reason` trailing metadata.
 
     CoordinatorError
-    ├── InvalidRequest      INVALID_ARGUMENT   malformed graph, disallowed op or option,
-    │                                          graph over a size limit, unknown device
-    ├── RequestTooLarge     RESOURCE_EXHAUSTED over the request size limit
-    ├── TenantQueueFull     RESOURCE_EXHAUSTED the tenant has its quota of jobs in flight
-    │                                          (graph and kernel), or of Watch streams
-    │                                          (reason WATCH_LIMIT)
-    ├── NoWorker            UNAVAILABLE        no live worker serves the target
-    ├── NotFound            NOT_FOUND          no such job or artifact
-    ├── ArtifactCorrupt     DATA_LOSS          a cached blob no longer matches its digest
-    └── BackendUnavailable  UNAVAILABLE        Redis or the broker cannot be reached
+    ├── InvalidRequest      INVALID_ARGUMENT    malformed graph, disallowed op or option,
+    │                                           graph over a size limit, unknown device
+    ├── RequestTooLarge     RESOURCE_EXHAUSTED  over the request size limit
+    ├── TenantQueueFull     RESOURCE_EXHAUSTED  the tenant has its quota of jobs in flight
+    │                                           (graph and kernel), or of Watch streams
+    │                                           (reason WATCH_LIMIT)
+    ├── NoWorker            FAILED_PRECONDITION no live worker serves the target: not
+    │                                           retried, unlike an outage
+    ├── NotFound            NOT_FOUND           no such job or artifact
+    ├── ArtifactCorrupt     DATA_LOSS           a cached blob no longer matches its digest
+    ├── KernelFailed        ABORTED             a kernel job failed for the farm's reasons
+    └── BackendUnavailable  UNAVAILABLE         Redis or the broker cannot be reached (the
+                                                client retries it)
 
+Anything else is a bug: INTERNAL, which the client reports as one, naming the key.
 Calls without valid credentials never reach these: the auth interceptor answers them
 with UNAUTHENTICATED (services/coordinator/auth.py).
 """
 
+from torchfarm.codes import Reason
+
 
 class CoordinatorError(Exception):
-    reason = "INTERNAL"
+    reason = Reason.INTERNAL
 
-    def __init__(self, message: str, reason: str = ""):
+    def __init__(self, message: str, reason: Reason | None = None):
         super().__init__(message)
-        if reason:
+        if reason is not None:
+            if not isinstance(reason, Reason):
+                raise TypeError(f"a coordinator error's reason is a torchfarm.codes.Reason, not {reason!r}")
             self.reason = reason
 
 
 class InvalidRequest(CoordinatorError):
-    reason = "INVALID_REQUEST"
+    reason = Reason.INVALID_REQUEST
 
 
 class RequestTooLarge(CoordinatorError):
-    reason = "REQUEST_TOO_LARGE"
+    reason = Reason.REQUEST_TOO_LARGE
 
 
 class TenantQueueFull(CoordinatorError):
-    reason = "TENANT_QUEUE_FULL"
+    reason = Reason.TENANT_QUEUE_FULL
 
 
 class NoWorker(CoordinatorError):
-    reason = "NO_WORKER"
+    reason = Reason.NO_WORKER
 
 
 class NotFound(CoordinatorError):
-    reason = "NOT_FOUND"
+    reason = Reason.NOT_FOUND
 
 
 class ArtifactCorrupt(CoordinatorError):
-    reason = "ARTIFACT_CORRUPT"
+    reason = Reason.ARTIFACT_CORRUPT
+
+
+class KernelFailed(CoordinatorError):
+    reason = Reason.KERNEL_FAILED
 
 
 class BackendUnavailable(CoordinatorError):
-    reason = "BACKEND_UNAVAILABLE"
+    reason = Reason.BACKEND_UNAVAILABLE

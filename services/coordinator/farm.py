@@ -41,6 +41,7 @@ from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
+from torchfarm.codes import Reason, Rejection, Stage
 from torchfarm.explain import Explanation, MissIndex
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
@@ -183,7 +184,7 @@ class Farm:
             )
         except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
-            raise InvalidRequest(str(e), "UNKNOWN_TARGET") from e
+            raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e
         except GraphError as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), _graph_reason(e)) from e
@@ -307,10 +308,10 @@ class Farm:
         store.delete_artifact(key)
         return False
 
-    def _refusal(self, manifest: Manifest, key: str, namespace: str) -> str | None:
+    def _refusal(self, manifest: Manifest, key: str, namespace: str) -> Rejection | None:
         sig = manifest.signature
         if sig is not None and sig.expires_at <= time.time() + self.settings.poll_interval_s + 60:
-            return "expired"  # about to: a client fetching now would refuse it
+            return Rejection.EXPIRED  # about to: a client fetching now would refuse it
         if self.trusted is None:
             return None
         try:
@@ -333,7 +334,7 @@ class Farm:
         manifest = await self._io(store.get_manifest, key)
         if manifest is not None:
             return JobRecord(
-                key=key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
+                key=key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
                 artifact_bytes=manifest.total_bytes(), worker=manifest.worker,
                 stages=list(manifest.stages),
             )
@@ -375,7 +376,7 @@ class Farm:
             who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
             raise TenantQueueFull(
                 f"{who} has {held} Watch streams open on this coordinator, the most it "
-                f"allows per tenant ({limit}); retry when some end", "WATCH_LIMIT",
+                f"allows per tenant ({limit}); retry when some end", Reason.WATCH_LIMIT,
             )
         self._watches[tenant.name] = held + 1
         try:
@@ -408,7 +409,7 @@ class Farm:
                 digest.update(data)
                 yield ArtifactPiece(ref.digest, offset, data)
             if "sha256:" + digest.hexdigest() != ref.digest:
-                metrics.ARTIFACTS_REFUSED.labels(reason="corrupt").inc()
+                metrics.ARTIFACTS_REFUSED.labels(reason=Rejection.CORRUPT).inc()
                 log.error("key=%s blob %s does not match its digest; dropping the artifact",
                           keys.short(key), ref.digest[:19])
                 # The blob is keyed by the digest it no longer has: drop it too, or the
@@ -445,12 +446,12 @@ class Farm:
         )
 
 
-def _graph_reason(e: GraphError) -> str:
+def _graph_reason(e: GraphError) -> Reason:
     if isinstance(e, options.OptionNotAllowed):
-        return "OPTION_NOT_ALLOWED"
+        return Reason.OPTION_NOT_ALLOWED
     if isinstance(e, GraphTooLarge):
-        return "GRAPH_TOO_LARGE"
-    return "DISALLOWED_OP" if isinstance(e, DisallowedOp) else "INVALID_GRAPH"
+        return Reason.GRAPH_TOO_LARGE
+    return Reason.DISALLOWED_OP if isinstance(e, DisallowedOp) else Reason.INVALID_GRAPH
 
 
 def _outcome(s: Submitted) -> str:

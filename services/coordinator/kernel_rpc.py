@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from services.coordinator.errors import (
     BackendUnavailable,
     InvalidRequest,
+    KernelFailed,
     NoWorker,
     RequestTooLarge,
 )
 from services.coordinator.farm import Farm
 from torchfarm import kernelcheck, keys, routing
+from torchfarm.codes import JobError, Reason
 from torchfarm.store import JobState, Store
 from torchfarm.targets import TargetError
 from torchfarm.tokens import OPEN, Tenant
@@ -37,8 +39,12 @@ log = logging.getLogger(__name__)
 KERNEL_WAIT_S = 120.0
 """How long a CompileKernel call waits for the worker before answering UNAVAILABLE."""
 
-CLIENT_ERRORS = frozenset({"INVALID_KERNEL", "KERNEL_COMPILE_ERROR"})
-"""Failure codes caused by the kernel itself: answered INVALID_ARGUMENT, never retried."""
+CLIENT_ERRORS = {
+    JobError.INVALID_KERNEL: Reason.INVALID_KERNEL,
+    JobError.KERNEL_COMPILE_ERROR: Reason.KERNEL_COMPILE_ERROR,
+}
+"""Failure codes caused by the kernel itself, and the refusal each is answered with
+(INVALID_ARGUMENT, never retried)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ class KernelService:
             kernelcheck.check_signature(request, checked)
             kernelcheck.check_options(request.options)
         except (TargetError, kernelcheck.KernelRejected) as e:
-            raise InvalidRequest(str(e), reason="INVALID_KERNEL") from e
+            raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
         workers = await self.farm._io(self.farm.store.live_workers)
         request = _with_triton_version(request, str(target), workers)
         key = keys.compute_kernel_key(request, namespace)
@@ -83,13 +89,17 @@ class KernelService:
             await self._wait(store, key, tenant)
         record = await self.farm._io(store.get_kernel, key)
         if record is None:
-            raise BackendUnavailable(f"kernel {keys.short(key)} was evicted before it was read")
+            raise BackendUnavailable(
+                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
+            )
         binary = await self.farm._io(store.get_blob, record["binary"]["digest"])
         assembly = b""
         if record.get("assembly"):
             assembly = await self.farm._io(store.get_blob, record["assembly"]["digest"]) or b""
         if binary is None:
-            raise BackendUnavailable(f"kernel {keys.short(key)} was evicted before it was read")
+            raise BackendUnavailable(
+                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
+            )
         log.info(
             "kernel key=%s target=%s name=%s hit=%s label=%s",
             keys.short(key), target, request.name, hit, request.label,
@@ -139,12 +149,12 @@ class KernelService:
             if job.state == JobState.FAILED:
                 message = f"{job.error_code}: {job.message}"
                 if job.error_code in CLIENT_ERRORS:
-                    raise InvalidRequest(message, reason=job.error_code)
-                raise BackendUnavailable(message, reason=job.error_code or "KERNEL_FAILED")
+                    raise InvalidRequest(message, reason=CLIENT_ERRORS[JobError(job.error_code)])
+                raise KernelFailed(message)
             if time.monotonic() > deadline:
                 raise BackendUnavailable(
                     f"kernel {keys.short(key)} did not compile within {self.wait_s:.0f}s "
-                    f"(state {job.state})", reason="KERNEL_TIMEOUT",
+                    f"(state {job.state})", reason=Reason.KERNEL_TIMEOUT,
                 )
             with contextlib.suppress(TimeoutError):  # woken, or the deadline is up
                 await asyncio.wait_for(changed(), max(0.0, deadline - time.monotonic()) + 0.01)

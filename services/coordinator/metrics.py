@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchfarm import __version__
-from torchfarm.explain import REASONS
+from torchfarm.codes import REASONS
+from torchfarm.explain import REASONS as MISS_REASONS
 from torchfarm.routing import KERNEL_QUEUE_PREFIX, STAGE_QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,9 @@ BUILD_INFO = Gauge(
 # Series that exist from the start read 0 instead of "no data" in graphs and alerts.
 for _outcome in ("hit", "miss", "deduplicated", "failed", "invalid"):
     REQUESTS.labels(outcome=_outcome)
-for _reason in REASONS:
+for _reason in MISS_REASONS:
     MISSES.labels(reason=_reason)
-for _code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "NOT_FOUND", "INTERNAL"):
+for _code in sorted({info.status for info in REASONS.values()}):
     RPC_ERRORS.labels(code=_code)
 
 SERVER_ERROR_CODES = ("UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "DATA_LOSS")

@@ -18,21 +18,17 @@ from services.coordinator.cache import CacheService, Entry, Filters, Totals
 from services.coordinator.farm import Farm
 from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import __version__, routing
+from torchfarm import __version__, codes, routing
+from torchfarm.codes import REASONS, JobError, Reason, Stage
 from torchfarm.store import JobRecord, JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-_CODES: dict[type[errors.CoordinatorError], grpc.StatusCode] = {
-    errors.InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.RequestTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.TenantQueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.ArtifactCorrupt: grpc.StatusCode.DATA_LOSS,
-    errors.NoWorker: grpc.StatusCode.UNAVAILABLE,
-    errors.NotFound: grpc.StatusCode.NOT_FOUND,
-    errors.BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
-}
+
+def status_of(reason: Reason) -> grpc.StatusCode:
+    """The status a refusal is answered with: the contract's table says (torchfarm/codes.py)."""
+    return grpc.StatusCode[REASONS[reason].status]
 
 
 def job_status(job: JobRecord) -> farm_pb2.JobStatus:
@@ -42,6 +38,8 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
         stage=job.stage,
         message=job.message,
         error_code=job.error_code,
+        error=codes.number(JobError, job.error_code),
+        stage_id=codes.number(Stage, job.stage),
         attempts=job.attempts,
         queued_seconds=max(0.0, job.started - job.created) if job.started else 0.0,
         timings=_stage_timings(job),
@@ -81,14 +79,15 @@ class _ErrorMapping:
         if exc is None or isinstance(exc, (grpc.aio.AbortError, GeneratorExit)):
             return False
         if isinstance(exc, errors.CoordinatorError):
-            code, reason = _CODES[type(exc)], exc.reason
+            reason = exc.reason
         elif isinstance(exc, Exception):
             log.exception("internal error")
-            code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
+            reason = Reason.INTERNAL
         else:
             return False
+        code = status_of(reason)
         metrics.RPC_ERRORS.labels(code=code.name).inc()
-        await self.context.abort(code, str(exc), trailing_metadata=((auth.REASON_KEY, reason),))
+        await self.context.abort(code, str(exc), trailing_metadata=((auth.REASON_KEY, reason.value),))
         return True  # abort raised already; not reached
 
 

@@ -1,6 +1,6 @@
 """Fuzzing the real gRPC Submit: mutated CompileRequests, as raw bytes, against a live
 coordinator. The only acceptable answers are OK (a valid graph, queued) and a clean
-INVALID_ARGUMENT (or UNAVAILABLE NO_WORKER for a valid request whose mutated target no
+INVALID_ARGUMENT (or FAILED_PRECONDITION NO_WORKER for a valid request whose mutated target no
 worker serves); never UNKNOWN or INTERNAL, never a hang past the deadline, and the
 server answers health checks after every example. The torch-side decoder has its own
 fuzz (tests/unit/test_graph_codec.py); tests/fuzz/atheris_graph.py drives both with
@@ -88,8 +88,8 @@ def _send(farm, data: bytes) -> None:
         code = e.code()
         reason = dict(e.trailing_metadata() or ()).get("torchfarm-reason")
         # A well-formed request for a target no worker serves (a mutated ISA, say) is
-        # answered UNAVAILABLE NO_WORKER: correct, and not a parsing outcome.
-        if (code, reason) == (grpc.StatusCode.UNAVAILABLE, "NO_WORKER"):
+        # answered FAILED_PRECONDITION NO_WORKER: correct, and not a parsing outcome.
+        if (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "NO_WORKER"):
             code = grpc.StatusCode.OK
         assert code in OK_CODES, f"{code.name}: {e.details()}"
         assert e.details(), "an error without a message"

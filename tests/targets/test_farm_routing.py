@@ -1,5 +1,5 @@
 """The coordinator's routing against a real redis-server: each job goes to the queue of
-its exact target, and a target no live worker serves is UNAVAILABLE at once, named.
+its exact target, and a target no live worker serves is refused at once (NoWorker), named.
 
 The kernel path here runs the worker's job function in a thread instead of Celery; the
 real gRPC + Celery path is in test_kernel_rpc.py.

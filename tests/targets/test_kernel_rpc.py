@@ -85,18 +85,18 @@ def _elapsed_error(call) -> tuple[grpc.RpcError, float]:
     return e.value, time.monotonic() - t0
 
 
-def test_unserved_targets_are_unavailable_within_a_second(stub):
+def test_unserved_targets_are_failed_precondition_within_a_second(stub):
     gpu_graph = relu_request()
     gpu_graph.target.device, gpu_graph.target.arch = "cuda", "sm_90"  # kernels only here
     err, seconds = _elapsed_error(lambda: stub.Submit(gpu_graph, timeout=5))
-    assert err.code() == grpc.StatusCode.UNAVAILABLE and seconds < 1.0
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and seconds < 1.0
     assert "compiles graphs for target cuda:sm_90" in err.details()
 
     kernel = kernelreq.build_kernel_request(
         SOURCE, "add_kernel", target="cuda:sm_100", signature=SIGNATURE, constexprs={"BLOCK": 64},
     )
     err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
-    assert err.code() == grpc.StatusCode.UNAVAILABLE and seconds < 1.0
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and seconds < 1.0
     assert "Triton kernels for target cuda:sm_100" in err.details()
 
 

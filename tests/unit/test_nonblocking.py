@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sdk import nonblocking
-from sdk.errors import ConfigError, FarmUnavailable, RemoteCompileError
+from sdk.errors import ConfigError, FarmBug, FarmUnavailable, RemoteCompileError
 from sdk.nonblocking import COMPILED, COMPILING, EAGER, READY, Swapper
 
 
@@ -132,6 +132,21 @@ def test_background_failure_keeps_eager_with_one_warning(model, caplog):
     assert len(warnings) == 1 and "keeps running eagerly" in warnings[0].getMessage()
 
 
+def test_a_farm_bug_is_warned_of_for_every_graph_with_its_key(model, caplog):
+    """Unlike an outage, a bug in the farm is not said once and then kept quiet."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    swapper, gate = Swapper("TwoGraphs", "local"), threading.Event()
+    backend, _ = compile_with(swapper, gate, fail=FarmBug("submit: the farm failed", "k" * 64))
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
+    x = torch.randn(4, 8)
+    compiled(x)
+    gate.set()
+    assert nonblocking.wait_ready(compiled, timeout=60)
+    assert [s.state for s in swapper.graphs] == [EAGER, EAGER]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and all("FarmBug" in w and "k" * 64 in w for w in warnings)
+
+
 def test_with_fallback_error_the_next_call_raises_once(model):
     swapper, gate = Swapper("TwoGraphs", "error"), threading.Event()
     backend, _ = compile_with(swapper, gate, fail=RemoteCompileError("boom", "COMPILE_ERROR"))
@@ -169,3 +184,21 @@ def test_wait_must_be_a_bool():
 
     with pytest.raises(ConfigError, match="wait must be True or False"):
         sdk.compile(torch.nn.Linear(2, 2), remote="grpc://127.0.0.1:1", wait="no")
+
+
+def test_the_blocking_backend_warns_of_every_farm_bug_but_of_an_outage_once(caplog):
+    from sdk.backend import FarmBackend
+    from sdk.settings import SDKSettings
+
+    caplog.set_level(logging.WARNING, logger="sdk")
+    backend = FarmBackend(SDKSettings(remote="grpc://127.0.0.1:1"), name="m")
+    try:
+        for index in (1, 2):
+            backend._warn_fallback(index, FarmUnavailable("farm down"))
+            backend._warn_fallback(index, FarmBug("submit: the farm failed", f"{index}" * 64))
+    finally:
+        backend._client.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("FarmUnavailable" in w for w in warnings) == 1
+    bugs = [w for w in warnings if "FarmBug" in w]
+    assert len(bugs) == 2 and "1" * 64 in bugs[0] and "2" * 64 in bugs[1]

@@ -133,6 +133,178 @@ class ExportDim(_message.Message):
     max: int
     def __init__(self, symbol: _Optional[str] = ..., min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
+class JobError(_message.Message):
+    __slots__ = ()
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CODE_UNSPECIFIED: _ClassVar[JobError.Code]
+        COMPILE_ERROR: _ClassVar[JobError.Code]
+        COMPILE_TIMEOUT: _ClassVar[JobError.Code]
+        BUILD_MISMATCH: _ClassVar[JobError.Code]
+        INVALID_GRAPH: _ClassVar[JobError.Code]
+        MALFORMED_REQUEST: _ClassVar[JobError.Code]
+        REQUEST_EXPIRED: _ClassVar[JobError.Code]
+        TOO_MANY_ATTEMPTS: _ClassVar[JobError.Code]
+        ARTIFACT_TOO_LARGE: _ClassVar[JobError.Code]
+        OPTION_NOT_ALLOWED: _ClassVar[JobError.Code]
+        PLAN_EXPIRED: _ClassVar[JobError.Code]
+        KERNELS_LOST: _ClassVar[JobError.Code]
+        UNSHIPPABLE_GUARD: _ClassVar[JobError.Code]
+        INVALID_KERNEL: _ClassVar[JobError.Code]
+        KERNEL_COMPILE_ERROR: _ClassVar[JobError.Code]
+        KERNEL_TIMEOUT: _ClassVar[JobError.Code]
+        WRONG_TARGET: _ClassVar[JobError.Code]
+        RECORD_TAMPERED: _ClassVar[JobError.Code]
+        INVALID_KERNEL_SPEC: _ClassVar[JobError.Code]
+    CODE_UNSPECIFIED: JobError.Code
+    COMPILE_ERROR: JobError.Code
+    COMPILE_TIMEOUT: JobError.Code
+    BUILD_MISMATCH: JobError.Code
+    INVALID_GRAPH: JobError.Code
+    MALFORMED_REQUEST: JobError.Code
+    REQUEST_EXPIRED: JobError.Code
+    TOO_MANY_ATTEMPTS: JobError.Code
+    ARTIFACT_TOO_LARGE: JobError.Code
+    OPTION_NOT_ALLOWED: JobError.Code
+    PLAN_EXPIRED: JobError.Code
+    KERNELS_LOST: JobError.Code
+    UNSHIPPABLE_GUARD: JobError.Code
+    INVALID_KERNEL: JobError.Code
+    KERNEL_COMPILE_ERROR: JobError.Code
+    KERNEL_TIMEOUT: JobError.Code
+    WRONG_TARGET: JobError.Code
+    RECORD_TAMPERED: JobError.Code
+    INVALID_KERNEL_SPEC: JobError.Code
+    def __init__(self) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ()
+    class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REASON_UNSPECIFIED: _ClassVar[Failure.Reason]
+        INTERNAL: _ClassVar[Failure.Reason]
+        INVALID_REQUEST: _ClassVar[Failure.Reason]
+        REQUEST_TOO_LARGE: _ClassVar[Failure.Reason]
+        TENANT_QUEUE_FULL: _ClassVar[Failure.Reason]
+        NO_WORKER: _ClassVar[Failure.Reason]
+        NOT_FOUND: _ClassVar[Failure.Reason]
+        ARTIFACT_CORRUPT: _ClassVar[Failure.Reason]
+        BACKEND_UNAVAILABLE: _ClassVar[Failure.Reason]
+        UNAUTHENTICATED: _ClassVar[Failure.Reason]
+        MALFORMED_REQUEST: _ClassVar[Failure.Reason]
+        UNKNOWN_TARGET: _ClassVar[Failure.Reason]
+        OPTION_NOT_ALLOWED: _ClassVar[Failure.Reason]
+        GRAPH_TOO_LARGE: _ClassVar[Failure.Reason]
+        DISALLOWED_OP: _ClassVar[Failure.Reason]
+        INVALID_GRAPH: _ClassVar[Failure.Reason]
+        INVALID_KERNEL: _ClassVar[Failure.Reason]
+        KERNEL_FAILED: _ClassVar[Failure.Reason]
+        KERNEL_TIMEOUT: _ClassVar[Failure.Reason]
+        KERNEL_EVICTED: _ClassVar[Failure.Reason]
+        NOTHING_TO_EVICT: _ClassVar[Failure.Reason]
+        INVALID_FILTER: _ClassVar[Failure.Reason]
+        AMBIGUOUS_KEY: _ClassVar[Failure.Reason]
+        KERNEL_COMPILE_ERROR: _ClassVar[Failure.Reason]
+        WATCH_LIMIT: _ClassVar[Failure.Reason]
+        AUTH_THROTTLED: _ClassVar[Failure.Reason]
+    REASON_UNSPECIFIED: Failure.Reason
+    INTERNAL: Failure.Reason
+    INVALID_REQUEST: Failure.Reason
+    REQUEST_TOO_LARGE: Failure.Reason
+    TENANT_QUEUE_FULL: Failure.Reason
+    NO_WORKER: Failure.Reason
+    NOT_FOUND: Failure.Reason
+    ARTIFACT_CORRUPT: Failure.Reason
+    BACKEND_UNAVAILABLE: Failure.Reason
+    UNAUTHENTICATED: Failure.Reason
+    MALFORMED_REQUEST: Failure.Reason
+    UNKNOWN_TARGET: Failure.Reason
+    OPTION_NOT_ALLOWED: Failure.Reason
+    GRAPH_TOO_LARGE: Failure.Reason
+    DISALLOWED_OP: Failure.Reason
+    INVALID_GRAPH: Failure.Reason
+    INVALID_KERNEL: Failure.Reason
+    KERNEL_FAILED: Failure.Reason
+    KERNEL_TIMEOUT: Failure.Reason
+    KERNEL_EVICTED: Failure.Reason
+    NOTHING_TO_EVICT: Failure.Reason
+    INVALID_FILTER: Failure.Reason
+    AMBIGUOUS_KEY: Failure.Reason
+    KERNEL_COMPILE_ERROR: Failure.Reason
+    WATCH_LIMIT: Failure.Reason
+    AUTH_THROTTLED: Failure.Reason
+    def __init__(self) -> None: ...
+
+class ArtifactRejection(_message.Message):
+    __slots__ = ()
+    class Reason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        REASON_UNSPECIFIED: _ClassVar[ArtifactRejection.Reason]
+        UNSIGNED: _ClassVar[ArtifactRejection.Reason]
+        UNKNOWN_KEY: _ClassVar[ArtifactRejection.Reason]
+        EXPIRED: _ClassVar[ArtifactRejection.Reason]
+        NOT_YET_VALID: _ClassVar[ArtifactRejection.Reason]
+        INVALID: _ClassVar[ArtifactRejection.Reason]
+        MISMATCH: _ClassVar[ArtifactRejection.Reason]
+        FINGERPRINT: _ClassVar[ArtifactRejection.Reason]
+        DIGEST: _ClassVar[ArtifactRejection.Reason]
+        MALFORMED: _ClassVar[ArtifactRejection.Reason]
+        UNTRUSTED_FARM: _ClassVar[ArtifactRejection.Reason]
+        CORRUPT: _ClassVar[ArtifactRejection.Reason]
+        TOO_LARGE: _ClassVar[ArtifactRejection.Reason]
+        GUARDS: _ClassVar[ArtifactRejection.Reason]
+        WRONG_ARCH: _ClassVar[ArtifactRejection.Reason]
+        BAD_KERNEL: _ClassVar[ArtifactRejection.Reason]
+        KERNEL_INSTALL: _ClassVar[ArtifactRejection.Reason]
+        DESERIALIZE: _ClassVar[ArtifactRejection.Reason]
+        ISA: _ClassVar[ArtifactRejection.Reason]
+    REASON_UNSPECIFIED: ArtifactRejection.Reason
+    UNSIGNED: ArtifactRejection.Reason
+    UNKNOWN_KEY: ArtifactRejection.Reason
+    EXPIRED: ArtifactRejection.Reason
+    NOT_YET_VALID: ArtifactRejection.Reason
+    INVALID: ArtifactRejection.Reason
+    MISMATCH: ArtifactRejection.Reason
+    FINGERPRINT: ArtifactRejection.Reason
+    DIGEST: ArtifactRejection.Reason
+    MALFORMED: ArtifactRejection.Reason
+    UNTRUSTED_FARM: ArtifactRejection.Reason
+    CORRUPT: ArtifactRejection.Reason
+    TOO_LARGE: ArtifactRejection.Reason
+    GUARDS: ArtifactRejection.Reason
+    WRONG_ARCH: ArtifactRejection.Reason
+    BAD_KERNEL: ArtifactRejection.Reason
+    KERNEL_INSTALL: ArtifactRejection.Reason
+    DESERIALIZE: ArtifactRejection.Reason
+    ISA: ArtifactRejection.Reason
+    def __init__(self) -> None: ...
+
+class Stage(_message.Message):
+    __slots__ = ()
+    class Name(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NAME_UNSPECIFIED: _ClassVar[Stage.Name]
+        DECODE: _ClassVar[Stage.Name]
+        COMPILE: _ClassVar[Stage.Name]
+        DECOMPOSING: _ClassVar[Stage.Name]
+        LOWERING: _ClassVar[Stage.Name]
+        KERNELS: _ClassVar[Stage.Name]
+        ASSEMBLING: _ClassVar[Stage.Name]
+        EXPORT: _ClassVar[Stage.Name]
+        STORE: _ClassVar[Stage.Name]
+        DONE: _ClassVar[Stage.Name]
+    NAME_UNSPECIFIED: Stage.Name
+    DECODE: Stage.Name
+    COMPILE: Stage.Name
+    DECOMPOSING: Stage.Name
+    LOWERING: Stage.Name
+    KERNELS: Stage.Name
+    ASSEMBLING: Stage.Name
+    EXPORT: Stage.Name
+    STORE: Stage.Name
+    DONE: Stage.Name
+    def __init__(self) -> None: ...
+
 class SubmitReply(_message.Message):
     __slots__ = ("key", "state", "cache_hit", "deduplicated", "explanation")
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -182,7 +354,7 @@ class StageTiming(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ..., kernels: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit")
+    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit", "error", "stage_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +368,8 @@ class JobStatus(_message.Message):
     KERNELS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KERNELS_DONE_FIELD_NUMBER: _ClassVar[int]
     KERNELS_HIT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STAGE_ID_FIELD_NUMBER: _ClassVar[int]
     key: str
     state: JobState
     stage: str
@@ -209,7 +383,9 @@ class JobStatus(_message.Message):
     kernels_total: int
     kernels_done: int
     kernels_hit: int
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ...) -> None: ...
+    error: JobError.Code
+    stage_id: Stage.Name
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., error: _Optional[_Union[JobError.Code, str]] = ..., stage_id: _Optional[_Union[Stage.Name, str]] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("key",)

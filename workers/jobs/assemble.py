@@ -12,6 +12,7 @@ from typing import Any
 
 from torchfarm import keys
 from torchfarm.fx.vecisa import probed_toolchain
+from torchfarm.codes import JobError, Stage
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.seal import TamperedRecord
 from torchfarm.store import JobState
@@ -31,7 +32,7 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     ctx = in_tenant(ctx, namespace)
     store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
     if store.get_manifest(key) is not None:
-        store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+        store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
         board.clear(key)
         return
     if not live_job(key, ctx):
@@ -39,14 +40,14 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     try:
         if board.count(key, "assemble_attempts") > ctx.settings.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS", "the assembly was delivered too often; a worker was lost each time"
+                JobError.TOO_MANY_ATTEMPTS, "the assembly was delivered too often; a worker was lost each time"
             )
         try:
             plan = board.get_plan(key)
         except TamperedRecord as e:
-            raise JobFailed("RECORD_TAMPERED", str(e)) from e
+            raise JobFailed(JobError.RECORD_TAMPERED, str(e)) from e
         if plan is None:
-            raise JobFailed("PLAN_EXPIRED", "the staged compile's plan is no longer in the cache")
+            raise JobFailed(JobError.PLAN_EXPIRED, "the staged compile's plan is no longer in the cache")
         manifest = _assemble(key, ctx, plan, board)
     except JobFailed as e:
         record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
@@ -54,7 +55,7 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     if manifest is None:
         return
     store.update_job(
-        key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
+        key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
         stages=list(manifest.stages), artifact_bytes=manifest.total_bytes(),
     )
     store.expire_job(key, ctx.settings.done_ttl_s)
@@ -74,11 +75,11 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     missing = [k for k in wanted if k not in binaries]
     if missing:
         if board.count(key, "kernel_resends") > ctx.settings.max_attempts:
-            raise JobFailed("KERNELS_LOST", f"{len(missing)} kernel binaries left the cache again")
+            raise JobFailed(JobError.KERNELS_LOST, f"{len(missing)} kernel binaries left the cache again")
         log.warning("job key=%s: %d kernel binaries missing at assembly; building them again",
                     keys.short(key), len(missing))
         board.forget_binaries(missing)  # a record whose blob is gone would read as cached
-        ctx.store.update_job(key, stage="kernels")
+        ctx.store.update_job(key, stage=Stage.KERNELS)
         by_key = {k.cache_key: k for k in plan.kernels}
         again = [by_key[k] for k in missing]
         verdicts = claim(ctx, key, plan.target, again)
@@ -97,13 +98,13 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     )
     if manifest.total_bytes() > ctx.settings.max_artifact_bytes:
         raise JobFailed(
-            "ARTIFACT_TOO_LARGE",
+            JobError.ARTIFACT_TOO_LARGE,
             f"the artifact is {manifest.total_bytes()} bytes; the farm stores at most "
             f"{ctx.settings.max_artifact_bytes}",
         )
     # Sign only what was verified: every blob's bytes against its digest.
     if any(get_verified_blob(ctx.store, b.digest) is None for b in manifest.blobs()):
-        raise JobFailed("PLAN_EXPIRED", "the payload or a kernel source left the cache")
+        raise JobFailed(JobError.PLAN_EXPIRED, "the payload or a kernel source left the cache")
     fields = board.job_fields(key)
     schedule = _schedule(plan, {k: seconds for k, (_, seconds) in cached.items()})
     stages, timings = _timings(plan, fields, len(wanted), schedule, t0, ctx.name)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from torchfarm import keys, targets
+from torchfarm.codes import JobError
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
 from workers.board import StageBoard, parse_waiter, waiter_name
 from workers.compiler import CompileFailed, Kernel, start_kernel_build
@@ -56,7 +57,7 @@ def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[l
     try:
         if attempt > ctx.settings.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS",
+                JobError.TOO_MANY_ATTEMPTS,
                 f"a kernel-build job was delivered {attempt} times; a worker was lost on each try",
             )
         board.note_kernel_start(key, ctx.name)
@@ -112,11 +113,11 @@ def _build_missing(
             continue
         spec = get_verified_blob(ctx.store, digest)
         if spec is None:
-            raise JobFailed("PLAN_EXPIRED", "a kernel's source left the cache before its build")
+            raise JobFailed(JobError.PLAN_EXPIRED, "a kernel's source left the cache before its build")
         _check_flags(spec, target)
         if kernel_key(ctx, spec, target) != cache_key:
             raise JobFailed(
-                "BUILD_MISMATCH",
+                JobError.BUILD_MISMATCH,
                 f"kernel {cache_key[:12]} was keyed for another build or target than this "
                 f"worker's ({target})",
             )
@@ -148,12 +149,12 @@ def _check_flags(spec: bytes, target: str) -> None:
     try:
         args = KernelSpec.from_bytes(spec).args
     except KernelSpecError as e:
-        raise JobFailed("INVALID_KERNEL_SPEC", str(e)) from e
+        raise JobFailed(JobError.INVALID_KERNEL_SPEC, str(e)) from e
     if args["extra_flags"]:
-        raise JobFailed("INVALID_KERNEL_SPEC", "a kernel spec may not carry compiler flags")
+        raise JobFailed(JobError.INVALID_KERNEL_SPEC, "a kernel spec may not carry compiler flags")
     device = targets.parse(target).device
     if args["device_type"].split(":")[0] != _TORCH_DEVICE.get(device, device):
-        raise JobFailed("INVALID_KERNEL_SPEC", f"a kernel spec for {args['device_type']!r} on {target}")
+        raise JobFailed(JobError.INVALID_KERNEL_SPEC, f"a kernel spec for {args['device_type']!r} on {target}")
 
 
 def _timed(build: Callable[[], Kernel]) -> tuple[Kernel, float]:

@@ -10,6 +10,7 @@ import logging
 import time
 
 from torchfarm import keys, routing, targets
+from torchfarm.codes import Stage
 from torchfarm.manifest import Manifest
 from workers.aot_seam import NotDecomposable, decompose_graph
 from workers.board import StageBoard
@@ -28,7 +29,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     manifest only when the graph was compiled whole here."""
     target = str(routing.target_of(job.request.target))
     options = job.request.options
-    ctx.store.update_job(key, stage="decomposing")
+    ctx.store.update_job(key, stage=Stage.DECOMPOSING)
     t0 = time.perf_counter()
     try:
         with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
@@ -47,7 +48,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     stage = stage_record("decompose", job.decode_s + time.perf_counter() - t0, queued, ctx.name)
     fields = {**dec.to_fields(), "stage": json.dumps(stage).encode()}
     StageBoard(ctx.store, ctx.seal).put_decomposition(key, fields, ctx.settings.done_ttl_s)
-    ctx.store.update_job(key, stage="lowering", decomposed="separately", l_sent=time.time())
+    ctx.store.update_job(key, stage=Stage.LOWERING, decomposed="separately", l_sent=time.time())
     send_stage(ctx, routing.LOWER_TASK, [key, ctx.store.namespace, target],
           routing.stage_queue(targets.parse(target)))
     log.info(

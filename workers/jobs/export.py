@@ -11,6 +11,7 @@ import logging
 import time
 
 from torchfarm import keys
+from torchfarm.codes import JobError, Stage
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import EXPORT, BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
@@ -41,26 +42,26 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
     t0 = time.perf_counter()
     request = load_request(key, ctx.store, farm_pb2.CompileRequest, "export")
     if not request.HasField("export"):
-        raise JobFailed("MALFORMED_REQUEST", "the stored request is not the export of this key")
+        raise JobFailed(JobError.MALFORMED_REQUEST, "the stored request is not the export of this key")
     check_build(request, ctx.fingerprint)
     inductor_options = check_options(request)
-    ctx.store.update_job(key, stage="export")
+    ctx.store.update_job(key, stage=Stage.EXPORT)
     try:
         with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
             result = build_package(request.graph, request.export, inductor_options)
     except GraphError as e:
-        raise JobFailed("INVALID_GRAPH", str(e)) from e
+        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
     except ExportFailed as e:
         if cause_of(e, ctx.timeout_errors) is not None:
-            raise JobFailed("COMPILE_TIMEOUT", "the export ran past the farm's time limit") from e
-        raise JobFailed("COMPILE_ERROR", str(e)) from e
+            raise JobFailed(JobError.COMPILE_TIMEOUT, "the export ran past the farm's time limit") from e
+        raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
     if len(result.package) > ctx.settings.max_artifact_bytes:
         raise JobFailed(
-            "ARTIFACT_TOO_LARGE",
+            JobError.ARTIFACT_TOO_LARGE,
             f"the package is {len(result.package)} bytes; the farm stores at most "
             f"{ctx.settings.max_artifact_bytes}",
         )
-    ctx.store.update_job(key, stage="store")
+    ctx.store.update_job(key, stage=Stage.STORE)
     payload = BlobRef(blob_digest(result.package), len(result.package))
     ctx.store.put_blob(payload.digest, result.package)
     manifest = Manifest(

@@ -12,6 +12,7 @@ import logging
 import time
 
 from torchfarm import keys
+from torchfarm.codes import Stage
 from torchfarm.manifest import Manifest
 from workers.jobs.decompose import decompose_or_lower
 from workers.jobs.whole import compile_whole
@@ -38,7 +39,7 @@ def run_job(key: str, ctx: WorkerContext, namespace: str = "") -> None:
 
 def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     job = prepare(key, ctx)
-    ctx.store.update_job(key, stage="compile")
+    ctx.store.update_job(key, stage=Stage.COMPILE)
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
     if ctx.settings.pipeline == "staged" and ctx.send is not None:

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from torchfarm import keys
+from torchfarm.codes import JobError, Stage
 from torchfarm.fx import guards as shape_guards
 from torchfarm.manifest import Manifest
 from torchfarm.store import JobState
@@ -48,7 +49,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
     ctx = in_tenant(ctx, namespace)
     store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
     if store.get_manifest(key) is not None:
-        store.update_job(key, state=JobState.SUCCEEDED, stage="done")
+        store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
         return
     if not live_job(key, ctx):
         return
@@ -56,7 +57,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
     try:
         if board.count(key, "lower_attempts") > ctx.settings.max_attempts:
             raise JobFailed(
-                "TOO_MANY_ATTEMPTS", "the lowering was delivered too often; a worker was lost each time"
+                JobError.TOO_MANY_ATTEMPTS, "the lowering was delivered too often; a worker was lost each time"
             )
         store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
         job = prepare(key, ctx)
@@ -68,7 +69,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
         return
     if manifest is not None:  # compiled whole here: no assembly will clear the records
         store.update_job(
-            key, state=JobState.SUCCEEDED, stage="done", timings=manifest.timings,
+            key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
             artifact_bytes=manifest.total_bytes(),
         )
         store.expire_job(key, ctx.settings.done_ttl_s)
@@ -96,7 +97,7 @@ def lower(
     and fans the rest out (workers/jobs/ (lower, build, assemble)); `front` is the decomposition job's
     stage record. A graph only the whole-graph path can compile is compiled whole here:
     its manifest is returned."""
-    ctx.store.update_job(key, stage="lowering")
+    ctx.store.update_job(key, stage=Stage.LOWERING)
     stream = KernelStream(key, ctx, target)
     stream.open()
     try:
@@ -274,7 +275,7 @@ def fan_out(
     )
     ttl = ctx.settings.done_ttl_s
     board.put_plan(key, plan, ttl)
-    store.update_job(key, stage="kernels", stages=stages)
+    store.update_job(key, stage=Stage.KERNELS, stages=stages)
     left = board.close_lowering(key, len(wanted), hits, strays, bool(build), ttl)
     jobs = len(send_builds(ctx, key, target, build))
     if left == 0:

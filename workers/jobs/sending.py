@@ -16,6 +16,7 @@ import time
 from typing import Any, TypeVar
 
 from torchfarm import routing, targets
+from torchfarm.codes import Stage
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name
 from torchfarm.store import Store
 from workers.board import PlannedKernel, StageBoard, kernel_cache_key, waiter_name
@@ -24,7 +25,7 @@ from workers.runtime import WorkerContext, put_blob
 T = TypeVar("T")
 
 
-HANDED_ON = frozenset({"lowering", "kernels", "assembling"})
+HANDED_ON = frozenset({Stage.LOWERING, Stage.KERNELS, Stage.ASSEMBLING})
 """Stages of a staged job after its graph job has ended: later jobs finish it."""
 
 
@@ -123,5 +124,5 @@ def kernel_batch(ctx: WorkerContext) -> int:
 
 
 def send_assembly(store: Store, ctx: WorkerContext, key: str, target: str) -> None:
-    store.update_job(key, stage="assembling", a_sent=time.time())
+    store.update_job(key, stage=Stage.ASSEMBLING, a_sent=time.time())
     send_stage(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], stage_queue(target))

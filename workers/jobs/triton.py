@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm import keys, routing
+from torchfarm.codes import JobError, Stage
 from torchfarm.kernelcheck import KernelRejected
 from torchfarm.manifest import blob_digest
 from torchfarm.store import Store
@@ -69,27 +70,27 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
 
 
 def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelRecord:
-    store.update_job(key, stage="compile")
+    store.update_job(key, stage=Stage.COMPILE)
     t0 = time.perf_counter()
     request = load_request(key, store, farm_pb2.KernelRequest, "kernel")
     try:
         target = routing.target_of(request.target, "a kernel compile")
     except TargetError as e:
-        raise JobFailed("INVALID_KERNEL", str(e)) from e
+        raise JobFailed(JobError.INVALID_KERNEL, str(e)) from e
     if str(target) not in ctx.targets:
-        raise JobFailed("WRONG_TARGET", f"this worker compiles kernels for {sorted(ctx.targets)}, not {target}")
+        raise JobFailed(JobError.WRONG_TARGET, f"this worker compiles kernels for {sorted(ctx.targets)}, not {target}")
     if request.triton_version != ctx.triton_version:
         raise JobFailed(
-            "BUILD_MISMATCH",
+            JobError.BUILD_MISMATCH,
             f"the kernel needs Triton {request.triton_version}; this worker has {ctx.triton_version}",
         )
     try:
         result = compile_kernel(request, target)
     except KernelRejected as e:
-        raise JobFailed("INVALID_KERNEL", str(e)) from e
+        raise JobFailed(JobError.INVALID_KERNEL, str(e)) from e
     except KernelCompileError as e:
-        raise JobFailed("KERNEL_COMPILE_ERROR", str(e)) from e
-    store.update_job(key, stage="store")
+        raise JobFailed(JobError.KERNEL_COMPILE_ERROR, str(e)) from e
+    store.update_job(key, stage=Stage.STORE)
     binary = _put(store, result.binary)
     assembly = _put(store, result.assembly.encode()) if result.assembly else None
     fields = {
@@ -109,7 +110,7 @@ def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelReco
     return KernelRecord(fields, {"kernel": result.seconds, "total": time.perf_counter() - t0})
 
 
-def fail_kernel_job(key: str, ctx: KernelContext, code: str, message: str, namespace: str = "") -> None:
+def fail_kernel_job(key: str, ctx: KernelContext, code: JobError, message: str, namespace: str = "") -> None:
     message = client_message(message, scratch=ctx.scratch_dir)
     record_failure(key, ctx.store.tenant(namespace), code, message, ctx.failed_ttl_s)
 

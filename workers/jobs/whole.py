@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from torchfarm.codes import JobError, Stage
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
@@ -17,7 +18,7 @@ from workers.runtime import JobFailed, Prepared, WorkerContext, added_guards, as
 def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     """The whole-graph compile, in this job, to the stored and signed manifest."""
     request, decoded = job.request, job.decoded
-    ctx.store.update_job(key, stage="compile")
+    ctx.store.update_job(key, stage=Stage.COMPILE)
     mark = shape_guards.snapshot(decoded.shape_env)
     try:
         with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
@@ -35,10 +36,10 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     size = len(result.payload) + sum(len(k.source) + len(k.binary) for k in result.kernels)
     if size > ctx.settings.max_artifact_bytes:
         raise JobFailed(
-            "ARTIFACT_TOO_LARGE",
+            JobError.ARTIFACT_TOO_LARGE,
             f"the artifact is {size} bytes; the farm stores at most {ctx.settings.max_artifact_bytes}",
         )
-    ctx.store.update_job(key, stage="store")
+    ctx.store.update_job(key, stage=Stage.STORE)
     t1 = time.perf_counter()
     manifest = _store(key, ctx, result, {"decode": job.decode_s, **result.timings})
     manifest = dataclasses.replace(manifest, guards=guards)
