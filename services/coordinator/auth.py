@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -70,7 +72,7 @@ def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials 
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def _bearer(metadata: tuple | None) -> str | None:
+def _bearer(metadata: tuple[Any, ...] | None) -> str | None:
     for key, value in metadata or ():
         if key == "authorization":
             scheme, _, token = str(value).partition(" ")
@@ -84,7 +86,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, table: TokenTable | None):
         self.table = table
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]
         handler = await continuation(handler_call_details)
         if handler is None or service in OPEN_SERVICES:
@@ -105,17 +111,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _as_tenant(handler, tenant)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler[Any, Any], message: str) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the method's own shape that answers UNAUTHENTICATED. It takes the
     request as raw bytes: an unauthenticated request is never even parsed."""
 
-    async def unary(request, context):
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, message,
             trailing_metadata=((REASON_KEY, "UNAUTHENTICATED"),),
         )
 
-    async def stream(request, context):
+    async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
         await unary(request, context)
         yield None  # pragma: no cover - abort raised
 
@@ -129,11 +135,11 @@ class _Malformed:
         self.error = error
 
 
-def _safe(deserializer):
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
 
-    def parse(data: bytes):
+    def parse(data: bytes) -> Any:
         try:
             return deserializer(data)
         except DecodeError as e:
@@ -142,7 +148,7 @@ def _safe(deserializer):
     return parse
 
 
-async def _reject_malformed(request, context) -> None:
+async def _reject_malformed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     if isinstance(request, _Malformed):
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}",
@@ -150,23 +156,24 @@ async def _reject_malformed(request, context) -> None:
         )
 
 
-def _as_tenant(handler: grpc.RpcMethodHandler, tenant: Tenant) -> grpc.RpcMethodHandler:
+def _as_tenant(handler: grpc.RpcMethodHandler[Any, Any], tenant: Tenant) -> grpc.RpcMethodHandler[Any, Any]:
     # grpc.aio runs each call in its own task, hence its own copy of the context: the
     # variable set here is seen by this call's handler only, and needs no reset.
     parse = _safe(handler.request_deserializer)
+    # grpc's stubs type a handler's behaviours as synchronous; under grpc.aio they are async.
     if handler.unary_unary is not None:
-        behavior = handler.unary_unary
+        behavior: Callable[..., Any] = handler.unary_unary
 
-        async def unary(request, context):
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             return await behavior(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary, parse, handler.response_serializer)
     if handler.unary_stream is not None:
-        stream_behavior = handler.unary_stream
+        stream_behavior: Callable[..., Any] = handler.unary_stream
 
-        async def stream(request, context):
+        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             async for item in stream_behavior(request, context):
