@@ -45,7 +45,9 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from redis.typing import EncodableT, FieldT
 
 from torchfarm.manifest import BlobRef
 from torchfarm.store import Store
@@ -242,7 +244,7 @@ class StageBoard:
 
     def __init__(self, store: Store):
         self.store = store
-        self.r = store.r
+        self.r = store.r  # replies are bytes: casts below, as in torchfarm/store.py
         self._release = self.r.register_script(_RELEASE)
         self._close = self.r.register_script(_CLOSE)
         self._claim = self.r.register_script(_CLAIM)
@@ -379,23 +381,24 @@ class StageBoard:
         name = self._k("decomp", self.store.ref(key))
         pipe = self.r.pipeline()
         pipe.delete(name)
-        pipe.hset(name, mapping=fields)
+        pipe.hset(name, mapping=cast("dict[FieldT, EncodableT]", fields))
         pipe.expire(name, ttl_s)
         pipe.execute()
 
     def get_decomposition(self, key: str) -> dict[bytes, bytes] | None:
-        return self.r.hgetall(self._k("decomp", self.store.ref(key))) or None
+        return cast("dict[bytes, bytes]", self.r.hgetall(self._k("decomp", self.store.ref(key)))) or None
 
     def put_plan(self, key: str, plan: Plan, ttl_s: int) -> None:
         """Writes what the assembly needs; before `close_lowering`, which can send it."""
         self.r.set(self._k("plan", self.store.ref(key)), plan.to_json(), ex=ttl_s)
 
     def get_plan(self, key: str) -> Plan | None:
-        data = self.r.get(self._k("plan", self.store.ref(key)))
+        data = cast("bytes | None", self.r.get(self._k("plan", self.store.ref(key))))
         return Plan.from_json(data) if data is not None else None
 
     def pending(self, key: str) -> set[str]:
-        return {m.decode() for m in self.r.smembers(self._k("pending", self.store.ref(key)))}
+        members = cast("set[bytes]", self.r.smembers(self._k("pending", self.store.ref(key))))
+        return {m.decode() for m in members}
 
     def release(self, key: str, cache_keys: list[str], hits: int, busy_s: float) -> tuple[int, int]:
         """Marks these kernels of the job done; returns how many of them were pending and
@@ -419,7 +422,8 @@ class StageBoard:
         return int(self.r.hincrby(self._job(key), name, 1))
 
     def job_fields(self, key: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(self._job(key)).items()}
+        fields = cast("dict[bytes, bytes]", self.r.hgetall(self._job(key)))
+        return {k.decode(): v.decode() for k, v in fields.items()}
 
     def clear(self, key: str) -> None:
         ref = self.store.ref(key)
