@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
+.PHONY: setup demo lint test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
 
 setup:
 	@./scripts/setup.sh
@@ -9,7 +9,11 @@ setup:
 demo: setup
 	$(PY) examples/demo.py
 
-test: setup proto-check
+# ruff, then mypy on the files and with the strictness pyproject.toml's [tool.mypy] gives.
+lint: setup
+	$(PY) -m ruff check . && $(PY) -m mypy
+
+test: setup lint proto-check
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-fast: setup
@@ -48,4 +52,4 @@ fuzz: setup
 	$(PY) tests/fuzz/atheris_graph.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .fuzz-corpus
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache
+	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache

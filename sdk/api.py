@@ -20,7 +20,7 @@ _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "o
 
 
 def compile(
-    model: Callable | None = None,
+    model: Callable[..., Any] | None = None,
     *,
     remote: str | None = None,
     target: str | None = None,
@@ -69,7 +69,7 @@ def compile(
 
     settings = dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
 
-    def wrap(fn: Callable) -> Any:
+    def wrap(fn: Callable[..., Any]) -> Any:
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         farm_backend = FarmBackend(
             settings,

@@ -18,6 +18,7 @@ Anything else raises ArtifactRejected, is counted in
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sdk import loader
 from sdk.errors import ArtifactRejected
@@ -92,7 +93,7 @@ def verify(
     return manifest
 
 
-def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable:
+def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable[..., Any]:
     """Places the kernel binaries where local Inductor looks for them, then deserializes."""
     loader.install_kernels(
         ((blobs[k.source.digest], blobs[k.binary.digest]) for k in manifest.kernels),

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -111,7 +111,7 @@ class FarmBackend:
         """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
         # The same wrapper torch.compile builds: it turns mode and options into the
         # Inductor config patch, and it is the local fallback compiler.
-        self.local = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        self.local = torch._TorchCompileInductorWrapper(mode, options, dynamic)  # type: ignore[no-untyped-call]
         self.name = name
         self._client: FarmClient | None = FarmClient(settings.remote, settings) if settings.remote else None
         self.trust = Trust.from_settings(settings, parse_address(settings.remote)) if settings.remote else None
@@ -124,14 +124,14 @@ class FarmBackend:
         self.swapper: Swapper | None = None if wait else Swapper(name, settings.fallback)
         """Set with wait=False: the graphs handed out, and their switch to compiled code."""
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         with self._lock:
             self._graphs += 1
             index = self._graphs
         if self.target is not None and self.target != local_target(device_kind(example_inputs)):
             return self._prewarm(gm, example_inputs, index)
         if self._client is None:
-            return self.local(gm, example_inputs)
+            return cast("Callable[..., Any]", self.local(gm, example_inputs))
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
         try:
@@ -141,7 +141,7 @@ class FarmBackend:
                 raise
             self._warn_fallback(index, e)
             self._publish(index, report.LOCAL, error=f"{type(e).__name__}: {e}")
-            return self.local(gm, example_inputs)
+            return cast("Callable[..., Any]", self.local(gm, example_inputs))
 
     def _publish(self, index: int, outcome: str, **fields: Any) -> None:
         if self.reports:
@@ -166,12 +166,12 @@ class FarmBackend:
             index, self.name, type(e).__name__, code, e,
         )
 
-    def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
+    def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
         return self._complete(self._prepare(gm, example_inputs, index), in_backend=True)
 
     def _remote_nonblocking(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
-    ) -> Callable:
+    ) -> Callable[..., Any]:
         """Encodes here; submits, waits, verifies and loads in the background."""
         assert self.swapper is not None
         try:
@@ -198,7 +198,7 @@ class FarmBackend:
         shapes = CaptureShapes.of(gm, [s.name for s in graph.symbols])
         return _Prepared(index, request, expected_key, fp, time.perf_counter() - t0, shapes)
 
-    def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable:
+    def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable[..., Any]:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
 
         The key leaves the symbols' hints out, so a dynamic graph shares its artifact

@@ -17,6 +17,7 @@ import logging
 import time
 from pathlib import Path
 from collections.abc import Callable
+from typing import Any, cast
 
 import grpc
 
@@ -85,7 +86,8 @@ def parse_address(remote: str) -> str:
 
 def _reason(e: grpc.RpcError) -> str:
     try:
-        for k, v in e.trailing_metadata() or ():
+        # grpc's stubs type the items as objects with .key and .value; they are (key, value) pairs.
+        for k, v in cast("tuple[tuple[str, Any], ...]", e.trailing_metadata() or ()):
             if k == REASON_KEY:
                 return str(v)
     except Exception:  # a locally generated error may carry no metadata at all
@@ -141,7 +143,9 @@ def _read(path: str) -> bytes | None:
         raise ConfigError(f"cannot read {path}: {e}") from e
 
 
-def make_channel(remote: str, settings: SDKSettings, options: list) -> tuple[grpc.Channel, tuple]:
+def make_channel(
+    remote: str, settings: SDKSettings, options: list[tuple[str, Any]]
+) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
     """The channel to the farm, and the metadata each call must add (the token, when it
     cannot travel as call credentials)."""
     address, tls = parse_remote(remote)
@@ -170,7 +174,7 @@ class FarmClient:
     def __init__(self, remote: str, settings: SDKSettings):
         self.address = parse_address(remote)
         self.settings = settings
-        opts: list = [
+        opts: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             ("grpc.service_config", _SERVICE_CONFIG),
@@ -204,9 +208,9 @@ class FarmClient:
         """Submits the request; `key` (the one the client expects) is named in a farm bug."""
         self.connect()
         try:
-            return self.stub.Submit(
+            return cast(farm_pb2.SubmitReply, self.stub.Submit(
                 request, timeout=self.settings.rpc_timeout_s, metadata=self.metadata
-            )
+            ))
         except grpc.RpcError as e:
             raise _map_error(e, "submit", key) from e
 
@@ -215,6 +219,7 @@ class FarmClient:
     ) -> farm_pb2.JobStatus:
         """Watches the job until it ends; raises RemoteCompileError if it failed."""
         deadline = time.monotonic() + self.settings.compile_timeout_s
+        status: farm_pb2.JobStatus  # what the stream yields (the generated stub is untyped)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -308,9 +313,9 @@ class FarmClient:
         refuses the source or Triton cannot compile it."""
         self.connect()
         try:
-            return self.stub.CompileKernel(
+            return cast(farm_pb2.KernelReply, self.stub.CompileKernel(
                 request, timeout=self.settings.kernel_timeout_s, metadata=self.metadata
-            )
+            ))
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise KernelRejected(f"kernel: {e.details()}", _reason(e) or e.code().name) from e
@@ -320,9 +325,9 @@ class FarmClient:
         """The farm's workers (with the targets they serve and their builds), queues, cache."""
         self.connect()
         try:
-            return self.stub.GetFarmStatus(
+            return cast(farm_pb2.FarmStatus, self.stub.GetFarmStatus(
                 farm_pb2.FarmStatusRequest(), timeout=self.settings.rpc_timeout_s,
                 metadata=self.metadata,
-            )
+            ))
         except grpc.RpcError as e:
             raise _map_error(e, "status") from e

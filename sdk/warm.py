@@ -34,7 +34,7 @@ from sdk.report import WarmReport
 
 
 def warm(
-    model: Callable,
+    model: Callable[..., Any],
     example_inputs: Any,
     *,
     remote: str | None = None,

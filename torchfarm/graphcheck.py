@@ -28,6 +28,8 @@ import keyword
 import re
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from typing import Any
+
 from torchfarm import allowlist, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
@@ -129,7 +131,7 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 # Symbolic expressions
 # ---------------------------------------------------------------------------
 
-SymAst = tuple
+SymAst = tuple[Any, ...]
 """Parse tree of a size expression, read by `torchfarm.fx.decode`:
 ("int", value), ("sym", name), ("neg", tree), ("pow", tree, exponent),
 ("call", function, (tree, ...)), and ("chain", tree, ((op, tree), ...)) for a run of

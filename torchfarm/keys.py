@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from torchfarm.v1 import farm_pb2, graph_pb2
 
@@ -48,7 +49,7 @@ _HINTED = (graph_pb2.SymExpr.DESCRIPTOR, graph_pb2.Symbol.DESCRIPTOR)
 def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
     copy = graph_pb2.Graph()
     copy.CopyFrom(graph)
-    stack: list = [copy]
+    stack: list[Any] = [copy]
     while stack:
         message = stack.pop()
         if message.DESCRIPTOR in _HINTED:
@@ -64,7 +65,7 @@ def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
     return copy
 
 
-def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict:
+def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, Any]:
     target, build, options = request.target, request.build, request.options
     return {
         "namespace": namespace,
@@ -96,7 +97,7 @@ EXPORT_KEY_VERSION = "torchfarm.export/1"
 torch.compile artifact of the same graph never share a key."""
 
 
-def _export_canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict:
+def _export_canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, Any]:
     """`_canonical`, with the graph's hints (the worker exports at them) and the export
     spec: every weight's digest and metadata, the pytree specs and the dynamic dims."""
     spec = request.export

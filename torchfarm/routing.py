@@ -18,6 +18,8 @@ graph for one: the CPU build of torch has no CUDA device (docs/targets.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchfarm import targets
 from torchfarm.targets import DEVICES, Target, TargetError
 from torchfarm.v1 import farm_pb2
@@ -114,7 +116,7 @@ def target_of_queue(name: str) -> Target:
     return targets.make(device, detail)
 
 
-def served_targets(worker: dict) -> dict[str, set[str]]:
+def served_targets(worker: dict[str, Any]) -> dict[str, set[str]]:
     """Target text → job kinds, from one worker's heartbeat record.
 
     A record without "targets" (a worker from before exact targets) is read from its
@@ -133,7 +135,7 @@ def served_targets(worker: dict) -> dict[str, set[str]]:
     return served
 
 
-def unserved_message(target: str, kind: str, workers: dict[str, dict]) -> str:
+def unserved_message(target: str, kind: str, workers: dict[str, dict[str, Any]]) -> str:
     """Why `target` cannot be served, naming it and what the live workers do serve."""
     live: dict[str, set[str]] = {}
     for w in workers.values():

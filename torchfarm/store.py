@@ -38,8 +38,10 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis
+from redis.typing import FieldT
 
 from torchfarm.manifest import Manifest
 
@@ -98,7 +100,7 @@ class JobRecord:
     label: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     artifact_bytes: int = 0
-    stages: list[dict] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
     """A staged compile's stage records (torchfarm/manifest.py `Manifest.stages`)."""
     kernels_total: int = 0
     """Kernels the graph needs (staged compiles); 0 until lowering has run."""
@@ -136,6 +138,8 @@ class Store:
     """Typed access to the farm's Redis keys. Safe to share between threads."""
 
     def __init__(self, client: redis.Redis, prefix: str = "tf", namespace: str = ""):
+        # redis-py types replies as `bytes | str`; this client never decodes them (no
+        # decode_responses), so the methods below cast replies to bytes.
         self.r = client
         self.prefix = prefix
         self.namespace = namespace
@@ -165,11 +169,11 @@ class Store:
         self.r.set(self._k("blob", digest), data, nx=True)
 
     def get_blob(self, digest: str) -> bytes | None:
-        return self.r.get(self._k("blob", digest))
+        return cast("bytes | None", self.r.get(self._k("blob", digest)))
 
     def get_blob_range(self, digest: str, start: int, end: int) -> bytes:
         """Bytes [start, end] inclusive, so large blobs stream without one big read."""
-        return self.r.getrange(self._k("blob", digest), start, end)
+        return cast(bytes, self.r.getrange(self._k("blob", digest), start, end))
 
     def delete_blob(self, digest: str) -> None:
         self.r.delete(self._k("blob", digest))
@@ -182,7 +186,7 @@ class Store:
         self.r.set(self._j("artifact", manifest.key), manifest.to_json())
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
-        return self.r.get(self._j("artifact", key))
+        return cast("bytes | None", self.r.get(self._j("artifact", key)))
 
     def get_manifest(self, key: str) -> Manifest | None:
         """The manifest, if it and every blob it names are in the cache."""
@@ -253,7 +257,7 @@ class Store:
         self.r.set(self._j("req", key), data, ex=ttl_s)
 
     def get_request(self, key: str) -> bytes | None:
-        return self.r.get(self._j("req", key))
+        return cast("bytes | None", self.r.get(self._j("req", key)))
 
     def create_job(
         self, key: str, queue: str, label: str, ttl_s: int,
@@ -282,14 +286,14 @@ class Store:
         return bool(created)
 
     def get_job(self, key: str) -> JobRecord | None:
-        h = self.r.hgetall(self._j("job", key))
+        h = cast("dict[bytes, bytes]", self.r.hgetall(self._j("job", key)))
         return JobRecord.from_hash(key, h) if h and b"state" in h else None
 
     def update_job(self, key: str, **fields: object) -> None:
         """Writes fields of the job record. A job that ends (SUCCEEDED, or FAILED, which
         is never retried) drops its request in the same round trip: nothing reads it
         again, and a resubmit after the record expires stores it anew."""
-        mapping = {
+        mapping: dict[FieldT, Any] = {
             k: json.dumps(v) if isinstance(v, (dict, list)) else v
             for k, v in fields.items()
             if v is not None
@@ -334,7 +338,8 @@ class Store:
 
     def recent_jobs(self) -> list[JobRecord]:
         """The latest jobs: in a tenant view only its own, in the root view all (keyed by ref)."""
-        refs = [k.decode() for k in self.r.lrange(self._k("recent"), 0, RECENT_JOBS - 1)]
+        recent = cast("list[bytes]", self.r.lrange(self._k("recent"), 0, RECENT_JOBS - 1))
+        refs = [k.decode() for k in recent]
         if self.namespace:
             mine = self.namespace + ":"
             refs = [r[len(mine) :] for r in refs if r.startswith(mine)]
@@ -359,7 +364,7 @@ class Store:
         """The tenant's jobs still queued or running. Entries whose record finished or
         expired (a lost worker, a Redis restart) are dropped as they are found."""
         zk = self._k("inflight", tenant or "-")
-        refs = [r.decode() for r in self.r.zrange(zk, 0, -1)]
+        refs = [r.decode() for r in cast("list[bytes]", self.r.zrange(zk, 0, -1))]
         if not refs:
             return 0
         pipe = self.r.pipeline(transaction=False)
@@ -411,7 +416,7 @@ class Store:
     def forget_worker(self, name: str) -> None:
         self.r.delete(self._k("worker", name))
 
-    def live_workers(self) -> dict[str, dict]:
+    def live_workers(self) -> dict[str, dict[str, Any]]:
         pre = self._k("worker", "")
         names = [k.decode() for k in self.r.scan_iter(match=pre + "*", count=500)]
         values = self.r.mget(names) if names else []
@@ -424,17 +429,17 @@ class Store:
         self.r.set(self._j("kreq", key), data, ex=ttl_s)
 
     def get_kernel_request(self, key: str) -> bytes | None:
-        return self.r.get(self._j("kreq", key))
+        return cast("bytes | None", self.r.get(self._j("kreq", key)))
 
-    def put_kernel(self, key: str, record: dict) -> None:
+    def put_kernel(self, key: str, record: dict[str, Any]) -> None:
         self.r.set(self._j("kernel", key), json.dumps(record, sort_keys=True))
 
-    def get_kernel(self, key: str) -> dict | None:
+    def get_kernel(self, key: str) -> dict[str, Any] | None:
         """The kernel's record, if it and the blobs it names are in the cache."""
         data = self.r.get(self._j("kernel", key))
         if data is None:
             return None
-        record = json.loads(data)
+        record: dict[str, Any] = json.loads(data)
         digests = [record["binary"]["digest"]] + (
             [record["assembly"]["digest"]] if record.get("assembly") else []
         )

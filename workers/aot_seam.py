@@ -209,14 +209,14 @@ def decompose_graph(
             seconds=seconds,
         )
     fw, bw, n_saved, n_symints, detach, _ = got["out"]
-    partition = {
+    joint_partition = {  # not `partition`: that names the hook above
         **saved,
         "num_fw_outs_saved_for_bw": n_saved,
         "num_symints_saved_for_bw": n_symints,
         "indices_of_inps_to_detach": list(detach),
     }
     return Decomposition(
-        JOINT, _encode(fw, names), _encode(bw, names), names, partition, guards, seconds
+        JOINT, _encode(fw, names), _encode(bw, names), names, joint_partition, guards, seconds
     )
 
 

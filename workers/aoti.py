@@ -67,6 +67,8 @@ class ExportedModule(torch.nn.Module):
     """The client's model again: its weights at their attribute paths, its forward the
     exported graph."""
 
+    _graph: torch.fx.GraphModule
+
     def __init__(
         self,
         graph_module: torch.fx.GraphModule,
@@ -189,4 +191,4 @@ def build_package(
 
 def _device(meta: graph_pb2.TensorMeta) -> torch.device:
     index = meta.device.index
-    return torch.device(meta.device.type, None if index < 0 else index)
+    return torch.device(meta.device.type) if index < 0 else torch.device(meta.device.type, index)

@@ -46,7 +46,9 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from redis.typing import EncodableT, FieldT
 
 from torchfarm.manifest import BlobRef
 from torchfarm.seal import Seal, TamperedRecord
@@ -406,7 +408,7 @@ class StageBoard:
             fields = {**fields, "mac": self._decomposition_mac(key, fields).encode()}
         pipe = self.r.pipeline()
         pipe.delete(name)
-        pipe.hset(name, mapping=fields)
+        pipe.hset(name, mapping=cast("dict[FieldT, EncodableT]", fields))
         pipe.expire(name, ttl_s)
         pipe.execute()
 
@@ -456,7 +458,8 @@ class StageBoard:
         return Plan.from_json(data)
 
     def pending(self, key: str) -> set[str]:
-        return {m.decode() for m in self.r.smembers(self._k("pending", self.store.ref(key)))}
+        members = cast("set[bytes]", self.r.smembers(self._k("pending", self.store.ref(key))))
+        return {m.decode() for m in members}
 
     def release(self, key: str, cache_keys: list[str], hits: int, busy_s: float) -> tuple[int, int]:
         """Marks these kernels of the job done; returns how many of them were pending and
@@ -480,7 +483,8 @@ class StageBoard:
         return int(self.r.hincrby(self._job(key), name, 1))
 
     def job_fields(self, key: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(self._job(key)).items()}
+        fields = cast("dict[bytes, bytes]", self.r.hgetall(self._job(key)))
+        return {k.decode(): v.decode() for k, v in fields.items()}
 
     def clear(self, key: str) -> None:
         ref = self.store.ref(key)

@@ -29,12 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name, load_fn_outputs, local_outputs
+
+if TYPE_CHECKING:
+    from torch._inductor.standalone_compile import AOTCompiledArtifact, DynamicShapesType
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +314,7 @@ def _streaming(on_kernel: Callable[[bytes], None] | None) -> Callable[[Any], Non
 def _compile_setup(
     example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool, mode: str,
     inductor_options: dict[str, Any] | None,
-) -> tuple[dict[str, Any], str, Any]:
+) -> tuple[dict[str, Any], DynamicShapesType, Any]:
     """The config patch, `dynamic_shapes` and fake mode both compile paths pass on."""
     try:
         patch = inductor_config_patch(mode, inductor_options, dynamic)
@@ -322,7 +325,7 @@ def _compile_setup(
 
 
 def _serialized_compile(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], shapes: str,
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], shapes: DynamicShapesType,
     patch: dict[str, Any], fake_mode: Any,
 ) -> bytes:
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
@@ -334,10 +337,12 @@ def _serialized_compile(
         aot=True,
         fake_mode=fake_mode,
     )
-    return artifact.serialize()
+    return cast("AOTCompiledArtifact", artifact).serialize()  # what aot=True returns
 
 
-def _shape_source(example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool) -> tuple[str, Any]:
+def _shape_source(
+    example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool
+) -> tuple[DynamicShapesType, Any]:
     """standalone_compile's `dynamic_shapes` and `fake_mode` for these inputs.
 
     "from_example_inputs" fakeifies real tensors with static sizes, so a dynamic graph

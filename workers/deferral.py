@@ -108,7 +108,7 @@ def defer_kernel_builds(
     passed to `on_load` as it is asked for (the staged path sends its build then)."""
     from torch._inductor import codecache
 
-    owner = codecache.CppCodeCache
+    owner: Any = codecache.CppCodeCache  # its load_async is swapped for the block
     loads = DeferredLoads()
     with _DEFER_LOCK:
         original = owner.__dict__["load_async"]
@@ -117,7 +117,7 @@ def defer_kernel_builds(
         memo_before = set(py.modules_no_attr)
         modules_before = len(py.modules)
         owner.load_async = _deferring(original.__func__, loads, on_load)
-        codecache._precompile_header = _no_precompiled_header
+        codecache._precompile_header = _no_precompiled_header  # type: ignore[assignment]
         try:
             with forgetting_new_loaders():
                 yield loads
@@ -157,9 +157,9 @@ def _code_caches(codecache: Any) -> list[dict[str, Any]]:
     return dicts
 
 
-def _forget_modules(py: type, memo_before: set[str], modules_before: int) -> None:
+def _forget_modules(py: type[Any], memo_before: set[str], modules_before: int) -> None:
     """Drops the wrapper modules imported during the block: they are bound to stubs."""
-    added = py.modules[modules_before:]
+    added: list[types.ModuleType] = py.modules[modules_before:]
     del py.modules[modules_before:]
     for path in set(py.modules_no_attr) - memo_before:
         added.append(py.modules_no_attr.pop(path))

@@ -112,14 +112,14 @@ def _patch_torch_cuda(props: types.SimpleNamespace, cap: tuple[int, int]) -> Non
     import torch
     from torch._dynamo import device_interface
 
-    def get_props(device: Any = None) -> types.SimpleNamespace:
+    def get_props(device: Any = None) -> Any:  # stands in for torch's _CudaDeviceProperties
         return props
 
     torch.cuda.get_device_properties = get_props
     torch.cuda.get_device_capability = lambda device=None: cap
     torch.cuda.current_device = lambda: 0
     torch.cuda.device_count = lambda: 1
-    iface = device_interface.CudaInterface
+    iface: Any = device_interface.CudaInterface  # its methods are replaced
     iface.get_device_properties = staticmethod(get_props)
     iface.get_compute_capability = staticmethod(lambda device=None: cap[0] * 10 + cap[1])
     iface.current_device = staticmethod(lambda: 0)
@@ -187,8 +187,8 @@ def _patch_inductor() -> None:
     from torch._inductor.runtime import triton_heuristics, triton_helpers
 
     triton_helpers.set_driver_to_gpu = lambda: None
-    triton_heuristics.CachingAutotuner._make_launchers = lambda self: None
-    standalone = importlib.import_module("torch._inductor.standalone_compile")
+    triton_heuristics.CachingAutotuner._make_launchers = lambda self: None  # type: ignore[method-assign]
+    standalone: Any = importlib.import_module("torch._inductor.standalone_compile")
     original = standalone._standalone_context
 
     @contextlib.contextmanager

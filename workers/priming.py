@@ -123,7 +123,8 @@ def _staged_lowering() -> None:
     with fresh_cache(), torch._inductor.config.patch(compile_threads=1):
         fields = decompose_graph(decode_graph(graphs[0])).to_fields()
         dec = Decomposition.from_fields({k.encode(): v for k, v in fields.items()})
-        decoded, used = decode_graph(graphs[0]), []
+        used: list[str] = []
+        decoded = decode_graph(graphs[0])
         lower_graph(
             decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
             aot_seam=using_decomposition(dec, decoded, used),

@@ -71,7 +71,8 @@ class WorkerContext:
 class Outcome(Protocol):
     """What a job's work returns when it ended the job: a manifest, or a kernel record."""
 
-    timings: dict[str, float]
+    @property
+    def timings(self) -> dict[str, float]: ...  # read-only: manifests and records are frozen
 
     def total_bytes(self) -> int: ...
 

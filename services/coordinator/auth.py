@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -91,7 +93,7 @@ def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials 
     return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
 
 
-def _bearer(metadata: tuple | None) -> str | None:
+def _bearer(metadata: tuple[Any, ...] | None) -> str | None:
     for key, value in metadata or ():
         if key == "authorization":
             scheme, _, token = str(value).partition(" ")
@@ -106,7 +108,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.tokens = tokens
         self.limiter = limiter if limiter is not None else FailureLimiter(burst=30, per_s=0.5)
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         service = handler_call_details.method.lstrip("/").rpartition("/")[0]
         handler = await continuation(handler_call_details)
         if handler is None or service in OPEN_SERVICES:
@@ -168,11 +174,11 @@ class _Malformed:
         self.error = error
 
 
-def _safe(deserializer):
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
 
-    def parse(data: bytes):
+    def parse(data: bytes) -> Any:
         try:
             return deserializer(data)
         except DecodeError as e:
@@ -181,7 +187,7 @@ def _safe(deserializer):
     return parse
 
 
-async def _reject_malformed(request, context) -> None:
+async def _reject_malformed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
     if isinstance(request, _Malformed):
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT, f"the request does not parse: {request.error}",
@@ -195,8 +201,9 @@ def _as_tenant(
     # grpc.aio runs each call in its own task, hence its own copy of the context: the
     # variable set here is seen by this call's handler only, and needs no reset.
     parse = _safe(handler.request_deserializer)
+    # grpc's stubs type a handler's behaviours as synchronous; under grpc.aio they are async.
     if handler.unary_unary is not None:
-        behavior = handler.unary_unary
+        behavior: Callable[..., Any] = handler.unary_unary
 
         async def unary(request, context):
             if limiter is not None:
@@ -207,7 +214,7 @@ def _as_tenant(
 
         return grpc.unary_unary_rpc_method_handler(unary, parse, handler.response_serializer)
     if handler.unary_stream is not None:
-        stream_behavior = handler.unary_stream
+        stream_behavior: Callable[..., Any] = handler.unary_stream
 
         async def stream(request, context):
             if limiter is not None:

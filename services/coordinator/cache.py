@@ -15,6 +15,7 @@ under its `maxmemory` (docs/operations.md).
 
 from __future__ import annotations
 
+import builtins
 import logging
 import re
 import time
@@ -130,7 +131,8 @@ class CacheService:
             by_target={t: _totals(es) for t, es in sorted(by_target.items())},
         )
 
-    async def evict(self, filters: Filters, everything: bool, namespace: str = "") -> list[Entry]:
+    # `builtins.list`: in this class, after `def list`, a bare `list` names the method.
+    async def evict(self, filters: Filters, everything: bool, namespace: str = "") -> builtins.list[Entry]:
         if not (everything or filters.keys or filters.target or filters.older_than_s):
             raise InvalidRequest(
                 "evict needs keys, all, or a filter (target, older than)", Reason.NOTHING_TO_EVICT
@@ -143,7 +145,7 @@ class CacheService:
                      e.bytes, e.hits)
         return matched
 
-    def _matching(self, filters: Filters, namespace: str) -> list[Entry]:
+    def _matching(self, filters: Filters, namespace: str) -> builtins.list[Entry]:
         wanted = _check_filters(filters)
         store = self.farm.store.tenant(namespace)
         entries = [e for e in (_entry(*row) for row in store.my_artifacts()) if e is not None]

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 from kombu.exceptions import OperationalError
@@ -82,7 +82,7 @@ class QueueDepth:
 
 @dataclass(frozen=True)
 class FarmState:
-    workers: dict[str, dict]
+    workers: dict[str, dict[str, Any]]
     queues: list[QueueDepth]
     recent_jobs: list[JobRecord]
     artifacts: int
@@ -141,7 +141,7 @@ class CeleryDispatcher(Dispatcher):
         # members are "routing_key\x06\x16pattern\x06\x16queue"; they outlive the workers.
         names: set[str] = set()
         for binding in self.broker.scan_iter(match="_kombu.binding.*", count=500):
-            for member in self.broker.smembers(binding):
+            for member in cast("set[bytes]", self.broker.smembers(binding)):
                 names.add(member.decode(errors="replace").split("\x06\x16")[-1])
         return names
 

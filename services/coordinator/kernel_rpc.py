@@ -18,6 +18,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from services.coordinator.errors import (
     BackendUnavailable,
@@ -51,7 +52,7 @@ CLIENT_ERRORS = {
 class CompiledKernel:
     key: str
     cache_hit: bool
-    record: dict
+    record: dict[str, Any]
     binary: bytes
     assembly: str
 
@@ -95,7 +96,8 @@ class KernelService:
         binary = await self.farm._io(store.get_blob, record["binary"]["digest"])
         assembly = b""
         if record.get("assembly"):
-            assembly = await self.farm._io(store.get_blob, record["assembly"]["digest"]) or b""
+            blob = await self.farm._io(store.get_blob, record["assembly"]["digest"])
+            assembly = blob or b""
         if binary is None:
             raise BackendUnavailable(
                 f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
@@ -161,7 +163,7 @@ class KernelService:
 
 
 def _with_triton_version(
-    request: farm_pb2.KernelRequest, target: str, workers: dict[str, dict]
+    request: farm_pb2.KernelRequest, target: str, workers: dict[str, dict[str, Any]]
 ) -> farm_pb2.KernelRequest:
     """The request, with the Triton version of a live worker that will compile it.
 

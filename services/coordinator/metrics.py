@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -130,7 +131,7 @@ class FarmGauges:
 _QUEUE_LABELS = ["queue", "device", "kind"]
 
 
-def _families() -> dict[str, Metric]:
+def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
     return {
         "up": GaugeMetricFamily(
             "torchfarm_backend_up",
@@ -231,7 +232,11 @@ def _code_name(code: object) -> str:
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
     """Counts each call of the farm's service in `torchfarm_rpcs_total{method, code}` when it ends."""
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
         if handler is None or service.startswith("grpc.health."):
@@ -251,7 +256,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler  # the farm has no client-streaming methods
 
 
-def _ended(method: str, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
+def _ended(method: str, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException | None) -> None:
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         code = "CANCELLED"
     elif exc is not None and not isinstance(exc, grpc.aio.AbortError):
@@ -261,8 +266,9 @@ def _ended(method: str, context: grpc.aio.ServicerContext, exc: BaseException | 
     RPCS.labels(method=method, code=code).inc()
 
 
-def _count_unary(method: str, behavior):
-    async def call(request, context):
+# grpc's stubs type a handler's behaviours as synchronous; under grpc.aio they are async.
+def _count_unary(method: str, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             response = await behavior(request, context)
         except BaseException as e:
@@ -274,8 +280,8 @@ def _count_unary(method: str, behavior):
     return call
 
 
-def _count_stream(method: str, behavior):
-    async def call(request, context):
+def _count_stream(method: str, behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         try:
             async for response in behavior(request, context):
                 yield response

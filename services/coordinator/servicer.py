@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import Any, Literal, cast
 
 import grpc
 
@@ -26,6 +28,9 @@ from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
 def status_of(reason: Reason) -> grpc.StatusCode:
     """The status a refusal is answered with: the contract's table says (torchfarm/codes.py)."""
     return grpc.StatusCode[REASONS[reason].status]
@@ -34,7 +39,7 @@ def status_of(reason: Reason) -> grpc.StatusCode:
 def job_status(job: JobRecord) -> farm_pb2.JobStatus:
     return farm_pb2.JobStatus(
         key=job.key,
-        state=farm_pb2.JobState.Value(job.state),
+        state=cast("farm_pb2.JobState", farm_pb2.JobState.Value(job.state)),
         stage=job.stage,
         message=job.message,
         error_code=job.error_code,
@@ -69,13 +74,15 @@ def _stage_timings(job: JobRecord) -> list[farm_pb2.StageTiming]:
 class _ErrorMapping:
     """Maps domain errors to status codes; anything unexpected becomes INTERNAL."""
 
-    def __init__(self, context: grpc.aio.ServicerContext):
+    def __init__(self, context: _Context):
         self.context = context
 
     async def __aenter__(self) -> None:
         return None
 
-    async def __aexit__(self, kind, exc, tb) -> bool:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:  # never swallows: the exception propagates, or the abort raises
         if exc is None or isinstance(exc, (grpc.aio.AbortError, GeneratorExit)):
             return False
         if isinstance(exc, errors.CoordinatorError):
@@ -98,12 +105,12 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         self.kernels = KernelService(farm)
         self.cache = CacheService(farm)
 
-    async def Submit(self, request, context):
+    async def Submit(self, request: farm_pb2.CompileRequest, context: _Context) -> farm_pb2.SubmitReply:
         async with _ErrorMapping(context):
             s = await self.farm.submit(request, request.ByteSize(), auth.caller())
             return farm_pb2.SubmitReply(
                 key=s.key,
-                state=farm_pb2.JobState.Value(s.state),
+                state=cast("farm_pb2.JobState", farm_pb2.JobState.Value(s.state)),
                 cache_hit=s.cache_hit,
                 deduplicated=s.deduplicated,
                 explanation=s.explanation.to_proto() if s.explanation else None,
@@ -117,12 +124,14 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         async with _ErrorMapping(context):
             return job_status(await self.farm.job(request.key, auth.caller()))
 
-    async def Watch(self, request, context) -> AsyncIterator[farm_pb2.JobStatus]:
+    async def Watch(self, request: farm_pb2.JobRef, context: _Context) -> AsyncIterator[farm_pb2.JobStatus]:
         async with _ErrorMapping(context):
             async for job in self.farm.watch(request.key, auth.caller()):
                 yield job_status(job)
 
-    async def FetchArtifact(self, request, context) -> AsyncIterator[farm_pb2.ArtifactChunk]:
+    async def FetchArtifact(
+        self, request: farm_pb2.ArtifactRef, context: _Context
+    ) -> AsyncIterator[farm_pb2.ArtifactChunk]:
         async with _ErrorMapping(context):
             async for piece in self.farm.fetch(request.key, auth.caller()):
                 if not piece.digest:
@@ -134,7 +143,9 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                         )
                     )
 
-    async def GetFarmStatus(self, request, context):
+    async def GetFarmStatus(
+        self, request: farm_pb2.FarmStatusRequest, context: _Context
+    ) -> farm_pb2.FarmStatus:
         async with _ErrorMapping(context):
             st = await self.farm.status(auth.caller())
             now = time.time()
@@ -172,7 +183,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 ],
             )
 
-    async def ListArtifacts(self, request, context):
+    async def ListArtifacts(self, request: farm_pb2.CacheQuery, context: _Context) -> farm_pb2.CacheListing:
         async with _ErrorMapping(context):
             listing = await self.cache.list(
                 _filters(request.target, request.older_than_seconds, request.keys),
@@ -187,7 +198,9 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 targets=[_target_totals(t, tot) for t, tot in listing.by_target.items()],
             )
 
-    async def EvictArtifacts(self, request, context):
+    async def EvictArtifacts(
+        self, request: farm_pb2.CacheEvict, context: _Context
+    ) -> farm_pb2.CacheEvictReply:
         async with _ErrorMapping(context):
             evicted = await self.cache.evict(
                 _filters(request.target, request.older_than_seconds, request.keys),
@@ -200,7 +213,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 evicted=[e.key for e in evicted], bytes=sum(shared.values())
             )
 
-    async def CompileKernel(self, request, context):
+    async def CompileKernel(self, request: farm_pb2.KernelRequest, context: _Context) -> farm_pb2.KernelReply:
         async with _ErrorMapping(context):
             k = await self.kernels.compile(request, request.ByteSize(), auth.caller())
             return farm_pb2.KernelReply(
@@ -216,7 +229,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
             )
 
 
-def _filters(target: str, older_than_s: float, keys) -> Filters:
+def _filters(target: str, older_than_s: float, keys: Iterable[str]) -> Filters:
     return Filters(target=target, older_than_s=older_than_s, keys=tuple(keys))
 
 

@@ -30,7 +30,7 @@ import operator
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -114,7 +114,7 @@ def resolve_function(qualname: str) -> Callable[..., Any]:
     obj = resolve_qualified_name(qualname)
     if not callable(obj):
         raise MalformedGraph(f"target {qualname!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 # ---------------------------------------------------------------------------
@@ -316,7 +316,8 @@ class _Decoder:
         self.pb = graph
         self.limits = limits
         self.fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv())
-        self.shape_env = self.fake_mode.shape_env
+        # Every fake mode here has a ShapeEnv: made above, or the decoded request's own.
+        self.shape_env = cast(ShapeEnv, self.fake_mode.shape_env)
         self.bound = bound
         """Set when the graph's symbols are an existing ShapeEnv's: name → expression."""
         self.symbols: dict[str, sympy.Expr] = {}

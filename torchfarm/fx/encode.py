@@ -327,7 +327,7 @@ class _Encoder:
             a.list.items.extend(self.arg(v, depth + 1) for v in value)
         elif type(value) in (tuple, torch.Size):
             a.tuple.SetInParent()
-            a.tuple.items.extend(self.arg(v, depth + 1) for v in value)  # type: ignore[union-attr]
+            a.tuple.items.extend(self.arg(v, depth + 1) for v in value)  # type: ignore[attr-defined]
         elif isinstance(value, slice):
             for field in ("start", "stop", "step"):
                 getattr(a.slice, field).CopyFrom(self.arg(getattr(value, field), depth + 1))
@@ -343,7 +343,7 @@ class _Encoder:
             a.sym.CopyFrom(self.size(value))
         elif type(value) in (dict, torch.fx.immutable_collections.immutable_dict):
             a.immutable_dict.SetInParent()
-            for key, item in value.items():  # type: ignore[union-attr]
+            for key, item in value.items():  # type: ignore[attr-defined]
                 if not isinstance(key, (str, int)):
                     raise UnsupportedGraph(f"dict key {key!r} is not a str or int")
                 a.immutable_dict.items.extend([self.arg(key, depth + 1), self.arg(item, depth + 1)])
@@ -388,7 +388,7 @@ class _Encoder:
             out.kwargs.add(name=key, value=self.arg(node.kwargs[key]))
 
 
-def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> int:
+def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMeta.Kind:
     if isinstance(value, torch.nn.Parameter) or isinstance(example, torch.nn.Parameter):
         return TensorMeta.PARAMETER
     source = getattr(node, "_dynamo_source", None)

@@ -124,7 +124,7 @@ def _encode(expr: sympy.Basic, names: Mapping[sympy.Symbol, str], depth: int) ->
     if expr is sympy.false:
         return ["False"]
     if expr.is_Symbol:
-        name = names.get(expr)  # type: ignore[call-overload]
+        name = names.get(expr)
         if name is None:
             raise GuardError(f"guard mentions {expr}, which is not one of the graph's symbols")
         return ["Symbol", name]

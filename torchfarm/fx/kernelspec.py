@@ -128,7 +128,7 @@ def call_args(args: dict[str, Any]) -> dict[str, Any]:
     return {**args, "extra_flags": tuple(args["extra_flags"])}
 
 
-def code_cache(name: str) -> type:
+def code_cache(name: str) -> type[Any]:
     from torch._inductor import codecache
 
     if name not in CODE_CACHES:
@@ -136,7 +136,7 @@ def code_cache(name: str) -> type:
     return getattr(codecache, name)
 
 
-def load_fn_outputs(cache_cls: type, load_fn: Callable[[], Any]) -> tuple[str, list[str]]:
+def load_fn_outputs(cache_cls: type[Any], load_fn: Callable[[], Any]) -> tuple[str, list[str]]:
     """(key, build target paths) of a `load_fn` that `cache_cls.load_async` returned."""
     key = next((k for k, v in cache_cls.cache.items() if v is load_fn), None)
     cells = dict(zip(load_fn.__code__.co_freevars, load_fn.__closure__ or (), strict=True))
@@ -165,7 +165,7 @@ def local_outputs(spec: KernelSpec) -> tuple[str, list[str]]:
     cache_cls = code_cache(spec.cache)
     with _PRECOMPILE_LOCK:
         real = codecache._precompile_header
-        codecache._precompile_header = _no_precompiled_header
+        codecache._precompile_header = _no_precompiled_header  # type: ignore[assignment]
         try:
             load_fn = cache_cls.load_async(**call_args(spec.args))
         finally:

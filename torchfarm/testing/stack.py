@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import redis
@@ -125,6 +126,12 @@ class LocalStack:
         if self.tenants:
             self._make_tokens()
 
+    @property
+    def root(self) -> Path:
+        """`workdir`, which __post_init__ makes when none is given (never None after it)."""
+        assert self.workdir is not None
+        return self.workdir
+
     def _make_signing_key(self) -> None:
         from torchfarm.signing import Signer
 
@@ -186,7 +193,7 @@ class LocalStack:
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        logfile = open(self.workdir / f"{name}.log", "ab")
+        logfile = open(self.root / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
             _die_with_parent(cmd),
             env=env or self.env(),
@@ -225,7 +232,7 @@ class LocalStack:
         return self
 
     def start_redis(self) -> None:
-        self._spawn("redis", redis_command(self.redis_port, self.workdir))
+        self._spawn("redis", redis_command(self.redis_port, self.root))
         try:
             wait_for_redis(self.cache_url)
         except redis.RedisError as e:
@@ -254,19 +261,20 @@ class LocalStack:
         env = self.env()
         env["TORCHFARM_NAME"] = f"cpu{i}"
         # Each worker has a cache dir of its own, as a worker on its own machine would.
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "inductor")
-        env["TRITON_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "triton")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.root / f"worker{i}" / "inductor")
+        env["TRITON_CACHE_DIR"] = str(self.root / f"worker{i}" / "triton")
         # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
         # prometheus-client multiprocess directory of its own.
         env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))
         if self.metrics_port:
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.workdir / f"worker{i}" / "metrics")
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.root / f"worker{i}" / "metrics")
         self._spawn(f"worker{i}", self.worker_cmd(i), env)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
-            health = health_pb2_grpc.HealthStub(channel)
+            # Any: the stub package's HealthStub lacks its generated methods (Check).
+            health: Any = health_pb2_grpc.HealthStub(channel)
             while True:
                 self._check_alive()
                 try:
@@ -285,7 +293,7 @@ class LocalStack:
     def _check_alive(self) -> None:
         for name, p in self.procs.items():
             if p.poll() is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                tail = (self.root / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{name} exited with {p.returncode}:\n{tail}")
 
     def signal(self, name: str, sig: int) -> None:
