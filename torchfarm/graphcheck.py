@@ -113,6 +113,9 @@ MAX_SYM_EXPONENT = 64
 # Python arithmetic (say 10 ** 10 ** 9) off the worker.
 _PURE_PYTHON_PREFIXES = ("_operator.", "math.")
 
+GETATTR = "builtins.getattr"
+"""The one builtin a graph may call: it reads an allow-listed Tensor attribute."""
+
 Node = graph_pb2.Node
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 
@@ -392,6 +395,8 @@ class _Checker:
         elif node.op == Node.CALL_FUNCTION:
             if not allowlist.is_allowed_function(node.target):
                 raise DisallowedOp(node.target)
+            if node.target == GETATTR:
+                _check_getattr(node, where)
             if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
                 a.WhichOneof("kind") == "node" for a in node.args
             ):
@@ -490,6 +495,18 @@ class _Checker:
         elif kind == "sym":
             self.sym_expr(arg.sym, where, size=False)
         # none, bool_value, int_value, float_value, str_value need no check.
+
+
+def _check_getattr(node: graph_pb2.Node, where: str) -> None:
+    """`getattr(tensor, "T")`: a node and a constant attribute name from the allow-list,
+    so the call can reach neither dunders nor methods nor autograd state."""
+    if len(node.args) != 2 or node.kwargs or node.args[0].WhichOneof("kind") != "node":
+        raise MalformedGraph(f"{where}: {GETATTR} takes a node and a constant name")
+    if node.args[1].WhichOneof("kind") != "str_value":
+        raise MalformedGraph(f"{where}: {GETATTR} needs a constant attribute name")
+    name = node.args[1].str_value
+    if not allowlist.is_allowed_attribute(name):
+        raise DisallowedOp(name, kind="Tensor attribute")
 
 
 def validate_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> None:
