@@ -22,7 +22,7 @@ VOCAB = 128
 SEQ = 8
 BATCH = 2
 
-_DROPOUT_WORDS = ("dropout", "layerdrop", "mask_time_prob", "mask_feature_prob", "drop_path")
+_DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob", "drop_path")
 
 
 def _no_dropout(config: Any) -> Any:
