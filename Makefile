@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
+.PHONY: setup demo lint test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -41,6 +41,10 @@ bench-steps: setup
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup
 	$(PY) bench/load.py $(LOAD_ARGS)
+
+# The real-model suite's transformers models on a local farm: docs/model-coverage.md.
+coverage-report: setup
+	HF_HUB_OFFLINE=1 $(PY) scripts/model_coverage.py $(COVERAGE_ARGS)
 
 # Workers, Redis and the coordinator killed on purpose; figures printed at the end.
 test-faults: setup

@@ -54,6 +54,19 @@ OP_NAMESPACES = (
     "torch.special",
 )
 
+# Namespaces that are bindings of ATen ops. Their private names (`torch._weight_norm`,
+# which Wav2Vec2's weight norm calls) are ATen ops too, allowed as `torch.ops.aten.*`
+# already; a private name is taken only if `torch.ops.aten` has an op of that name.
+ATEN_BINDINGS = frozenset(
+    {
+        "torch._C._VariableFunctions",
+        "torch._C._nn",
+        "torch._C._linalg",
+        "torch._C._fft",
+        "torch._C._special",
+    }
+)
+
 # Modules an enumerated op's canonical name may live in. Public namespaces re-export
 # a few helpers from elsewhere (torch._jit_internal, torch._C._has_torch_function);
 # those are not ops.
@@ -110,6 +123,40 @@ HELPERS = (
     "torch._functorch.predispatch._vmap_decrement_nesting",
     "torch._functorch.predispatch._add_batch_dim",
     "torch._functorch.predispatch._remove_batch_dim",
+    # Reads a Tensor attribute (`logits.T` in CLIP); graphcheck allows it only with a
+    # node and a constant name from ATTRIBUTES, so it never reaches dunders or methods.
+    "builtins.getattr",
+)
+
+# Tensor attributes `builtins.getattr` may read: the public data descriptors of
+# torch.Tensor, less these, which lead to autograd state or leave the tensor world.
+DENIED_ATTRIBUTES = {"data", "grad", "grad_fn", "grad_dtype", "name", "output_nr", "retains_grad", "volatile"}
+
+# Qualified-name prefixes that never enter the list, whatever namespace lists them:
+# serialization and file I/O, library loading, hub downloads, global-state setters,
+# profilers that write traces, process and device management.
+DENIED_PREFIXES = (
+    "torch._C._set_",
+    "torch.set_",
+    "torch.hub.",
+    "torch.serialization.",
+    "torch.ops.load_library",
+    "torch._ops.ops.load_library",
+    "torch.profiler.",
+    "torch.autograd.profiler.",
+    "torch.ops.profiler.",
+    "torch.distributed.",
+    "torch.multiprocessing.",
+    "torch.cuda.",
+    "torch.utils.",
+    "torch.jit.",
+    "torch.package.",
+    "torch.random.",
+    "os.",
+    "sys.",
+    "subprocess.",
+    "socket.",
+    "pickle.",
 )
 
 # Names (last component of a function, or a method name) that are never allowed.
@@ -181,6 +228,8 @@ TENSOR_DUNDERS = tuple(
 
 
 def denied(name: str) -> bool:
+    if name.startswith(DENIED_PREFIXES):
+        return True
     last = name.rsplit(".", 1)[-1]
     if name.startswith("torch.ops."):
         last = name.split(".")[3]  # torch.ops.<namespace>.<op>[.<overload>]
@@ -191,9 +240,12 @@ def _public_callables(namespace: str) -> Iterable[object]:
     ns = lookup_qualified_name(namespace)
     if ns is None:
         raise SystemExit(f"namespace {namespace} not found in this torch")
+    private_ok = namespace in ATEN_BINDINGS
     for attr in sorted(dir(ns)):
         obj = getattr(ns, attr, None)
-        if not attr.startswith("_") and inspect.isroutine(obj):
+        if not inspect.isroutine(obj) or attr.startswith("__"):
+            continue
+        if not attr.startswith("_") or (private_ok and hasattr(torch.ops.aten, attr)):
             yield obj
 
 
@@ -246,6 +298,15 @@ def methods() -> list[str]:
     return sorted({n for n in public if not denied(n)} | set(TENSOR_DUNDERS))
 
 
+def attributes() -> list[str]:
+    public = [
+        n
+        for n in dir(torch.Tensor)
+        if not n.startswith("_") and not callable(getattr(torch.Tensor, n, None))
+    ]
+    return sorted(n for n in public if n not in DENIED_ATTRIBUTES and not denied(n))
+
+
 def verify(function_names: list[str]) -> None:
     """Every name must resolve, and name the object it resolves to."""
     for name in function_names:
@@ -257,7 +318,12 @@ def verify(function_names: list[str]) -> None:
 def build() -> dict[str, object]:
     function_names = functions()
     verify(function_names)
-    return {"torch_version": torch.__version__, "functions": function_names, "methods": methods()}
+    return {
+        "torch_version": torch.__version__,
+        "functions": function_names,
+        "methods": methods(),
+        "attributes": attributes(),
+    }
 
 
 def render(data: dict[str, object]) -> str:

@@ -29,6 +29,7 @@ from torchfarm.fx.guards import CaptureShapes, GuardError
 from sdk.metrics import FALLBACKS
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
+from sdk.scalars import specialize_float_inputs
 from sdk.settings import SDKSettings
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from sdk.trust import Trust, untrusted_message
@@ -125,6 +126,8 @@ class FarmBackend:
         """Set with wait=False: the graphs handed out, and their switch to compiled code."""
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if self._client is not None or self.target is not None:
+            specialize_float_inputs(gm)  # may restart Dynamo's trace (sdk/scalars.py)
         with self._lock:
             self._graphs += 1
             index = self._graphs

@@ -6,7 +6,8 @@ It holds two sorted lists:
 
 - `functions`: canonical qualified names of call_function targets, as `torchfarm.fx.encode`
   writes them ("torch._C._nn.linear", "_operator.getitem", "torch.ops.aten.add.Tensor");
-- `methods`: Tensor method names allowed as call_method targets ("view", "__getitem__").
+- `methods`: Tensor method names allowed as call_method targets ("view", "__getitem__");
+- `attributes`: Tensor attribute names `builtins.getattr` may read ("T", "shape").
 
 This module imports no torch: the coordinator checks graphs with it.
 """
@@ -31,6 +32,7 @@ class AllowList:
     """The torch build the list was generated from."""
     functions: frozenset[str]
     methods: frozenset[str]
+    attributes: frozenset[str] = frozenset()
 
 
 @functools.cache
@@ -42,6 +44,7 @@ def load_allowlist() -> AllowList:
         torch_version=str(raw["torch_version"]),
         functions=frozenset(raw["functions"]),
         methods=frozenset(raw["methods"]),
+        attributes=frozenset(raw.get("attributes", ())),
     )
     log.debug(
         "allow-list for torch %s: %d functions, %d methods",
@@ -60,3 +63,8 @@ def is_allowed_function(qualname: str) -> bool:
 def is_allowed_method(name: str) -> bool:
     """True if the Tensor method `name` may be the target of a call_method node."""
     return name in load_allowlist().methods
+
+
+def is_allowed_attribute(name: str) -> bool:
+    """True if a graph may read the Tensor attribute `name` with `builtins.getattr`."""
+    return name in load_allowlist().attributes

@@ -124,6 +124,9 @@ MAX_SYM_EXPONENT = 64
 # Python arithmetic (say 10 ** 10 ** 9) off the worker.
 _PURE_PYTHON_PREFIXES = ("_operator.", "math.")
 
+GETATTR = "builtins.getattr"
+"""The one builtin a graph may call: it reads an allow-listed Tensor attribute."""
+
 Node = graph_pb2.Node
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 
@@ -429,6 +432,8 @@ class _Checker:
         elif node.op == Node.CALL_FUNCTION:
             if not allowlist.is_allowed_function(node.target):
                 raise DisallowedOp(node.target)
+            if node.target == GETATTR:
+                _check_getattr(node, where)
             if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
                 a.WhichOneof("kind") == "node" for a in node.args
             ):
@@ -578,6 +583,18 @@ def _operand(arg: graph_pb2.Argument) -> tuple:
     if kind == "int_value":
         return ("int", arg.int_value)
     return ("other", None)
+
+
+def _check_getattr(node: graph_pb2.Node, where: str) -> None:
+    """`getattr(tensor, "T")`: a node and a constant attribute name from the allow-list,
+    so the call can reach neither dunders nor methods nor autograd state."""
+    if len(node.args) != 2 or node.kwargs or node.args[0].WhichOneof("kind") != "node":
+        raise MalformedGraph(f"{where}: {GETATTR} takes a node and a constant name")
+    if node.args[1].WhichOneof("kind") != "str_value":
+        raise MalformedGraph(f"{where}: {GETATTR} needs a constant attribute name")
+    name = node.args[1].str_value
+    if not allowlist.is_allowed_attribute(name):
+        raise DisallowedOp(name, kind="Tensor attribute")
 
 
 def validate_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> None:

@@ -176,3 +176,27 @@ def test_automatic_dynamic_recompiles_on_the_farm_as_torch_compile(stack, client
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     farm = [m for m in msgs if KEY.search(m)]
     assert len(farm) == 2 and not any("compiles locally" in m for m in msgs), msgs
+
+
+def test_float_module_attribute_with_dynamic_true(stack, client_cache_dir, caplog):
+    """LayerNorm's `eps` under `dynamic=True` (issue 18, item 2): Dynamo passes it as a
+    0-d tensor read with `.item()`; sent as such, the worker's fake propagation stopped
+    on an unhinted float (`GuardOnDataDependentSymNode ... zuf0`). It is specialized as
+    local torch.compile specializes it: one graph for every batch size."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+    )
+    calls = [(torch.randn(n, 8),) for n in (4, 7, 16, 33)]
+    local_graphs, _ = _graphs_and_outputs(torch.compile(model, dynamic=True), calls)
+    farm_graphs, outs = _graphs_and_outputs(
+        sdk.compile(model, remote=stack.address, fallback="error", dynamic=True), calls
+    )
+    torch._dynamo.reset()
+    assert local_graphs == 1
+    assert farm_graphs == local_graphs
+    for out, (x,) in zip(outs, calls):
+        torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+    assert not any("compiles locally" in m for m in msgs), msgs

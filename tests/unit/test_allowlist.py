@@ -12,7 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from torchfarm.fx.encode import UnsupportedGraph, qualified_name
-from torchfarm.allowlist import is_allowed_function, is_allowed_method, load_allowlist
+from torchfarm.allowlist import (
+    is_allowed_attribute,
+    is_allowed_function,
+    is_allowed_method,
+    load_allowlist,
+)
 from torchfarm.graph_errors import DisallowedOp
 from torchfarm.fx.decode import resolve_function
 
@@ -70,6 +75,10 @@ def test_pinned_torch() -> None:
         "torch.amp.autocast_mode._enter_autocast",
         "torch.sym_min",
         "torch._sym_sqrt",
+        # what the real-model suite's graphs call (tests/realmodels)
+        "torch._weight_norm",
+        "torch._C._nn._upsample_nearest_exact2d",
+        "builtins.getattr",
     ],
 )
 def test_allowed_functions(name: str) -> None:
@@ -97,7 +106,8 @@ def test_allowed_functions(name: str) -> None:
         "_operator.call",
         "math.factorial",
         "builtins.eval",
-        "builtins.getattr",
+        "builtins.setattr",
+        "builtins.__import__",
         "os.system",
         "pickle.loads",
         "torch.ops.aten.set_.source_Storage",
@@ -192,3 +202,70 @@ def test_qualified_names_are_canonical(target: object, name: str) -> None:
 def test_unnamable_target() -> None:
     with pytest.raises(UnsupportedGraph, match="no importable qualified name"):
         qualified_name(lambda x: x)
+
+
+# One or more members of each class of call that must never run on a server.
+DENIED_BY_CLASS = {
+    "serialization": [
+        "torch.save", "torch.load", "torch.serialization.save", "torch.jit.load",
+        "torch.jit.save", "torch.package.PackageImporter",
+    ],
+    "file I/O": ["torch.from_file", "torch.ops.aten.from_file.default", "builtins.open"],
+    "network I/O": ["torch.hub.load", "torch.hub.download_url_to_file", "socket.socket"],
+    "loading libraries": [
+        "torch.ops.load_library", "torch._ops.ops.load_library", "torch.classes.load_library",
+        "torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline",
+        "ctypes.CDLL",
+    ],
+    "process and environment": [
+        "os.system", "os.environ.get", "subprocess.run", "sys.exit", "os.getenv",
+        "torch.multiprocessing.spawn",
+    ],
+    "global-state setters": [
+        "torch._C._set_default_dtype", "torch._C._set_print_stack_traces_on_fatal_signal",
+        "torch.set_default_dtype", "torch.set_num_threads", "torch.set_printoptions",
+        "torch.set_rng_state", "torch.set_default_device", "torch._C._set_deterministic_algorithms",
+    ],
+    "RNG seeds": [
+        "torch.manual_seed", "torch.seed", "torch.random.manual_seed", "torch.cuda.manual_seed",
+        "torch._C._set_rng_state",
+    ],
+    "printing": ["torch.ops.aten._print.default", "builtins.print"],
+    "profilers": [
+        "torch.profiler.profile", "torch.autograd.profiler.profile",
+        "torch.ops.profiler._record_function_enter_new.default",
+        "torch.autograd.profiler.record_function",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "name", [n for names in DENIED_BY_CLASS.values() for n in names]
+)
+def test_each_denied_class_is_refused(name: str) -> None:
+    assert not is_allowed_function(name)
+    with pytest.raises(DisallowedOp):
+        resolve_function(name)
+
+
+def test_no_enumerated_name_passes_the_deny_prefixes() -> None:
+    gen = _generator()
+    reviewed = set(gen.HELPERS)
+    leaked = [
+        name
+        for name in load_allowlist().functions
+        if name.startswith(gen.DENIED_PREFIXES) and name not in reviewed
+    ]
+    assert leaked == []
+
+
+@pytest.mark.parametrize("name", ["T", "shape", "dtype", "ndim", "mT"])
+def test_allowed_attributes(name: str) -> None:
+    assert is_allowed_attribute(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["grad_fn", "data", "grad", "__class__", "__dict__", "storage", "view", "_base"]
+)
+def test_denied_attributes(name: str) -> None:
+    assert not is_allowed_attribute(name)

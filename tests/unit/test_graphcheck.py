@@ -420,3 +420,37 @@ def test_coordinator_modules_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _getattr_graph(*args: graph_pb2.Argument, **kwargs: graph_pb2.Argument) -> graph_pb2.Graph:
+    g = make_graph()
+    node = graph_pb2.Node(name="attr", op=Node.CALL_FUNCTION, target="builtins.getattr", args=args)
+    for key in sorted(kwargs):
+        node.kwargs.add(name=key, value=kwargs[key])
+    _insert_before_output(g, node)
+    return g
+
+
+def test_getattr_of_an_allowed_tensor_attribute_passes() -> None:
+    validate_graph(_getattr_graph(ref("relu"), graph_pb2.Argument(str_value="T")), LIMITS)
+
+
+@pytest.mark.parametrize("name", ["__class__", "__dict__", "grad_fn", "data", "view", "_base"])
+def test_getattr_refuses_other_attributes(name: str) -> None:
+    with pytest.raises(DisallowedOp, match=name):
+        validate_graph(_getattr_graph(ref("relu"), graph_pb2.Argument(str_value=name)), LIMITS)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((ref("relu"), ref("add")), {}),  # a computed name
+        ((graph_pb2.Argument(str_value="x"), graph_pb2.Argument(str_value="T")), {}),
+        ((ref("relu"),), {}),
+        ((ref("relu"), graph_pb2.Argument(str_value="T"), graph_pb2.Argument(none={})), {}),
+        ((ref("relu"), graph_pb2.Argument(str_value="T")), {"default": graph_pb2.Argument(none={})}),
+    ],
+)
+def test_getattr_needs_a_node_and_a_constant_name(args, kwargs) -> None:
+    with pytest.raises(MalformedGraph, match="builtins.getattr"):
+        validate_graph(_getattr_graph(*args, **kwargs), LIMITS)

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 Node = graph_pb2.Node
 TensorMeta = graph_pb2.TensorMeta
 
-_ROOT_MODULES = frozenset({"torch", "_operator", "math"})
+_ROOT_MODULES = frozenset({"torch", "_operator", "math", "builtins"})
 """The only modules a target name may start from."""
 
 MAX_SEQUENCE_REPEAT = 1 << 16

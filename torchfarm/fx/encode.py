@@ -35,6 +35,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from torchfarm.fx.noops import droppable_nodes
 from torchfarm import allowlist
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
@@ -413,9 +414,11 @@ def encode_graph(
     """
     encoder = _Encoder(gm, limits)
     placeholders = iter(example_inputs)
+    dropped = droppable_nodes(gm)
     for node in gm.graph.nodes:
         example = next(placeholders, None) if node.op == "placeholder" else None
-        encoder.node(node, example)
+        if node not in dropped:
+            encoder.node(node, example)
     graph = encoder.graph
     try:
         validate_graph(graph, limits)

@@ -1,0 +1,61 @@
+"""Python float inputs of a dynamic graph: specialized before the graph leaves the client.
+
+With `dynamic=True` (torch 2.13's `specialize_float=False`), Dynamo passes a float such
+as a LayerNorm's `eps` into the graph as a 0-d tensor and reads it back with `.item()`.
+Local `torch.compile` then runs AOTAutograd's `tensorify_python_scalars` pass: what it
+cannot turn into tensor arithmetic it specializes, by naming the float's symbol in
+`TensorifyState` and raising `TensorifyScalarRestartAnalysis`, so that Dynamo traces the
+frame again with that float as a constant (guarded on its value).
+
+The farm cannot restart the client's Dynamo from a worker, and on the worker the
+`.item()` of a plain tensor input is an unbacked float that ops such as `layer_norm`
+cannot guard on. So the backend does the restart here, before encoding, for every such
+float. Specializing a float torch would have tensorified away gives the same numbers and
+one more recompile only when that float's value changes.
+
+Behaviour pinned against torch 2.13.0: Dynamo's placeholder for such a float has a
+`FakeTensor` example value whose `item_memo` is the SymFloat, and
+`OutputGraph.remove_tensorify_specialized_graphargs` removes placeholders whose
+`item_memo` symbol `TensorifyState` names.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.fx
+from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+from torch._dynamo.symbolic_convert import TensorifyState
+from torch._subclasses.fake_tensor import FakeTensor
+
+log = logging.getLogger(__name__)
+
+
+def tensorified_floats(gm: torch.fx.GraphModule) -> list[str]:
+    """Symbol names of the float inputs Dynamo passed as 0-d tensors read with `.item()`."""
+    names: list[str] = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        memo = getattr(value, "item_memo", None) if isinstance(value, FakeTensor) else None
+        if memo is None or not node.users or not all(u.target == "item" for u in node.users):
+            continue
+        symbol = memo.node._expr  # the symbol, not its replacement
+        if hasattr(symbol, "name") and not TensorifyState.should_specialize(symbol.name):
+            names.append(symbol.name)
+    return names
+
+
+def specialize_float_inputs(gm: torch.fx.GraphModule) -> None:
+    """Makes Dynamo trace the frame again with its tensorified float inputs as constants.
+
+    Raises `TensorifyScalarRestartAnalysis` (Dynamo catches it and restarts) when the
+    graph has such an input; returns otherwise.
+    """
+    names = tensorified_floats(gm)
+    if not names:
+        return
+    for name in names:
+        TensorifyState.specialize(name)
+    log.debug("specializing float inputs %s before sending the graph", ", ".join(names))
+    raise TensorifyScalarRestartAnalysis

@@ -1,0 +1,35 @@
+"""Real architectures on the farm (issue 18, item 5): small random-weight `transformers`
+models (tests/realmodels/zoo.py), one training step each through
+`sdk.compile(..., remote=<local stack>, fallback="local")`.
+
+Each step's loss and every gradient are within 1e-4 of eager, every graph is served by
+the farm (but for the known gaps, which must fall back for the reason recorded), and
+the share of graphs on the farm is printed. `make coverage-report` runs the same steps
+and writes docs/model-coverage.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from tests.realmodels.step import TOLERANCE, train_step  # noqa: E402
+from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[a.name for a in ARCHITECTURES])
+def test_training_step_on_the_farm(arch, stack, client_cache_dir, capsys):
+    result = train_step(arch, stack.address)
+    with capsys.disabled():
+        print(f"\n{result.line()}")
+    assert not result.error
+    assert result.graphs > 0
+    assert result.loss_error <= TOLERANCE and result.grad_error <= TOLERANCE, result.line()
+    gap = KNOWN_GAPS.get(arch.name)
+    if gap is None:
+        assert result.on_farm == result.graphs, result.line()
+    else:
+        assert result.fell_back and all(gap in line for line in result.fell_back), result.line()

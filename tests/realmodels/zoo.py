@@ -1,0 +1,233 @@
+"""Small random-weight `transformers` models, one training step each (issue 18, item 5).
+
+No weights are downloaded: every model is built from a tiny config (HF_HUB_OFFLINE=1).
+Dropout, layer drop and SpecAugment masking are off so that a compiled step can be
+compared with eager. Each entry builds `(model, inputs)`; `model(**inputs).loss` is the
+loss of one step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import torch  # noqa: E402
+
+VOCAB = 128
+SEQ = 8
+BATCH = 2
+
+_DROPOUT_WORDS = ("dropout", "pdrop", "layerdrop", "mask_time_prob", "mask_feature_prob", "drop_path")
+
+
+def _no_dropout(config: Any) -> Any:
+    """Zeroes every dropout-like probability of a config and its sub-configs."""
+    for name, value in list(vars(config).items()):
+        if any(w in name for w in _DROPOUT_WORDS) and isinstance(value, float):
+            setattr(config, name, 0.0)
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            _no_dropout(value)
+    return config
+
+
+def _tokens(batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(3, vocab, (batch, seq))
+
+
+def _decoder(config_cls: str, model_cls: str, **extra: Any) -> Callable[[], tuple[Any, dict]]:
+    def build() -> tuple[Any, dict]:
+        import transformers
+
+        config = getattr(transformers, config_cls)(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **extra,
+        )
+        model = getattr(transformers, model_cls)(_no_dropout(config))
+        ids = _tokens()
+        return model, {"input_ids": ids, "labels": ids}
+
+    return build
+
+
+def _gpt2() -> tuple[Any, dict]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ids = _tokens()
+    return GPT2LMHeadModel(_no_dropout(config)), {"input_ids": ids, "labels": ids}
+
+
+def _encoder(config_cls: str, model_cls: str) -> Callable[[], tuple[Any, dict]]:
+    def build() -> tuple[Any, dict]:
+        import transformers
+
+        config = getattr(transformers, config_cls)(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+        )
+        model = getattr(transformers, model_cls)(_no_dropout(config))
+        ids = _tokens()
+        return model, {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "labels": torch.tensor([0, 1]),
+        }
+
+    return build
+
+
+def _t5() -> tuple[Any, dict]:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        decoder_start_token_id=0,
+    )
+    return T5ForConditionalGeneration(_no_dropout(config)), {
+        "input_ids": _tokens(),
+        "labels": _tokens(),
+    }
+
+
+def _bart() -> tuple[Any, dict]:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_position_embeddings=64,
+    )
+    return BartForConditionalGeneration(_no_dropout(config)), {
+        "input_ids": _tokens(),
+        "labels": _tokens(),
+    }
+
+
+def _vit() -> tuple[Any, dict]:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_labels=3,
+    )
+    return ViTForImageClassification(_no_dropout(config)), {
+        "pixel_values": torch.randn(BATCH, 3, 32, 32),
+        "labels": torch.tensor([0, 2]),
+    }
+
+
+def _wav2vec2() -> tuple[Any, dict]:
+    from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+    config = Wav2Vec2Config(
+        vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        ctc_loss_reduction="mean",
+    )
+    return Wav2Vec2ForCTC(_no_dropout(config)), {
+        "input_values": torch.randn(BATCH, 800),
+        "labels": torch.randint(1, 32, (BATCH, 5)),
+    }
+
+
+def _whisper() -> tuple[Any, dict]:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+        decoder_ffn_dim=128, max_source_positions=16, max_target_positions=32,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )
+    return WhisperForConditionalGeneration(_no_dropout(config)), {
+        "input_features": torch.randn(BATCH, 16, 32),
+        "labels": _tokens(),
+    }
+
+
+def _clip() -> tuple[Any, dict]:
+    from transformers import CLIPConfig, CLIPModel
+
+    text = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=32,
+    )
+    vision = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        image_size=32, patch_size=8,
+    )
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=32)
+    return CLIPModel(_no_dropout(config)), {
+        "input_ids": _tokens(),
+        "pixel_values": torch.randn(BATCH, 3, 32, 32),
+        "return_loss": True,
+    }
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    family: str
+    build: Callable[[], tuple[Any, dict]]
+
+
+ARCHITECTURES: tuple[Arch, ...] = (
+    Arch("llama", "decoder", _decoder("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=4)),
+    Arch(
+        "mistral",
+        "decoder (sliding window)",
+        _decoder("MistralConfig", "MistralForCausalLM", num_key_value_heads=2, sliding_window=4),
+    ),
+    Arch("qwen2", "decoder (GQA)", _decoder("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2)),
+    Arch("gemma", "decoder", _decoder("GemmaConfig", "GemmaForCausalLM", num_key_value_heads=1, head_dim=16)),
+    Arch("phi", "decoder", _decoder("PhiConfig", "PhiForCausalLM")),
+    Arch(
+        "mixtral",
+        "decoder (MoE)",
+        _decoder(
+            "MixtralConfig", "MixtralForCausalLM", num_key_value_heads=2,
+            num_local_experts=4, num_experts_per_tok=2,
+        ),
+    ),
+    Arch(
+        "mixtral-eager-experts",
+        "decoder (MoE, experts without the custom op)",
+        _decoder(
+            "MixtralConfig", "MixtralForCausalLM", num_key_value_heads=2,
+            num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager",
+        ),
+    ),
+    Arch("gpt2", "decoder", _gpt2),
+    Arch("bert", "encoder", _encoder("BertConfig", "BertForSequenceClassification")),
+    Arch("roberta", "encoder", _encoder("RobertaConfig", "RobertaForSequenceClassification")),
+    Arch("electra", "encoder", _encoder("ElectraConfig", "ElectraForSequenceClassification")),
+    Arch("t5", "encoder-decoder", _t5),
+    Arch("bart", "encoder-decoder", _bart),
+    Arch("vit", "vision", _vit),
+    Arch("wav2vec2", "audio", _wav2vec2),
+    Arch("whisper", "audio (encoder-decoder)", _whisper),
+    Arch("clip", "multimodal", _clip),
+)
+BY_NAME = {a.name: a for a in ARCHITECTURES}
+
+KNOWN_GAPS = {
+    "mixtral": "torch.ops.transformers.grouped_mm_fallback",
+}
+"""Architectures with a graph the farm cannot take yet, and the text its reason holds:
+Mixtral's default experts call a custom op `transformers` registers with torch.library
+(issue 18, item 4)."""
