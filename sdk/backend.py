@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sdk import artifact, report
+from sdk import artifact, report, wake
 from sdk.client import FarmClient, parse_address
 from sdk.codec import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected, JobLost
@@ -302,8 +302,9 @@ class FarmBackend:
         """Submits, then waits unless it was a hit. A job the farm lost (Redis restarted
         under it) is submitted again: the key is the same, so this is idempotent."""
         assert self._client is not None
+        client = self._client
         for attempt in range(self.settings.max_resubmits + 1):
-            reply = self._client.submit(request)
+            reply = wake.submit_waking(lambda: client.submit(request), self.settings, track)
             if reply.cache_hit:
                 return reply, None
             try:

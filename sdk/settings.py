@@ -40,6 +40,9 @@ class SDKSettings:
     pinned (here or in trusted_keys), only artifacts signed by one of them are loaded."""
     trusted_keys: str = ""
     """More pinned keys, inline: "id=base64,id=base64"."""
+    wake_timeout_s: float = 120.0
+    """How long to keep submitting a graph whose target no live worker serves yet (a
+    pool starting or scaled to zero; sdk/wake.py) before falling back; 0: at once."""
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""
