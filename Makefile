@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
+.PHONY: setup demo test test-fast test-deploy test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
 
 setup:
 	@./scripts/setup.sh
@@ -37,6 +37,12 @@ bench-steps: setup
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup
 	$(PY) bench/load.py $(LOAD_ARGS)
+
+# The compose deployment built with podman and run end to end: clients in containers of
+# their own train through it with token, TLS and pinned key (scripts/test_deploy.sh;
+# needs root; about 15 min on a clean machine, less with the base images cached).
+test-deploy:
+	./scripts/test_deploy.sh
 
 # Workers, Redis and the coordinator killed on purpose; figures printed at the end.
 test-faults: setup

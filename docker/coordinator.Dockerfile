@@ -3,13 +3,15 @@
 # cannot drift from the code. Also the image of compose's one-shot `init` service
 # (python -m torchfarm.provision: signing key, token, TLS certificates, Redis ACLs).
 #   docker build -f docker/coordinator.Dockerfile -t torchfarm/coordinator .
-# Builds behind a wheel mirror: --build-arg PIP_INDEX_URL=... (and PIP_FIND_LINKS,
+# Builds behind a wheel mirror or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=... (and
+# PIP_FIND_LINKS, PIP_CERT,
 # PIP_EXTRA_INDEX_URL); build arguments stay in the build stage.
 FROM python:3.11-slim-bookworm AS build
 
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 

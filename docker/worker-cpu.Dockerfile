@@ -12,6 +12,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
 # `kernels` adds Triton from PyPI: the CPU wheel of torch has none, and the worker's
 # fingerprint names the Triton version, so it and the clients must agree on having it.
 ARG EXTRAS=worker,kernels

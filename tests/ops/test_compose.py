@@ -191,14 +191,18 @@ def test_dockerfile_copies_existing_files_and_runs_existing_code(dockerfile):
     text = (ROOT / "docker" / dockerfile).read_text()
     assert re.search(r"^FROM \S+:\S+", text, re.M), "pin the base image's tag"
     for line in re.findall(r"^COPY (?!--from=)(.+)$", text, re.M):
-        *sources, _ = line.split()
+        *sources, _ = [a for a in line.split() if not a.startswith("--chown=")]
         for src in sources:
             assert (ROOT / src).exists(), f"{dockerfile}: COPY {src}"
     assert re.search(r"^USER (?!0\b|root\b)", text, re.M), "run as a non-root user"
     assert "-Q" not in text, "a worker's queues follow from TORCHFARM_TARGETS"
     cmd = re.search(r"^CMD (.+)$", text, re.M).group(1)
-    module = re.search(r"(?:-m|-A)\W+([\w.]+)", cmd).group(1)
-    assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), cmd
+    module = re.search(r"(?:-m|-A)\W+([\w.]+)", cmd)
+    if module is None:  # the client image runs an example script
+        script = re.search(r'"([\w/]+\.py)"', cmd).group(1)
+        assert (ROOT / script).is_file(), cmd
+    else:
+        assert (ROOT / (module.group(1).replace(".", "/") + ".py")).is_file(), cmd
 
 
 def test_dockerignore_keeps_the_virtualenv_out():
@@ -217,3 +221,17 @@ def test_docker_compose_config_accepts_the_file():
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_the_deploy_tests_override_stays_on_loopback(compose):
+    """tests/deploy/compose.test.yml (make test-deploy): host networking, every listener
+    on 127.0.0.1, and only services of the real file."""
+    override = yaml.safe_load((ROOT / "tests/deploy/compose.test.yml").read_text())
+    assert set(override["services"]) <= set(compose["services"])
+    for name, svc in override["services"].items():
+        if name == "init":
+            continue
+        assert svc["network_mode"] == "host", name
+    assert _flags(override["services"]["redis-broker"]["command"])["--bind"] == "127.0.0.1"
+    assert _flags(override["services"]["redis-cache"]["command"])["--bind"] == "127.0.0.1"
+    assert override["services"]["coordinator"]["environment"]["TORCHFARM_LISTEN"].startswith("127.0.0.1:")
