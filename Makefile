@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-deploy test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -45,6 +45,12 @@ bench-load: setup
 # The real-model suite's transformers models on a local farm: docs/model-coverage.md.
 coverage-report: setup
 	HF_HUB_OFFLINE=1 $(PY) scripts/model_coverage.py $(COVERAGE_ARGS)
+
+# The compose deployment built with podman and run end to end: clients in containers of
+# their own train through it with token, TLS and pinned key (scripts/test_deploy.sh;
+# needs root; about 15 min on a clean machine, less with the base images cached).
+test-deploy:
+	./scripts/test_deploy.sh
 
 # Workers, Redis and the coordinator killed on purpose; figures printed at the end.
 test-faults: setup

@@ -1,28 +1,45 @@
-# The coordinator: gRPC, Redis and Celery clients, no torch (it never imports torch, so
-# the image installs torchfarm without its dependencies and adds only what it needs).
+# The coordinator: gRPC, Redis and Celery clients, no torch. It installs the project's
+# `coordinator` extra (pyproject.toml), the one list of what it imports, so the image
+# cannot drift from the code. Also the image of compose's one-shot `init` service
+# (python -m torchfarm.provision: signing key, token, TLS certificates, Redis ACLs).
 #   docker build -f docker/coordinator.Dockerfile -t torchfarm/coordinator .
-FROM python:3.11-slim-bookworm
+# Builds behind a wheel mirror or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=... (and
+# PIP_FIND_LINKS, PIP_CERT,
+# PIP_EXTRA_INDEX_URL); build arguments stay in the build stage.
+FROM python:3.11-slim-bookworm AS build
 
-ENV PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PIP_NO_CACHE_DIR=1 \
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /app
-COPY pyproject.toml constraints.txt ./
-RUN pip install -c constraints.txt \
-        grpcio grpcio-health-checking protobuf redis "celery[redis]" prometheus-client
+RUN python -m venv /opt/torchfarm
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
-RUN pip install --no-deps . \
-    && useradd --system --uid 10001 --no-create-home torchfarm
+# constraints.txt pins every version the tests ran with.
+RUN /opt/torchfarm/bin/pip install -c constraints.txt ".[coordinator]"
+
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PATH=/opt/torchfarm/bin:$PATH
+RUN useradd --system --uid 10001 --no-create-home torchfarm
+COPY --from=build /opt/torchfarm /opt/torchfarm
 
 USER 10001
 ENV TORCHFARM_LISTEN=0.0.0.0:50051 \
     TORCHFARM_METRICS_PORT=9100
 EXPOSE 50051 9100
+# /metrics answers once the server is up; with TLS on the gRPC port this needs no certificate.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ['TORCHFARM_METRICS_PORT'], timeout=3)"]
 # SIGTERM: health turns NOT_SERVING, then in-flight calls get TORCHFARM_GRACE_S.
 STOPSIGNAL SIGTERM
 CMD ["python", "-m", "services.coordinator.server"]

@@ -1,41 +1,63 @@
 # A CPU compile worker: torch (CPU build), a C++ compiler for Inductor's CPU kernels.
 #   docker build -f docker/worker-cpu.Dockerfile -t torchfarm/worker-cpu .
-# The worker's torch, Python and compiler must match the clients' exactly (it refuses a
-# request with another build), so pin TORCH_VERSION to what the clients run.
-FROM python:3.11-slim-bookworm
+# The worker's torch, Triton, Python and compiler must match the clients' exactly (it
+# refuses a request with another build: BUILD_MISMATCH, docs/operations.md), so pin
+# TORCH_VERSION to what the clients run, and give clients the same extras
+# (`pip install 'torchfarm[sdk,kernels]'` next to a CPU build of torch).
+# Builds behind a wheel mirror: --build-arg TORCH_INDEX_URL=... PIP_FIND_LINKS=...
+FROM python:3.11-slim-bookworm AS build
 
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-
-ENV PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PIP_NO_CACHE_DIR=1 \
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+# `kernels` adds Triton from PyPI: the CPU wheel of torch has none, and the worker's
+# fingerprint names the Triton version, so it and the clients must agree on having it.
+ARG EXTRAS=worker,kernels
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
-    && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /app
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
-COPY pyproject.toml constraints.txt ./
+RUN python -m venv /opt/torchfarm
+RUN /opt/torchfarm/bin/pip install --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
 RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
-    && pip install -c /tmp/constraints.txt . \
-    && useradd --system --uid 10001 --create-home torchfarm
+    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt ".[${EXTRAS}]"
+
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PATH=/opt/torchfarm/bin:$PATH
+# g++ compiles Inductor's C++ kernels at run time (it is part of the fingerprint).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --create-home torchfarm \
+    && install -d -o 10001 -g 10001 /var/cache/torchfarm /var/cache/torchfarm/tmp
+COPY --from=build /opt/torchfarm /opt/torchfarm
 
 USER 10001
-# Per-process metrics files of Celery's pool; a tmpfs or emptyDir in deployments.
+# Compiled kernels are loaded (dlopen) from the Inductor cache and temp dirs, so they
+# live on the container's own file system, never a noexec tmpfs such as compose's /tmp.
 # The worker serves this machine's own CPU target; its queues follow from it
 # ("cpu.avx512"; workers/serving.py).
 ENV TORCHFARM_TARGETS=cpu \
     TORCHFARM_METRICS_PORT=9101 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/torchfarm-metrics \
-    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+    TORCHINDUCTOR_CACHE_DIR=/var/cache/torchfarm/inductor \
+    TRITON_CACHE_DIR=/var/cache/torchfarm/triton \
+    TMPDIR=/var/cache/torchfarm/tmp
 EXPOSE 9101
+# The main process serves /metrics once the worker has started.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ['TORCHFARM_METRICS_PORT'], timeout=3)"]
 # SIGTERM is Celery's warm shutdown: finish the current compile, take no new one. Give
 # the container at least the compile hard time limit (600 s) to stop.
 STOPSIGNAL SIGTERM

@@ -1,44 +1,60 @@
 # A CUDA compile worker: Inductor and Triton build kernels for the GPU the container is
 # given (docker-compose.yml reserves one; on Kubernetes, nvidia.com/gpu: 1). torch's CUDA
-# wheels carry the CUDA runtime and Triton carries ptxas; the host's NVIDIA container
-# toolkit mounts the driver.
+# wheels carry the CUDA runtime and pin the Triton built for them (with its ptxas); the
+# host's NVIDIA container toolkit mounts the driver.
 #   docker build -f docker/worker-cuda.Dockerfile -t torchfarm/worker-cuda .
-FROM python:3.11-slim-bookworm
+# The `worker` extra has no Triton of its own and constraints.txt's torch and Triton
+# lines are dropped, so pip keeps the Triton this torch wheel was built with.
+FROM python:3.11-slim-bookworm AS build
 
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 
-ENV PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
-
-# gcc for Triton's launcher stubs, g++ for Inductor's host code.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc g++ \
-    && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /app
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
-COPY pyproject.toml constraints.txt ./
+RUN python -m venv /opt/torchfarm
+RUN /opt/torchfarm/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
-RUN grep -v -E '^(torch|triton)==' constraints.txt > /tmp/constraints.txt \
-    && pip install -c /tmp/constraints.txt . \
-    && useradd --system --uid 10001 --create-home torchfarm
+RUN grep -v -E '^(torch|triton|pytorch-triton-rocm)==' constraints.txt > /tmp/constraints.txt \
+    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt ".[worker]"
+
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    PATH=/opt/torchfarm/bin:$PATH
+# gcc for Triton's launcher stubs, g++ for Inductor's host code.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --create-home torchfarm \
+    && install -d -o 10001 -g 10001 /var/cache/torchfarm /var/cache/torchfarm/tmp
+COPY --from=build /opt/torchfarm /opt/torchfarm
 
 USER 10001
+# Kernels are loaded from the Inductor and Triton caches and the temp dir: the
+# container's own file system, never a noexec tmpfs.
 # The worker serves this machine's own GPU target; its queues follow from it
 # ("cuda.sm_90"; workers/serving.py).
 ENV TORCHFARM_TARGETS=cuda \
     TORCHFARM_METRICS_PORT=9101 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/torchfarm-metrics \
-    TORCHINDUCTOR_CACHE_DIR=/tmp/inductor \
-    TRITON_CACHE_DIR=/tmp/triton
+    TORCHINDUCTOR_CACHE_DIR=/var/cache/torchfarm/inductor \
+    TRITON_CACHE_DIR=/var/cache/torchfarm/triton \
+    TMPDIR=/var/cache/torchfarm/tmp
 EXPOSE 9101
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ['TORCHFARM_METRICS_PORT'], timeout=3)"]
 STOPSIGNAL SIGTERM
 CMD ["celery", "-A", "workers.app", "worker", "--concurrency", "1", "--pool", "prefork", "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", "cuda@%h"]

@@ -215,9 +215,7 @@ class FarmBackend:
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
-            reply, status = self._client.submit_and_wait(
-                request, track.update if track else None, expected_key
-            )
+            reply, status = self._client.submit_and_wait(request, track, expected_key)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",

@@ -36,6 +36,8 @@ from sdk.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
+from sdk import wake
+from sdk.progress import GraphTrack
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
 from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
@@ -259,15 +261,16 @@ class FarmClient:
                 time.sleep(0.5)
 
     def submit_and_wait(
-        self, request: farm_pb2.CompileRequest,
-        on_status: Callable[[farm_pb2.JobStatus], None] | None = None, key: str = "",
+        self, request: farm_pb2.CompileRequest, track: GraphTrack | None = None, key: str = "",
     ) -> tuple[farm_pb2.SubmitReply, farm_pb2.JobStatus | None]:
-        """Submits, then waits unless it was a hit (the status is then None). A job the
-        farm lost (Redis restarted under it) is submitted again, up to
-        `max_resubmits` times: the key is the same, so this is idempotent. `key` is the
-        one expected, named if the farm fails on a bug."""
+        """Submits, then waits unless it was a hit (the status is then None), showing the
+        job's progress on `track`. A target whose pool is starting or scaled to zero is
+        waited for (sdk/wake.py). A job the farm lost (Redis restarted under it) is
+        submitted again, up to `max_resubmits` times: the key is the same, so this is
+        idempotent. `key` is the one expected, named if the farm fails on a bug."""
+        on_status = track.update if track is not None else None
         for attempt in range(self.settings.max_resubmits + 1):
-            reply = self.submit(request, key)
+            reply = wake.submit_waking(lambda: self.submit(request, key), self.settings, track)
             if reply.cache_hit:
                 return reply, None
             try:

@@ -45,6 +45,9 @@ class SDKSettings:
     "grpc://127.0.0.1:50051" (a comma-separated list). Only for a farm for which no key
     is known (pinned above, or published by `torchfarm up` on this machine); every other
     farm's artifacts load only with a valid signature (sdk/trust.py)."""
+    wake_timeout_s: float = 120.0
+    """How long to keep submitting a graph whose target no live worker serves yet (a
+    pool starting or scaled to zero; sdk/wake.py) before falling back; 0: at once."""
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""

@@ -53,9 +53,12 @@ def torch_requirement() -> str:
 
 
 def project_requirements() -> list[str]:
-    """pyproject's runtime dependencies with torch pinned to this interpreter's, so the
+    """pyproject's runtime dependencies and a client's extras (`sdk`, and `kernels` for the
+    Triton the workers' fingerprint names) with torch pinned to this interpreter's, so the
     second venv can import `sdk` (grpc, protobuf, ...) just like a real client."""
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    deps = project["dependencies"] + extras["sdk"] + extras["kernels"]
     return [torch_requirement() if _name(d) == "torch" else d for d in deps]
 
 

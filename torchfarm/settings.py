@@ -44,10 +44,24 @@ def from_env(cls: type[T], env: Mapping[str, str] | None = None, **overrides: An
     env = os.environ if env is None else env
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        name = PREFIX + f.name.upper()
-        if f.name in overrides:
-            values[f.name] = overrides[f.name]
+    fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for field in fields:
+        name = PREFIX + field.upper()
+        if field in overrides:
+            values[field] = overrides[field]
         elif name in env:
-            values[f.name] = _parse(name, env[name], hints[f.name])
+            values[field] = _parse(name, env[name], hints[field])
+        elif hints[field] is str and f"{field}_file" not in fields and name + "_FILE" in env:
+            values[field] = _read_secret(name + "_FILE", env[name + "_FILE"])
     return cls(**values)
+
+
+def _read_secret(name: str, path: str) -> str:
+    """`TORCHFARM_<FIELD>_FILE`: a string setting read from a file, as Docker and
+    Kubernetes secrets are mounted, so a password-bearing URL or a token never sits in
+    the environment (`docker inspect`, /proc/PID/environ) or the compose file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise SettingsError(f"{name}={path!r}: cannot read it: {e.strerror}") from e

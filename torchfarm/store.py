@@ -11,6 +11,7 @@ Layout, under a configurable prefix (default "tf"):
   job record, so watchers need not poll;
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
   staged compile's stage records and kernel counts, workers/board.py);
+- `tf:queues-seen`: sorted set of queue → when a worker last beat on it (scale from zero);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
   queues, the targets it serves with the job kinds it takes for each, and its build;
 - `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the record
@@ -412,6 +413,12 @@ class Store:
         if fingerprint is not None:
             record["fingerprint"] = fingerprint
         self.r.set(self._k("worker", name), json.dumps(record), ex=ttl_s)
+        # When each queue last had a live worker: a pool scaled to zero stays known.
+        self.r.zadd(self._k("queues-seen"), {q: record["seen"] for q in queues})
+
+    def queues_seen_since(self, since: float) -> set[str]:
+        """Queues some worker consumed at `since` (a time.time()) or later, live or not."""
+        return {q.decode() for q in self.r.zrangebyscore(self._k("queues-seen"), since, "+inf")}
 
     def forget_worker(self, name: str) -> None:
         self.r.delete(self._k("worker", name))

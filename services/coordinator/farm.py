@@ -39,7 +39,7 @@ from services.coordinator.errors import (
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import exportcheck, graphcheck, keys, options, routing
+from torchfarm import exportcheck, graphcheck, keys, options, routing, targets
 from torchfarm.celeryconf import make_celery
 from torchfarm.codes import Reason, Rejection, Stage
 from torchfarm.explain import Explanation, MissIndex
@@ -159,6 +159,7 @@ class Farm:
         self._watches: dict[str, int] = {}
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
+        self._known_queues = known_queues(settings.known_targets)
 
     async def _io(self, fn: Callable[..., T], *args: object) -> T:
         try:
@@ -227,8 +228,11 @@ class Farm:
         # The queue names the exact target and the job kind (torchfarm/routing.py).
         workers = store.live_workers()
         if not any(queue in w.get("queues", ()) for w in workers.values()):
-            target = routing.describe(request.target)
-            raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+            if not self._known_queue(store, queue):
+                target = routing.describe(request.target)
+                raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+            log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
+                     keys.short(key), queue)
         if not store.create_job(
             key, queue, request.label, self.settings.job_ttl_s,
             request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
@@ -273,6 +277,14 @@ class Farm:
         if found is None:
             raise NotFound(f"the farm has no explanation of a miss for key {keys.short(key)}")
         return found
+
+    def _known_queue(self, store: Store, queue: str) -> bool:
+        """A queue a pool that is down, scaled to zero or starting will serve: one of the
+        configured known targets', or one a worker served within the window."""
+        if queue in self._known_queues:
+            return True
+        window = self.settings.known_target_window_s
+        return window > 0 and queue in store.queues_seen_since(time.time() - window)
 
     def _charge(self, store: Store, key: str, tenant: Tenant) -> None:
         """Counts a new job against the tenant's quota, or undoes it and refuses.
@@ -444,6 +456,17 @@ class Farm:
             artifacts=len(self.store.artifact_keys()),
             cache_bytes=self.store.cache_bytes(),
         )
+
+
+def known_queues(names: tuple[str, ...]) -> frozenset[str]:
+    """The graph queues of TORCHFARM_KNOWN_TARGETS; each target must be exact."""
+    try:
+        return frozenset(
+            routing.queue_name(targets.require_exact(targets.parse(n), "a known target"))
+            for n in names
+        )
+    except targets.TargetError as e:
+        raise ValueError(f"TORCHFARM_KNOWN_TARGETS: {e}") from e
 
 
 def _graph_reason(e: GraphError) -> Reason:

@@ -67,6 +67,14 @@ class CoordinatorSettings:
     """PEM private key of tls_cert_file."""
     tls_client_ca_file: str = ""
     """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
+    known_targets: tuple[str, ...] = ()
+    """Targets ("cuda:sm_90", "cpu:avx512") whose graph jobs are queued even while no
+    live worker serves them, so that the queued job itself wakes a pool scaled to zero
+    (KEDA, k8s/keda.yaml). Any other target counts as known for known_target_window_s
+    after a worker last served it; a target neither names is UNAVAILABLE (NO_WORKER)."""
+    known_target_window_s: int = 1800
+    """How long after its last worker went away a target's jobs are still queued (the
+    pool scaled down, or restarts); 0: only known_targets."""
     trusted_keys_file: str = ""
     """Worker public keys (torchfarm/signing.py). When set, a cached artifact whose
     signature fails against them is treated as a miss and compiled again, so retiring a

@@ -71,10 +71,10 @@ def all_selectors() -> dict[str, list[Selector]]:
 
 
 def keda_queries() -> list[tuple[str, str]]:
-    """(ScaledObject name, query) of every Prometheus trigger in k8s/keda.yaml."""
+    """("ScaledObject name/trigger name", query) of every Prometheus trigger in k8s/keda.yaml."""
     docs = yaml.safe_load_all((ROOT / "k8s/keda.yaml").read_text())
     return [
-        (d["metadata"]["name"], t["metadata"]["query"])
+        (f'{d["metadata"]["name"]}/{t.get("name", t["type"])}', t["metadata"]["query"])
         for d in docs
         if d and d["kind"] == "ScaledObject"
         for t in d["spec"]["triggers"]

@@ -62,7 +62,7 @@ def test_the_schema_rejects_a_broken_file(compose):
 
 def test_the_services_the_farm_needs(compose):
     assert set(compose["services"]) == {
-        "redis-broker", "redis-cache", "coordinator", "worker-cpu", "worker-cuda",
+        "init", "redis-broker", "redis-cache", "coordinator", "worker-cpu", "worker-cuda",
         "prometheus", "grafana"}
 
 
@@ -74,11 +74,81 @@ def test_broker_never_evicts_and_cache_evicts_lru_under_a_limit(compose):
     assert cache["--maxmemory"]
 
 
-def test_processes_use_separate_redis_for_broker_and_cache(compose):
+def test_processes_use_separate_redis_for_broker_and_cache(compose, tmp_path):
+    """The URLs are files init writes (passwords in them); its defaults name the two
+    instances, and each process reads the files of its own role."""
+    from torchfarm import provision
+
+    provision.provision(tmp_path, tenant="t", hosts=["coordinator"],
+                        broker="redis-broker:6379",
+                        cache="redis-cache:6379")
     for name in ("coordinator", "worker-cpu", "worker-cuda"):
         env = compose["services"][name]["environment"]
-        assert env["TORCHFARM_BROKER_URL"].startswith("redis://redis-broker:")
-        assert env["TORCHFARM_CACHE_URL"].startswith("redis://redis-cache:")
+        assert "TORCHFARM_BROKER_URL" not in env and "TORCHFARM_CACHE_URL" not in env
+        role = "coordinator" if name == "coordinator" else "worker"
+        assert f"{role}-secrets:/run/secrets/torchfarm:ro" in compose["services"][name]["volumes"]
+        for kind, host in (("BROKER", "redis-broker"), ("CACHE", "redis-cache")):
+            path = env[f"TORCHFARM_{kind}_URL_FILE"]
+            url = (tmp_path / role / path.rpartition("/")[2]).read_text()
+            assert url.startswith(f"redis://{role}:") and f"@{host}:6379/" in url
+
+
+def _mounted(svc: dict) -> dict[str, str]:
+    """Volume name → mount point, for named volumes."""
+    out = {}
+    for v in svc.get("volumes", []):
+        source, target = v.split(":")[:2]
+        if not source.startswith(("./", "/")):
+            out[source] = target
+    return out
+
+
+def test_init_makes_the_secrets_and_everything_waits_for_it(compose):
+    init = compose["services"]["init"]
+    assert init["command"][:3] == ["python", "-m", "torchfarm.provision"]
+    assert init["network_mode"] == "none" and init["restart"] == "no"
+    secret_volumes = {v for v in _mounted(init)}
+    assert secret_volumes == {v for v in compose["volumes"] if v.endswith("-secrets")}
+    for name, svc in compose["services"].items():
+        if secret_volumes & set(_mounted(svc)) and name != "init":
+            assert svc["depends_on"]["init"] == {"condition": "service_completed_successfully"}, name
+
+
+def test_each_secret_volume_is_mounted_read_only_into_its_readers_only(compose):
+    readers = {
+        "coordinator-secrets": {"coordinator"}, "worker-secrets": {"worker-cpu", "worker-cuda"},
+        "redis-secrets": {"redis-broker", "redis-cache"}, "grafana-secrets": {"grafana"},
+        "client-secrets": set(), "ca-secrets": set(),
+    }
+    for volume, want in readers.items():
+        got = {n for n, svc in compose["services"].items() if volume in _mounted(svc) and n != "init"}
+        assert got == want, volume
+        for n in got:
+            assert f"{volume}:{_mounted(compose['services'][n])[volume]}:ro" in compose["services"][n]["volumes"]
+
+
+def test_the_coordinator_requires_tokens_and_tls_and_workers_sign(compose):
+    env = compose["services"]["coordinator"]["environment"]
+    for var in ("TORCHFARM_TOKENS_FILE", "TORCHFARM_TLS_CERT_FILE", "TORCHFARM_TLS_KEY_FILE",
+                "TORCHFARM_TRUSTED_KEYS_FILE"):
+        assert env[var].startswith("/run/secrets/torchfarm/"), var
+    for name in ("worker-cpu", "worker-cuda"):
+        assert compose["services"][name]["environment"]["TORCHFARM_SIGNING_KEY_FILE"].endswith("signing-key.pem")
+
+
+def test_redis_has_users_per_role_and_no_secret_sits_in_the_file(compose):
+    for name in ("redis-broker", "redis-cache"):
+        flags = _flags(compose["services"][name]["command"])
+        assert flags["--aclfile"].startswith("/run/secrets/torchfarm/")
+    text = COMPOSE.read_text()
+    assert not re.search(r"redis://[^\s\"]*@", text), "a password in a URL"
+    assert "GF_SECURITY_ADMIN_PASSWORD:" not in text and "GF_SECURITY_ADMIN_PASSWORD__FILE" in text
+
+
+def test_monitoring_is_published_on_loopback_only(compose):
+    for name in ("prometheus", "grafana"):
+        for port in compose["services"][name]["ports"]:
+            assert port.startswith("127.0.0.1:"), (name, port)
 
 
 def test_workers_drain_and_cuda_reserves_a_gpu(compose):
@@ -120,15 +190,19 @@ def test_bind_mounts_and_build_files_exist(compose):
 def test_dockerfile_copies_existing_files_and_runs_existing_code(dockerfile):
     text = (ROOT / "docker" / dockerfile).read_text()
     assert re.search(r"^FROM \S+:\S+", text, re.M), "pin the base image's tag"
-    for line in re.findall(r"^COPY (.+)$", text, re.M):
-        *sources, _ = line.split()
+    for line in re.findall(r"^COPY (?!--from=)(.+)$", text, re.M):
+        *sources, _ = [a for a in line.split() if not a.startswith("--chown=")]
         for src in sources:
             assert (ROOT / src).exists(), f"{dockerfile}: COPY {src}"
     assert re.search(r"^USER (?!0\b|root\b)", text, re.M), "run as a non-root user"
     assert "-Q" not in text, "a worker's queues follow from TORCHFARM_TARGETS"
     cmd = re.search(r"^CMD (.+)$", text, re.M).group(1)
-    module = re.search(r"(?:-m|-A)\W+([\w.]+)", cmd).group(1)
-    assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), cmd
+    module = re.search(r"(?:-m|-A)\W+([\w.]+)", cmd)
+    if module is None:  # the client image runs an example script
+        script = re.search(r'"([\w/]+\.py)"', cmd).group(1)
+        assert (ROOT / script).is_file(), cmd
+    else:
+        assert (ROOT / (module.group(1).replace(".", "/") + ".py")).is_file(), cmd
 
 
 def test_dockerignore_keeps_the_virtualenv_out():
@@ -147,3 +221,17 @@ def test_docker_compose_config_accepts_the_file():
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_the_deploy_tests_override_stays_on_loopback(compose):
+    """tests/deploy/compose.test.yml (make test-deploy): host networking, every listener
+    on 127.0.0.1, and only services of the real file."""
+    override = yaml.safe_load((ROOT / "tests/deploy/compose.test.yml").read_text())
+    assert set(override["services"]) <= set(compose["services"])
+    for name, svc in override["services"].items():
+        if name == "init":
+            continue
+        assert svc["network_mode"] == "host", name
+    assert _flags(override["services"]["redis-broker"]["command"])["--bind"] == "127.0.0.1"
+    assert _flags(override["services"]["redis-cache"]["command"])["--bind"] == "127.0.0.1"
+    assert override["services"]["coordinator"]["environment"]["TORCHFARM_LISTEN"].startswith("127.0.0.1:")

@@ -7,9 +7,12 @@ KEDA's ScaledObjects with tests/schemas/keda-scaledobject.json.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
+
+import re
 
 import jsonschema
 import kubernetes_validate
@@ -31,25 +34,41 @@ def _kustomization() -> dict:
     return yaml.safe_load((K8S / "kustomization.yaml").read_text())
 
 
-def _compose() -> list[dict]:
+def _compose(secrets_root) -> list[dict]:
     """What `kubectl kustomize k8s` renders, for this kustomization's features: the
-    listed resources, in the kustomization's namespace, with its labels and images."""
+    listed resources, in the kustomization's namespace, with its labels and images, and
+    the Secrets its secretGenerator makes from files (`secrets/...`, read under
+    `secrets_root`, where torchfarm.provision wrote them)."""
     kz = _kustomization()
     tags = {i["name"]: i["newTag"] for i in kz.get("images", [])}
     docs = []
     for res in kz["resources"]:
-        for d in yaml.safe_load_all((K8S / res).read_text()):
-            if not d:
-                continue
-            if d["kind"] != "Namespace":
-                d["metadata"]["namespace"] = kz["namespace"]
-            for pairs in kz.get("labels", []):
-                d["metadata"].setdefault("labels", {}).update(pairs["pairs"])
-            for c in _containers(d):
-                if c["image"] in tags:
-                    c["image"] = f"{c['image']}:{tags[c['image']]}"
-            docs.append(d)
+        docs += [d for d in yaml.safe_load_all((K8S / res).read_text()) if d]
+    assert kz["generatorOptions"]["disableNameSuffixHash"] is True, "names are referred to as is"
+    for gen in kz.get("secretGenerator", []):
+        data = {}
+        for entry in gen["files"]:
+            key, _, path = entry.partition("=")
+            data[key] = base64.b64encode((secrets_root / path.removeprefix("secrets/")).read_bytes()).decode()
+        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]},
+                     "type": gen.get("type", "Opaque"), "data": data})
+    for d in docs:
+        if d["kind"] != "Namespace":
+            d["metadata"]["namespace"] = kz["namespace"]
+        for pairs in kz.get("labels", []):
+            d["metadata"].setdefault("labels", {}).update(pairs["pairs"])
+        for c in _containers(d):
+            if c["image"] in tags:
+                c["image"] = f"{c['image']}:{tags[c['image']]}"
     return docs
+
+
+def _provision(out):
+    from torchfarm import provision
+
+    provision.provision(out, tenant="team-a", hosts=["coordinator", "coordinator.torchfarm.svc"],
+                        broker="redis-broker:6379", cache="redis-cache:6379")
+    return out
 
 
 def _containers(d: dict) -> list[dict]:
@@ -58,8 +77,11 @@ def _containers(d: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def docs() -> list[dict]:
-    return _compose()
+def docs(tmp_path_factory) -> list[dict]:
+    return _compose(_provision(tmp_path_factory.mktemp("k8s-secrets")))
+
+
+WORKLOADS = ("Deployment", "StatefulSet")
 
 
 def _one(docs, kind: str, name: str) -> dict:
@@ -74,8 +96,11 @@ def test_kustomization_lists_every_manifest_and_only_existing_ones():
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kubectl_kustomize_renders_the_same_objects(docs):
-    out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+def test_kubectl_kustomize_renders_the_same_objects(docs, tmp_path):
+    shutil.copytree(K8S, tmp_path / "k8s", ignore=shutil.ignore_patterns("secrets"))
+    _provision(tmp_path / "k8s" / "secrets")
+    out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "k8s")], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
     key = lambda d: (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"])  # noqa: E731
@@ -90,7 +115,8 @@ def test_kubectl_kustomize_renders_the_same_objects(docs):
 def test_core_objects_are_valid_kubernetes(docs):
     core = [d for d in docs if not d["apiVersion"].startswith("keda.sh/")]
     assert {d["kind"] for d in core} >= {"Namespace", "ConfigMap", "Secret", "Deployment",
-                                          "Service", "PodDisruptionBudget"}
+                                          "StatefulSet", "Service", "PodDisruptionBudget",
+                                          "NetworkPolicy"}
     for d in core:
         kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
 
@@ -126,12 +152,14 @@ def test_keda_schema_rejects_broken_objects(docs, mutate):
         jsonschema.validate(bad, KEDA_SCHEMA, cls=jsonschema.Draft202012Validator)
 
 
-def test_coordinator_is_highly_available_and_probed_natively(docs):
+def test_coordinator_is_highly_available_and_probed(docs):
     dep = _one(docs, "Deployment", "coordinator")
     assert dep["spec"]["replicas"] >= 2
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["readinessProbe"]["grpc"] == {"port": 50051, "service": "torchfarm.v1.CompileFarm"}
-    assert c["livenessProbe"]["grpc"]["port"] == 50051
+    # TLS only on the gRPC port: Kubernetes' gRPC probes cannot speak it.
+    assert "grpc" not in c["readinessProbe"] and "grpc" not in c["livenessProbe"]
+    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc"
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     pdb = _one(docs, "PodDisruptionBudget", "coordinator")
     assert pdb["spec"]["minAvailable"] >= 1
@@ -141,11 +169,78 @@ def test_coordinator_is_highly_available_and_probed_natively(docs):
     assert svc["spec"]["selector"].items() <= pod_labels.items()
 
 
-def test_the_grpc_probe_names_the_service_the_coordinator_registers(docs):
-    from services.coordinator.server import SERVICE_NAME
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
 
-    c = _one(docs, "Deployment", "coordinator")["spec"]["template"]["spec"]["containers"][0]
-    assert c["readinessProbe"]["grpc"]["service"] == SERVICE_NAME
+
+def _secret_file(docs, workload: dict, path: str) -> bytes:
+    """The bytes a container reads at `path`, from the Secret volume mounted above it."""
+    spec = workload["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in spec["containers"][0]["volumeMounts"]:
+        if path.startswith(mount["mountPath"] + "/") and "secret" in volumes[mount["name"]]:
+            assert mount.get("readOnly") is True
+            secret = _one(docs, "Secret", volumes[mount["name"]]["secret"]["secretName"])
+            return base64.b64decode(secret["data"][path.removeprefix(mount["mountPath"] + "/")])
+    raise AssertionError(f"nothing mounted at {path}")
+
+
+def test_the_coordinator_requires_tokens_and_tls_and_reads_redis_urls_from_secrets(docs):
+    dep = _one(docs, "Deployment", "coordinator")
+    env = _env(dep["spec"]["template"]["spec"]["containers"][0])
+    tokens = json.loads(_secret_file(docs, dep, env["TORCHFARM_TOKENS_FILE"]))
+    assert tokens, "an empty token table would leave the farm open"
+    cert = _secret_file(docs, dep, env["TORCHFARM_TLS_CERT_FILE"])
+    assert b"BEGIN CERTIFICATE" in cert and b"PRIVATE KEY" in _secret_file(docs, dep, env["TORCHFARM_TLS_KEY_FILE"])
+    assert _one(docs, "Secret", "torchfarm-tls")["type"] == "kubernetes.io/tls"
+    assert json.loads(_secret_file(docs, dep, env["TORCHFARM_TRUSTED_KEYS_FILE"]))
+    url = _secret_file(docs, dep, env["TORCHFARM_BROKER_URL_FILE"]).decode()
+    assert url.startswith("redis://coordinator:") and "@redis-broker:6379/" in url
+    assert "TORCHFARM_BROKER_URL" not in env and "TORCHFARM_CACHE_URL" not in env
+
+
+@pytest.mark.parametrize("queue", WORKER_QUEUES)
+def test_workers_sign_and_read_their_own_roles_urls(docs, queue):
+    dep = _one(docs, "Deployment", f"worker-{queue}")
+    env = _env(dep["spec"]["template"]["spec"]["containers"][0])
+    assert b"PRIVATE KEY" in _secret_file(docs, dep, env["TORCHFARM_SIGNING_KEY_FILE"])
+    url = _secret_file(docs, dep, env["TORCHFARM_CACHE_URL_FILE"]).decode()
+    assert url.startswith("redis://worker:") and "@redis-cache:6379/" in url
+    assert not env["TMPDIR"].startswith("/tmp")
+
+
+def test_no_password_or_placeholder_sits_in_the_manifests():
+    for path in K8S.glob("*.yaml"):
+        text = path.read_text()
+        assert "change-me" not in text and "REDIS_PASSWORD" not in text, path.name
+        assert not re.search(r"redis://[^\s\"]*@", text), path.name
+
+
+def test_only_the_coordinator_and_workers_reach_redis(docs):
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = lambda d: d["spec"]["template"]["metadata"]["labels"]  # noqa: E731
+    def selects(selector, pod_labels):
+        return all(pod_labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"])
+    for name in ("redis-broker", "redis-cache"):
+        (redis,) = [d for d in docs if d["kind"] in WORKLOADS and d["metadata"]["name"] == name]
+        assert selects(policy["spec"]["podSelector"], labels(redis)), name
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    (source,) = rule["from"]
+    allowed = {d["metadata"]["name"] for d in docs if d["kind"] in WORKLOADS
+               and selects(source["podSelector"], labels(d))}
+    assert allowed == {"coordinator", "worker-cpu", "worker-cuda", "worker-rocm"}
+    assert "namespaceSelector" not in source, "pods of this namespace only"
+
+
+def test_redis_users_come_from_the_secrets_acl(docs):
+    for kind, name, acl in (("StatefulSet", "redis-broker", "broker.acl"), ("Deployment", "redis-cache", "cache.acl")):
+        workload = _one(docs, kind, name)
+        args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
+        text = _secret_file(docs, workload, args[args.index("--aclfile") + 1]).decode()
+        assert text.startswith("user default on nopass -@all +ping\n")
+        assert "user coordinator on >" in text and "user worker on >" in text
 
 
 @pytest.mark.parametrize("queue", WORKER_QUEUES)
@@ -166,7 +261,9 @@ def test_gpu_workers_ask_for_gpus_and_run_on_gpu_nodes(docs):
     for queue, resource in (("cuda", "nvidia.com/gpu"), ("rocm", "amd.com/gpu")):
         spec = _one(docs, "Deployment", f"worker-{queue}")["spec"]["template"]["spec"]
         assert spec["containers"][0]["resources"]["limits"][resource] == 1
-        assert spec["nodeSelector"]
+        (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        (expr,) = term["matchExpressions"]
+        assert expr["operator"] == "In" and expr["values"] == ["true"] and "gpu" in expr["key"]
         assert any(t["key"] == resource for t in spec["tolerations"])
     cpu = _one(docs, "Deployment", "worker-cpu")["spec"]["template"]["spec"]
     assert not {"nvidia.com/gpu", "amd.com/gpu"} & set(cpu["containers"][0]["resources"].get("limits", {}))
@@ -177,18 +274,36 @@ def test_keda_scales_each_worker_on_queued_plus_in_flight(docs, queue):
     so = _one(docs, "ScaledObject", f"worker-{queue}")
     assert so["spec"]["scaleTargetRef"]["name"] == f"worker-{queue}"
     _one(docs, "Deployment", so["spec"]["scaleTargetRef"]["name"])
-    (trigger,) = so["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
-    query = " ".join(trigger["metadata"]["query"].split())
-    selector = f'{{device="{queue}"}}'
-    assert f"sum(max by (queue) (torchfarm_queue_depth{selector}))" in query
-    assert f"sum(max by (queue) (torchfarm_jobs_in_flight{selector}))" in query
-    assert ") + (" in query, "queued PLUS in flight"
-    # Every coordinator exports the same gauges: max() across replicas before any sum.
-    assert "sum(torchfarm_" not in query
+    triggers = {t["name"]: t for t in so["spec"]["triggers"]}
+    assert set(triggers) == {"graph-jobs", "kernel-build-jobs"}
+    for name, kinds in (("graph-jobs", "graph"), ("kernel-build-jobs", "stage|kernel")):
+        trigger = triggers[name]
+        assert trigger["type"] == "prometheus"
+        # An empty or failed query is a failure (fallback replicas), never a 0.
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
+        query = " ".join(trigger["metadata"]["query"].split())
+        selector = f'{{device="{queue}", kind=~"{kinds}"}}'
+        assert f"sum(max by (queue) (torchfarm_queue_depth{selector}))" in query
+        assert f"sum(max by (queue) (torchfarm_jobs_in_flight{selector}))" in query
+        assert ") + (" in query, "queued PLUS in flight"
+        # Every coordinator exports the same gauges: max() across replicas before any sum.
+        assert "sum(torchfarm_" not in query
+    # A graph compile holds a worker for its whole length; kernel builds take seconds:
+    # one pod per graph job, one per many kernel-build jobs.
+    assert float(triggers["graph-jobs"]["metadata"]["threshold"]) == 1
+    assert float(triggers["kernel-build-jobs"]["metadata"]["threshold"]) >= 8
     behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
-    assert so["spec"]["minReplicaCount"] >= 1  # see keda.yaml: a pool at zero never wakes
+    assert so["spec"]["fallback"]["replicas"] >= 1
+
+
+def test_gpu_pools_scale_from_zero(docs):
+    """A queued job wakes a pool at zero: the coordinator queues for known targets even
+    with no live worker (services/coordinator/farm.py), and activation is at > 0."""
+    for queue in ("cuda", "rocm"):
+        so = _one(docs, "ScaledObject", f"worker-{queue}")
+        assert so["spec"]["minReplicaCount"] == 0
+        assert all(t["metadata"]["activationThreshold"] == "0" for t in so["spec"]["triggers"])
 
 
 def test_pods_that_export_metrics_are_annotated_for_scraping(docs):
@@ -203,8 +318,20 @@ def test_pods_that_export_metrics_are_annotated_for_scraping(docs):
             "torchfarm-coordinator", "torchfarm-worker"}
 
 
+def test_the_broker_is_a_stateful_set_on_its_own_volume(docs):
+    sts = _one(docs, "StatefulSet", "redis-broker")
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == "/data"
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    svc = _one(docs, "Service", sts["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None"
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+
+
 def test_broker_never_evicts_and_cache_evicts_lru(docs):
-    broker = _one(docs, "Deployment", "redis-broker")["spec"]["template"]["spec"]["containers"][0]
+    broker = _one(docs, "StatefulSet", "redis-broker")["spec"]["template"]["spec"]["containers"][0]
     cache = _one(docs, "Deployment", "redis-cache")["spec"]["template"]["spec"]["containers"][0]
     b, c = broker["args"], cache["args"]
     assert b[b.index("--maxmemory-policy") + 1] == "noeviction"
@@ -223,10 +350,13 @@ def test_every_referenced_config_and_secret_exists(docs):
                 if ref:
                     secret = _one(docs, "Secret", ref["name"])
                     assert ref["key"] in secret.get("stringData", {}) | secret.get("data", {})
+        for v in d.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []):
+            if "secret" in v:
+                assert ("Secret", v["secret"]["secretName"]) in names
 
 
 def test_services_select_existing_pods(docs):
-    pods = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] == "Deployment"]
+    pods = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in WORKLOADS]
     for svc in (d for d in docs if d["kind"] == "Service"):
         assert any(svc["spec"]["selector"].items() <= p.items() for p in pods), svc["metadata"]["name"]
 

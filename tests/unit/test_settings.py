@@ -45,3 +45,29 @@ def test_sdk_compile_reads_its_fallback_from_the_environment(monkeypatch):
     with pytest.raises(ConfigError, match="'sometimes'"):
         sdk.compile(lambda x: x)
     sdk.compile(lambda x: x, fallback="error")  # the argument wins
+
+
+def test_a_string_setting_reads_from_its_file_variable(tmp_path):
+    """Compose and Kubernetes mount the Redis URLs (passwords in them) and tokens as files."""
+    url = tmp_path / "broker-url"
+    url.write_text("redis://coordinator:s3cret@redis-broker:6379/0\n")
+    s = from_env(CoordinatorSettings, {"TORCHFARM_BROKER_URL_FILE": str(url)})
+    assert s.broker_url == "redis://coordinator:s3cret@redis-broker:6379/0"
+    # The plain variable, when both are set, wins; an explicit override wins over both.
+    s = from_env(CoordinatorSettings, {"TORCHFARM_BROKER_URL_FILE": str(url),
+                                       "TORCHFARM_BROKER_URL": "redis://other:1/0"})
+    assert s.broker_url == "redis://other:1/0"
+
+
+def test_file_variable_never_shadows_a_field_named_file():
+    """SDKSettings has trusted_keys and trusted_keys_file: TORCHFARM_TRUSTED_KEYS_FILE is the
+    latter's value (a path), never the contents of a file for the former."""
+    from sdk.settings import SDKSettings
+
+    s = from_env(SDKSettings, {"TORCHFARM_TRUSTED_KEYS_FILE": "/nonexistent/pins.json"})
+    assert (s.trusted_keys_file, s.trusted_keys) == ("/nonexistent/pins.json", "")
+
+
+def test_unreadable_file_variable_names_the_variable(tmp_path):
+    with pytest.raises(SettingsError, match="TORCHFARM_CACHE_URL_FILE"):
+        from_env(CoordinatorSettings, {"TORCHFARM_CACHE_URL_FILE": str(tmp_path / "missing")})

@@ -1,0 +1,148 @@
+"""The images install what their process imports: pyproject's extras against the code.
+
+Each process's imports are followed from its entry point through the project's own
+modules (imports inside functions too, since they run); every third-party module they
+reach must come from the core dependencies or that process's extra, and each Dockerfile
+must install that extra. The coordinator image once lacked `cryptography`
+(torchfarm/signing.py) because its Dockerfile listed packages by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.ops.promql import ROOT
+
+PROJECT = {"sdk", "services", "workers", "torchfarm", "examples"}
+DISTRIBUTION = {
+    "grpc": "grpcio", "grpc_health": "grpcio-health-checking", "google": "protobuf",
+    "redis": "redis", "celery": "celery", "kombu": "celery", "prometheus_client": "prometheus-client",
+    "cryptography": "cryptography", "torch": "torch", "triton": "triton", "numpy": "numpy",
+}
+"""Import name → the distribution that provides it."""
+FROM_TORCH = {"numpy", "triton"}
+"""Modules a GPU worker gets with its torch wheel (CUDA: triton; ROCm: pytorch-triton-rocm),
+imported only when present (numpy) or for GPU targets."""
+TORCH_REQUIRES = {"sympy", "networkx", "jinja2", "filelock", "fsspec", "typing_extensions"}
+"""torch's own dependencies: there wherever torch is."""
+
+ENTRY = {
+    "coordinator": ["services.coordinator.server", "torchfarm.provision"],
+    "worker": ["workers.app", "workers.tasks"],
+    # `torchfarm status`, `cache` and `warm`; `torchfarm up` needs the `all` extra.
+    "sdk": ["sdk", "sdk.api", "sdk.backend", "torchfarm.cli.cache", "torchfarm.cli.warm", "torchfarm.cli.targets"],
+}
+DOCKERFILES = {
+    "coordinator.Dockerfile": "coordinator",
+    "worker-cpu.Dockerfile": "worker",
+    "worker-cuda.Dockerfile": "worker",
+    "worker-rocm.Dockerfile": "worker",
+}
+
+
+def _requirements(extra: str) -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = set()
+    for req in project["dependencies"] + project["optional-dependencies"][extra]:
+        name = re.split(r"[\[=<>!~; ]", req, maxsplit=1)[0].lower()
+        names |= _requirements(req.split("[")[1].split("]")[0]) if name == "torchfarm" else {name}
+    return names
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT / name.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def third_party_imports(entries: list[str]) -> dict[str, str]:
+    """Top-level third-party module → the project module that imports it first."""
+    seen, todo, found = set(), list(entries), {}
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    mod = f"{base}.{node.module}" if node.module else base
+                else:
+                    mod = node.module or ""
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                top = target.split(".")[0]
+                if top in PROJECT:
+                    todo.append(target)
+                elif top and top not in sys.stdlib_module_names and top != "__future__":
+                    found.setdefault(top, name)
+    return found
+
+
+@pytest.mark.parametrize("extra", sorted(ENTRY))
+def test_each_process_imports_only_what_its_extra_installs(extra):
+    installs = _requirements(extra)
+    missing = {
+        mod: where for mod, where in third_party_imports(ENTRY[extra]).items()
+        if DISTRIBUTION.get(mod, mod) not in installs
+        and not (extra == "worker" and mod in FROM_TORCH)
+        and not ("torch" in installs and mod in TORCH_REQUIRES)
+    }
+    assert not missing, f"[{extra}] lacks the distributions of {missing} (module → first importer)"
+
+
+def test_the_scan_finds_the_coordinators_signing_dependency():
+    """What the first coordinator image lacked: cryptography, through torchfarm/signing.py."""
+    found = third_party_imports(ENTRY["coordinator"])
+    assert found.get("cryptography") is not None and "torch" not in found
+
+
+def test_the_coordinator_extra_has_no_torch():
+    assert "torch" not in _requirements("coordinator")
+
+
+@pytest.mark.parametrize("dockerfile,extra", sorted(DOCKERFILES.items()))
+def test_each_image_installs_its_extra_in_a_build_stage(dockerfile, extra):
+    text = (ROOT / "docker" / dockerfile).read_text()
+    froms = re.findall(r"^FROM \S+", text, re.M)
+    assert len(froms) >= 2 and re.search(r"^FROM \S+ AS build$", text, re.M), "multi-stage"
+    installs = re.findall(r'pip install [^\n]*"\.\[([^\]]+)\]"', text)
+    extras = set()
+    for group in installs:
+        extras |= set(group.replace("${EXTRAS}", re.search(r"^ARG EXTRAS=(\S+)", text, re.M).group(1)
+                                   if "${EXTRAS}" in group else group).split(","))
+    assert extra in extras, installs
+    assert "--no-deps" not in text, "dependencies come from the extra, never by hand"
+    assert re.search(r"^HEALTHCHECK ", text, re.M)
+
+
+@pytest.mark.parametrize("dockerfile", ["worker-cuda.Dockerfile", "worker-rocm.Dockerfile"])
+def test_gpu_workers_keep_the_triton_their_torch_ships(dockerfile):
+    text = (ROOT / "docker" / dockerfile).read_text()
+    assert "kernels" not in re.findall(r'"\.\[([^\]]+)\]"', text)[0].split(",")
+    assert re.search(r"grep -v -E '\^\(torch\|triton", text), "constraints' triton pin is dropped"
+
+
+@pytest.mark.parametrize("dockerfile", ["worker-cpu.Dockerfile", "worker-cuda.Dockerfile",
+                                        "worker-rocm.Dockerfile"])
+def test_kernel_caches_are_outside_tmp(dockerfile):
+    """Compose mounts /tmp as a tmpfs, noexec by default; kernels are dlopen'ed from these."""
+    env = dict(re.findall(r"(TORCHINDUCTOR_CACHE_DIR|TRITON_CACHE_DIR|TMPDIR)=(\S+)",
+                          (ROOT / "docker" / dockerfile).read_text()))
+    assert set(env) >= {"TORCHINDUCTOR_CACHE_DIR", "TMPDIR"}
+    assert not any(v.startswith("/tmp") for v in env.values()), env
