@@ -75,7 +75,7 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4))
-    for ax, (model, res) in zip(axes if len(results) > 1 else [axes], results.items()):
+    for ax, (model, res) in zip(axes if len(results) > 1 else [axes], results.items(), strict=False):
         values = [res["median_s"][c] for c in CASES]
         ax.bar(range(len(CASES)), values, color=["#888", "#bbb", "#c96", "#369", "#6a3"])
         ax.set_xticks(range(len(CASES)), CASES, rotation=30, ha="right")

@@ -43,7 +43,7 @@ def build_requests(count: int) -> list[bytes]:
     for i in range(count):
         captured: dict = {}
 
-        def backend(gm, example_inputs):
+        def backend(gm, example_inputs, captured=captured):
             captured["gm"], captured["inputs"] = gm, example_inputs
             return gm.forward
 

@@ -23,7 +23,7 @@ def _pem_key(key) -> bytes:
 
 
 def make_pki(directory: Path) -> dict[str, Path]:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
         x509.CertificateBuilder()

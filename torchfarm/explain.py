@@ -174,7 +174,7 @@ def compare(mine: Record, theirs: Record) -> Explanation:
 
 
 def _graph_detail(mine: Record, theirs: Record) -> str:
-    for i, (a, b) in enumerate(zip(mine.nodes, theirs.nodes)):
+    for i, (a, b) in enumerate(zip(mine.nodes, theirs.nodes, strict=False)):
         if a != b:
             return f"first differing node #{i}: {theirs.node_texts[i]!r} there, {mine.node_texts[i]!r} here"
     if len(mine.nodes) != len(theirs.nodes):

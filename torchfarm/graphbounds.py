@@ -75,7 +75,7 @@ def expr_bounds(tree: tuple) -> tuple[int, int]:
     parts = [expr_bounds(tree[1]), *(expr_bounds(t) for _, t in tree[2])]  # "chain"
     nodes = 1 + sum(n for n, _ in parts)
     bits = parts[0][1]
-    for (op, _), (_, b) in zip(tree[2], parts[1:]):
+    for (op, _), (_, b) in zip(tree[2], parts[1:], strict=False):
         bits = bits + b if op == "*" else max(bits, b) + 1 if op in ("+", "-") else bits
     return nodes, bits
 

@@ -124,7 +124,7 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _builder(subject: str, issuer: x509.Name | None, days: int, public_key) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     return (x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
             .public_key(public_key).serial_number(x509.random_serial_number())

@@ -372,7 +372,7 @@ class Store:
         for ref in refs:
             pipe.hget(self._k("job", ref), "state")
         states = pipe.execute()
-        done = [r for r, st in zip(refs, states) if st is None or st.decode() in JobState.TERMINAL]
+        done = [r for r, st in zip(refs, states, strict=False) if st is None or st.decode() in JobState.TERMINAL]
         if done:
             self.r.zrem(zk, *done)
         return len(refs) - len(done)
@@ -427,7 +427,7 @@ class Store:
         pre = self._k("worker", "")
         names = [k.decode() for k in self.r.scan_iter(match=pre + "*", count=500)]
         values = self.r.mget(names) if names else []
-        return {n[len(pre) :]: json.loads(v) for n, v in zip(names, values) if v is not None}
+        return {n[len(pre) :]: json.loads(v) for n, v in zip(names, values, strict=False) if v is not None}
 
     # Triton kernels: request, then blobs, then the kernel record (last, as artifacts).
     # Per namespace, like artifacts; the blobs are shared by content.

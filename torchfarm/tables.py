@@ -10,7 +10,7 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     """Columns padded to their widest cell, two spaces apart, no trailing blanks."""
     cells = [[str(c) for c in r] for r in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
 
 
 def fmt_bytes(n: float) -> str:

@@ -276,7 +276,7 @@ class StageBoard:
             return {}
         records = self.r.mget([self._k("kbin", k) for k in cache_keys])
         found = {}
-        for key, data in zip(cache_keys, records):
+        for key, data in zip(cache_keys, records, strict=False):
             if data is not None:
                 record = json.loads(data)
                 ref = BlobRef(**record["binary"])
@@ -287,7 +287,7 @@ class StageBoard:
         for ref, _ in found.values():
             present.exists(self._k("blob", ref.digest))
         alive = present.execute()
-        return {k: kernel for (k, kernel), ok in zip(found.items(), alive) if ok}
+        return {k: kernel for (k, kernel), ok in zip(found.items(), alive, strict=False) if ok}
 
     def cached_binaries(self, cache_keys: list[str]) -> dict[str, BlobRef]:
         """The cached binary of each key that has one whose blob is still there."""

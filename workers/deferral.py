@@ -141,7 +141,7 @@ def forgetting_new_loaders() -> Iterator[None]:
     try:
         yield
     finally:
-        for cache, keys in zip(caches, before):
+        for cache, keys in zip(caches, before, strict=False):
             for key in set(cache) - keys:
                 del cache[key]
 

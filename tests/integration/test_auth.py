@@ -104,7 +104,7 @@ def test_tenants_get_separate_keys_jobs_and_artifacts(farm, store):
     alice.update_job(a.key, state=JobState.SUCCEEDED)
     assert len(_call(address, "FetchArtifact", farm_pb2.ArtifactRef(key=a.key), toks["alice"])) == 2
     for method, msg in (("FetchArtifact", farm_pb2.ArtifactRef(key=a.key)), ("GetJob", farm_pb2.JobRef(key=a.key))):
-        code, _ = _code_and_reason(lambda: _call(address, method, msg, toks["bob"]))
+        code, _ = _code_and_reason(lambda method=method, msg=msg: _call(address, method, msg, toks["bob"]))
         assert code == grpc.StatusCode.NOT_FOUND
     status = _call(address, "GetFarmStatus", farm_pb2.FarmStatusRequest(), toks["bob"])
     assert [j.key for j in status.recent_jobs] == [b.key]

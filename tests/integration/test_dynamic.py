@@ -109,7 +109,7 @@ def test_inductor_guard_travels_and_is_respected(stack, client_cache_dir, caplog
     torch._dynamo.reset()
     assert local_graphs == 2  # torch.compile recompiles once the sum is longer than 4096
     assert farm_graphs == local_graphs
-    for out, args in zip(outs, calls):
+    for out, args in zip(outs, calls, strict=False):
         torch.testing.assert_close(out, _summed_matmul(*args), atol=1e-4, rtol=1e-5)
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     assert not any("compiles locally" in m for m in msgs), msgs
@@ -168,10 +168,10 @@ def test_automatic_dynamic_recompiles_on_the_farm_as_torch_compile(stack, client
     assert local_graphs == 2
     assert farm_graphs == local_graphs
     ref = _train(eager, eager, inputs)
-    for loss, ref_loss in zip(got[0], ref[0]):
+    for loss, ref_loss in zip(got[0], ref[0], strict=False):
         torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
-    for grads, ref_grads in zip(got[1], ref[1]):
-        for g, r in zip(grads, ref_grads):
+    for grads, ref_grads in zip(got[1], ref[1], strict=False):
+        for g, r in zip(grads, ref_grads, strict=False):
             torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     farm = [m for m in msgs if KEY.search(m)]
@@ -196,7 +196,7 @@ def test_float_module_attribute_with_dynamic_true(stack, client_cache_dir, caplo
     torch._dynamo.reset()
     assert local_graphs == 1
     assert farm_graphs == local_graphs
-    for out, (x,) in zip(outs, calls):
+    for out, (x,) in zip(outs, calls, strict=False):
         torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     assert not any("compiles locally" in m for m in msgs), msgs

@@ -52,7 +52,7 @@ def _train_vs_eager(compiled, model, eager, inputs):
     ref_loss.backward()
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
-    for p, q in zip(model.parameters(), eager.parameters()):
+    for p, q in zip(model.parameters(), eager.parameters(), strict=False):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
 
 
@@ -178,7 +178,7 @@ def test_dynamic_argument_recompiles_as_torch_compile(dynamic, stack, client_cac
     # symbolic graph for the rest (automatic dynamic).
     assert local == {False: 3, True: 1, None: 2}[dynamic]
     assert farm == local
-    for out, args in zip(outs, calls):
+    for out, args in zip(outs, calls, strict=False):
         torch.testing.assert_close(out, _fn(*args), atol=1e-5, rtol=1e-5)
     lines = _farm_lines(caplog)
     _assert_all_on_farm(lines)

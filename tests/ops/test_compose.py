@@ -37,7 +37,7 @@ def _seconds(duration: str) -> float:
 
 
 def _flags(command: list[str]) -> dict[str, str]:
-    return {a: b for a, b in zip(command, command[1:]) if a.startswith("--")}
+    return {a: b for a, b in zip(command, command[1:], strict=False) if a.startswith("--")}
 
 
 def test_schema_is_the_vendored_one():

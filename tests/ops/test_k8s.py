@@ -235,7 +235,7 @@ def test_only_the_coordinator_and_workers_reach_redis(docs):
 
 
 def test_redis_users_come_from_the_secrets_acl(docs):
-    for kind, name, acl in (("StatefulSet", "redis-broker", "broker.acl"), ("Deployment", "redis-cache", "cache.acl")):
+    for kind, name, _acl in (("StatefulSet", "redis-broker", "broker.acl"), ("Deployment", "redis-cache", "cache.acl")):
         workload = _one(docs, kind, name)
         args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
         text = _secret_file(docs, workload, args[args.index("--aclfile") + 1]).decode()

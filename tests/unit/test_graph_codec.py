@@ -277,7 +277,7 @@ def test_roundtrip_gpt_training() -> None:
     decoded = capture.decoded[0]
     placeholders = [n for n in graph.nodes if n.op == graph_pb2.Node.PLACEHOLDER]
     assert len(placeholders) == len(decoded.example_inputs)
-    for node, value in zip(placeholders, decoded.example_inputs):
+    for node, value in zip(placeholders, decoded.example_inputs, strict=False):
         assert isinstance(value, torch.nn.Parameter) == (
             node.tensor.kind == graph_pb2.TensorMeta.PARAMETER
         )

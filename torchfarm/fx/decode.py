@@ -360,7 +360,7 @@ class _Decoder:
             else:
                 # A view into a larger storage, as the client's input was.
                 empty = any(isinstance(n, int) and n == 0 for n in shape)
-                extent = 0 if empty else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+                extent = 0 if empty else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=False))
                 base = torch.empty(meta.storage_offset + extent, dtype=dtype, device=device)
                 t = base.as_strided(shape, stride, meta.storage_offset).detach()
         t.requires_grad_(meta.requires_grad)
@@ -396,7 +396,7 @@ class _Decoder:
             return self.size(arg.sym)
         if kind == "immutable_dict":
             items = [self.value(a) for a in arg.immutable_dict.items]
-            return dict(zip(items[::2], items[1::2]))
+            return dict(zip(items[::2], items[1::2], strict=False))
         raise MalformedGraph(f"unknown argument kind {kind}")
 
     def build(self) -> tuple[torch.fx.GraphModule, list[Any]]:

@@ -83,7 +83,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
         by_key = {k.cache_key: k for k in plan.kernels}
         again = [by_key[k] for k in missing]
         verdicts = claim(ctx, key, plan.target, again)
-        send_builds(ctx, key, plan.target, [k for k, v in zip(again, verdicts) if v == BUILD])
+        send_builds(ctx, key, plan.target, [k for k, v in zip(again, verdicts, strict=False) if v == BUILD])
         if all(v == CACHED for v in verdicts):  # built meanwhile: nothing will send it
             send_assembly(ctx.store, ctx, key, plan.target)
         return None

@@ -202,8 +202,8 @@ class KernelStream:
         if not batch:
             return
         verdicts = claim(self.ctx, self.key, self.target, batch)
-        build = [k for k, v in zip(batch, verdicts) if v == BUILD]
-        pending = [k.cache_key for k, v in zip(batch, verdicts) if v != CACHED]
+        build = [k for k, v in zip(batch, verdicts, strict=False) if v == BUILD]
+        pending = [k.cache_key for k, v in zip(batch, verdicts, strict=False) if v != CACHED]
         self.board.note_waiting(self.key, len(pending), bool(build))
         self.sent.update(pending)
         self.shared += sum(v == WAIT for v in verdicts)
@@ -237,7 +237,7 @@ def fan_out(
     cached = board.cached_binaries([k for k in wanted if k not in stream.sent])
     missing = [by_key[k] for k in wanted if k not in stream.sent and k not in cached]
     verdicts = claim(ctx, key, target, missing)  # pending from here on, with the streamed
-    build = [k for k, v in zip(missing, verdicts) if v == BUILD]
+    build = [k for k, v in zip(missing, verdicts, strict=False) if v == BUILD]
     waits = sum(v == WAIT for v in verdicts)
     hits = len(cached) + sum(v == CACHED for v in verdicts)
     strays = sorted(stream.sent - set(wanted))
