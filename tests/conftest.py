@@ -40,7 +40,9 @@ def store(redis_url):
 
 @pytest.fixture(scope="session")
 def session_stack(tmp_path_factory):
-    """The embedded local stack with one CPU worker, shared by the integration tests."""
+    """The embedded local stack with one CPU worker, shared by the integration tests.
+    Its worker warms up as a production worker does (the other tests' stacks do not;
+    tests/integration/test_end_to_end.py checks that this one did)."""
     workdir = tmp_path_factory.mktemp("stack")
     with LocalStack(workers=1, workdir=workdir) as s:
         yield s

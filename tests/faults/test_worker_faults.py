@@ -41,7 +41,8 @@ def stack(tmp_path_factory):
         "TORCHFARM_HARD_TIME_LIMIT_S": "25",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
     }
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env) as s:
+    with LocalStack(
+        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env) as s:
         yield s
 
 
@@ -100,7 +101,8 @@ def test_whole_worker_killed_mid_compile_is_redelivered_to_a_new_worker(stack):
 def crashing_stack(tmp_path_factory):
     # One CPU second per compile: the kernel kills the pool process (SIGXCPU) on each try.
     env = {"TORCHFARM_COMPILE_CPU_LIMIT_S": "1", "TORCHFARM_MAX_ATTEMPTS": "3"}
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env) as s:
+    with LocalStack(
+        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env) as s:
         yield s
 
 
@@ -146,7 +148,8 @@ def slow_stack(tmp_path_factory):
         "TORCHFARM_HARD_TIME_LIMIT_S": "60",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
     }
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env) as s:
+    with LocalStack(
+        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env) as s:
         yield s
 
 

@@ -66,7 +66,7 @@ def _job_status(stack: LocalStack, key: str) -> farm_pb2.JobStatus:
 class TestTwoWorkers:
     @pytest.fixture(scope="class")
     def farm(self, tmp_path_factory):
-        with LocalStack(workers=2, workdir=tmp_path_factory.mktemp("pipeline")) as s:
+        with LocalStack(warmup=False, workers=2, workdir=tmp_path_factory.mktemp("pipeline")) as s:
             yield s
 
     @pytest.fixture
@@ -187,7 +187,7 @@ def _train(stack: LocalStack, tmp_path, model: str) -> subprocess.Popen:
 
 
 def test_a_one_worker_farm_completes_a_staged_compile(tmp_path):
-    with LocalStack(workers=1, workdir=tmp_path / "stack") as stack:
+    with LocalStack(warmup=False, workers=1, workdir=tmp_path / "stack") as stack:
         client = _train(stack, tmp_path, "mlp:3")
         out, err = client.communicate(timeout=900)
         assert client.returncode == 0 and "TRAINED-OK" in out, err[-4000:]
@@ -206,7 +206,7 @@ def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path):
         "TORCHFARM_HARD_TIME_LIMIT_S": "110",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
     }
-    with LocalStack(workers=2, workdir=tmp_path / "stack", extra_env=env) as stack:
+    with LocalStack(warmup=False, workers=2, workdir=tmp_path / "stack", extra_env=env) as stack:
         store = stack.store()
         client = _train(stack, tmp_path, "mlp:5")
         try:

@@ -28,3 +28,9 @@ def test_worker_environment(tmp_path, monkeypatch):
     off.start_worker(0)
     assert seen["worker0"]["TORCHFARM_METRICS_PORT"] == "0"
     assert "PROMETHEUS_MULTIPROC_DIR" not in seen["worker0"]
+
+
+def test_workers_warm_up_unless_the_stack_says_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHFARM_WARMUP", raising=False)
+    assert "TORCHFARM_WARMUP" not in LocalStack(workdir=tmp_path).env()
+    assert LocalStack(workdir=tmp_path, warmup=False).env()["TORCHFARM_WARMUP"] == "0"

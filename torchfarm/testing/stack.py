@@ -100,6 +100,10 @@ class LocalStack:
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
     """With names here, the coordinator requires tokens: one is made per tenant (`tokens`)."""
+    warmup: bool = True
+    """Workers warm Inductor up before they register (workers/warmup.py, about 15 s on
+    the 2-core development machine). Tests that do not test it turn it off: the first
+    compile then pays the ISA probe and the build hashes instead."""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
     tokens: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -176,6 +180,8 @@ class LocalStack:
             env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
         if self.tenants:
             env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
+        if not self.warmup:
+            env["TORCHFARM_WARMUP"] = "0"
         env.update(self.extra_env)
         return env
 
