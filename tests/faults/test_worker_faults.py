@@ -41,8 +41,9 @@ def stack(tmp_path_factory):
         "TORCHFARM_HARD_TIME_LIMIT_S": "25",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
     }
-    with LocalStack(
-        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env) as s:
+    # Warmed up, unlike the other test stacks: the first compile here has 20 s, and
+    # would otherwise pay Inductor's ISA probe and build hashes inside them.
+    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env) as s:
         yield s
 
 
@@ -102,7 +103,8 @@ def crashing_stack(tmp_path_factory):
     # One CPU second per compile: the kernel kills the pool process (SIGXCPU) on each try.
     env = {"TORCHFARM_COMPILE_CPU_LIMIT_S": "1", "TORCHFARM_MAX_ATTEMPTS": "3"}
     with LocalStack(
-        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env) as s:
+        workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env, warmup=False
+    ) as s:
         yield s
 
 
@@ -149,7 +151,8 @@ def slow_stack(tmp_path_factory):
         "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
     }
     with LocalStack(
-        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env) as s:
+        workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env, warmup=False
+    ) as s:
         yield s
 
 

@@ -99,7 +99,8 @@ def prom(tmp_path_factory):
     workdir: Path = tmp_path_factory.mktemp("prom")
     metrics_port = _free_pair()
     with LocalStack(
-        warmup=False, workers=1, metrics_port=metrics_port, workdir=workdir / "stack") as stack:
+        workers=1, metrics_port=metrics_port, workdir=workdir / "stack", warmup=False
+    ) as stack:
         prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def gpu_kernel_stack(tmp_path_factory):
     env = {"TORCHFARM_TARGETS": "local,cuda:sm_90,cuda:sm_80,rocm:gfx942"}
     with LocalStack(
-        warmup=False, workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env) as s:
+        workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env, warmup=False
+    ) as s:
         yield s
 
 
