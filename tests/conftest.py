@@ -39,12 +39,21 @@ def store(redis_url):
 
 
 @pytest.fixture(scope="session")
-def session_stack(tmp_path_factory):
+def worker_caches(tmp_path_factory):
+    """One root for the Inductor caches of the stacks whose tests compile the same
+    models and are not about a cold worker cache (LocalStack.cache_root): worker i of
+    each finds the kernels worker i of an earlier one built. Two workers of one stack
+    still never share a cache."""
+    return tmp_path_factory.mktemp("worker-caches")
+
+
+@pytest.fixture(scope="session")
+def session_stack(tmp_path_factory, worker_caches):
     """The embedded local stack with one CPU worker, shared by the integration tests.
     Its worker warms up as a production worker does (the other tests' stacks do not;
     tests/integration/test_end_to_end.py checks that this one did)."""
     workdir = tmp_path_factory.mktemp("stack")
-    with LocalStack(workers=1, workdir=workdir) as s:
+    with LocalStack(workers=1, workdir=workdir, cache_root=worker_caches) as s:
         yield s
 
 

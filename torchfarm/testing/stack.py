@@ -100,6 +100,11 @@ class LocalStack:
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
     """With names here, the coordinator requires tokens: one is made per tenant (`tokens`)."""
+    cache_root: Path | None = None
+    """Where worker i keeps its Inductor and Triton caches: `cache_root/worker{i}`; by
+    default the stack's workdir, new with the stack. Stacks given one root find there
+    what the worker of the same index in an earlier stack compiled, as a worker
+    restarted on the same machine does; the workers of one stack never share a cache."""
     warmup: bool = True
     """Workers warm Inductor up before they register (workers/warmup.py, about 15 s on
     the 2-core development machine). Tests that do not test it turn it off: the first
@@ -239,8 +244,9 @@ class LocalStack:
         env = self.env()
         env["TORCHFARM_NAME"] = f"cpu{i}"
         # Each worker has a cache dir of its own, as a worker on its own machine would.
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "inductor")
-        env["TRITON_CACHE_DIR"] = str(self.workdir / f"worker{i}" / "triton")
+        caches = (self.cache_root or self.workdir) / f"worker{i}"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
+        env["TRITON_CACHE_DIR"] = str(caches / "triton")
         # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
         # prometheus-client multiprocess directory of its own.
         env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))
