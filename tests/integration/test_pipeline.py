@@ -207,9 +207,12 @@ def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path, worker_caches)
     env = {
         "TORCHFARM_KERNEL_JOB_DELAY_S": "5",  # test hook: each kernel job sleeps first
         "TORCHFARM_KERNEL_BATCH": "1",
-        "TORCHFARM_SOFT_TIME_LIMIT_S": "100",
-        "TORCHFARM_HARD_TIME_LIMIT_S": "110",
-        "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
+        # The killed worker's job comes back after the visibility timeout, which this
+        # test waits out: as short as the limits beneath it allow (an MLP's lowering
+        # takes seconds).
+        "TORCHFARM_SOFT_TIME_LIMIT_S": "45",
+        "TORCHFARM_HARD_TIME_LIMIT_S": "50",
+        "TORCHFARM_VISIBILITY_TIMEOUT_S": "60",
     }
     with LocalStack(
         workers=2, workdir=tmp_path / "stack", extra_env=env, warmup=False, cache_root=worker_caches
