@@ -14,10 +14,10 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not integration"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"
 
 proto: setup
 	./scripts/gen_proto.sh

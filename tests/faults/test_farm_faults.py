@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def stack(tmp_path_factory):
     # Heartbeats every second, so a worker re-registers quickly after a Redis restart.
     env = {"TORCHFARM_HEARTBEAT_S": "1", "TORCHFARM_WORKER_TTL_S": "5"}
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-farm"),
+    with LocalStack(warmup=False, workers=1, workdir=tmp_path_factory.mktemp("faults-farm"),
                     tenants=("alice", "bob"), extra_env=env) as s:
         yield s
 

@@ -41,11 +41,28 @@ def stack(tmp_path_factory):
         "TORCHFARM_HARD_TIME_LIMIT_S": "25",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
     }
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env) as s:
+    # Warmed up, unlike the other test stacks: the first compile here has 20 s, and
+    # would otherwise pay Inductor's ISA probe and build hashes inside them.
+    # The warm-up comes before the worker registers: on a loaded 2-core machine it took
+    # the stack past the default 60 s start timeout.
+    s = LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-workers"), extra_env=env)
+    s.start(timeout_s=240)
+    try:
         yield s
+    finally:
+        s.stop()
 
 
 
+
+
+def test_the_warmed_up_worker_warmed_up_once_before_it_registered(stack):
+    """The one test stack whose worker warms Inductor up: it did, once, in the main
+    process before the pool forked, the staged compile included (workers/priming.py)."""
+    log = (stack.workdir / "worker0.log").read_text(errors="replace")
+    warmed = [line for line in log.splitlines() if "warmed Inductor" in line]
+    assert len(warmed) == 1, warmed
+    assert "first compile" in warmed[0] and log.index("warmed Inductor") < log.index("registered")
 
 
 def test_pool_process_killed_mid_compile_completes_once(stack):
@@ -100,7 +117,9 @@ def test_whole_worker_killed_mid_compile_is_redelivered_to_a_new_worker(stack):
 def crashing_stack(tmp_path_factory):
     # One CPU second per compile: the kernel kills the pool process (SIGXCPU) on each try.
     env = {"TORCHFARM_COMPILE_CPU_LIMIT_S": "1", "TORCHFARM_MAX_ATTEMPTS": "3"}
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env) as s:
+    with LocalStack(
+        workers=1, workdir=tmp_path_factory.mktemp("faults-crash"), extra_env=env, warmup=False
+    ) as s:
         yield s
 
 
@@ -146,7 +165,9 @@ def slow_stack(tmp_path_factory):
         "TORCHFARM_HARD_TIME_LIMIT_S": "60",
         "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
     }
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env) as s:
+    with LocalStack(
+        workers=1, workdir=tmp_path_factory.mktemp("faults-slow"), extra_env=env, warmup=False
+    ) as s:
         yield s
 
 

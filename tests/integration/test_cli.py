@@ -52,7 +52,11 @@ def test_up_prints_address_serves_status_and_stops_clean():
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        # The workers inherit the environment: no warm-up, which this test is not about.
+        env={
+            **os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "TORCHFARM_WARMUP": "0",
+        },
     )
     try:
         deadline = time.monotonic() + 120

@@ -1,4 +1,4 @@
-"""The coordinator's request path against a real redis-server (no workers needed).
+"""The coordinator's request path against the in-memory store (no process needed).
 
 The dispatcher here records what would be queued; the full path through Celery is
 covered by test_end_to_end.py.
@@ -24,8 +24,14 @@ from tests.requests import relu_request
 from torchfarm import keys
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.store import JobState
+from torchfarm.testing.memory_store import memory_store
 
-pytestmark = pytest.mark.integration
+
+@pytest.fixture
+def store():
+    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    the logic around Redis, which runs there unchanged, Lua scripts included."""
+    return memory_store()
 
 
 class Recorder(Dispatcher):

@@ -188,3 +188,4 @@ def test_inference_under_no_grad(stack, client_cache_dir):
 def test_unknown_remote_address_is_a_config_error():
     with pytest.raises(sdk.ConfigError, match="grpc://host:port"):
         sdk.compile(torch.nn.Linear(2, 2), remote="http://farm")
+

@@ -37,7 +37,9 @@ DELAY_S = 8.0
 def slow_stack(tmp_path_factory):
     """A stack of its own whose worker sleeps DELAY_S in every compile."""
     workdir = tmp_path_factory.mktemp("slow-stack")
-    with LocalStack(workers=1, workdir=workdir, extra_env={"TORCHFARM_TEST_DELAY_S": str(DELAY_S)}) as s:
+    with LocalStack(
+        workers=1, workdir=workdir, extra_env={"TORCHFARM_TEST_DELAY_S": str(DELAY_S)}, warmup=False
+    ) as s:
         yield s
 
 

@@ -65,8 +65,11 @@ def _job_status(stack: LocalStack, key: str) -> farm_pb2.JobStatus:
 
 class TestTwoWorkers:
     @pytest.fixture(scope="class")
-    def farm(self, tmp_path_factory):
-        with LocalStack(workers=2, workdir=tmp_path_factory.mktemp("pipeline")) as s:
+    def farm(self, tmp_path_factory, worker_caches):
+        with LocalStack(
+            workers=2, workdir=tmp_path_factory.mktemp("pipeline"), warmup=False,
+            cache_root=worker_caches,
+        ) as s:
             yield s
 
     @pytest.fixture
@@ -186,8 +189,10 @@ def _train(stack: LocalStack, tmp_path, model: str) -> subprocess.Popen:
     )
 
 
-def test_a_one_worker_farm_completes_a_staged_compile(tmp_path):
-    with LocalStack(workers=1, workdir=tmp_path / "stack") as stack:
+def test_a_one_worker_farm_completes_a_staged_compile(tmp_path, worker_caches):
+    with LocalStack(
+        workers=1, workdir=tmp_path / "stack", warmup=False, cache_root=worker_caches
+    ) as stack:
         client = _train(stack, tmp_path, "mlp:3")
         out, err = client.communicate(timeout=900)
         assert client.returncode == 0 and "TRAINED-OK" in out, err[-4000:]
@@ -198,15 +203,20 @@ def test_a_one_worker_farm_completes_a_staged_compile(tmp_path):
         assert {s["worker"] for s in job.stages} == {"cpu0"}
 
 
-def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path):
+def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path, worker_caches):
     env = {
         "TORCHFARM_KERNEL_JOB_DELAY_S": "5",  # test hook: each kernel job sleeps first
         "TORCHFARM_KERNEL_BATCH": "1",
-        "TORCHFARM_SOFT_TIME_LIMIT_S": "100",
-        "TORCHFARM_HARD_TIME_LIMIT_S": "110",
-        "TORCHFARM_VISIBILITY_TIMEOUT_S": "120",
+        # The killed worker's job comes back after the visibility timeout, which this
+        # test waits out: as short as the limits beneath it allow (an MLP's lowering
+        # takes seconds).
+        "TORCHFARM_SOFT_TIME_LIMIT_S": "45",
+        "TORCHFARM_HARD_TIME_LIMIT_S": "50",
+        "TORCHFARM_VISIBILITY_TIMEOUT_S": "60",
     }
-    with LocalStack(workers=2, workdir=tmp_path / "stack", extra_env=env) as stack:
+    with LocalStack(
+        workers=2, workdir=tmp_path / "stack", extra_env=env, warmup=False, cache_root=worker_caches
+    ) as stack:
         store = stack.store()
         client = _train(stack, tmp_path, "mlp:5")
         try:

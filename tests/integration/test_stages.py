@@ -1,4 +1,4 @@
-"""The staged pipeline's stage jobs as plain functions, against a real redis-server,
+"""The staged pipeline's stage jobs as plain functions, against the in-memory store,
 with the compile itself replaced: the barrier, idempotent kernel and assembly jobs, the
 kernel cache, evicted binaries rebuilt, and the attempt cap. Stage jobs are "sent" into
 a list and run by hand, in any order, as Celery would deliver them."""
@@ -23,8 +23,14 @@ from workers.jobs import assemble, build, lower
 from workers.compiler import CompileFailed, Kernel, LoweredGraph
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
+from torchfarm.testing.memory_store import memory_store
 
-pytestmark = pytest.mark.integration
+
+@pytest.fixture
+def store():
+    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    the logic around Redis, which runs there unchanged, Lua scripts included."""
+    return memory_store()
 
 
 def _spec(i: int) -> bytes:

@@ -1,4 +1,4 @@
-"""The worker's job path around the compile, against a real redis-server, with the
+"""The worker's job path around the compile, against the in-memory store, with the
 compile itself replaced: namespaces, signing, the artifact size limit, the option
 allow-list, and a time limit that Inductor wrapped in its own exception."""
 
@@ -18,8 +18,14 @@ from workers.compiler import CompileFailed, CompileResult, Kernel
 from workers.jobs.graph import run_job
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
+from torchfarm.testing.memory_store import memory_store
 
-pytestmark = pytest.mark.integration
+
+@pytest.fixture
+def store():
+    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    the logic around Redis, which runs there unchanged, Lua scripts included."""
+    return memory_store()
 
 
 class FakeTimeLimit(Exception):

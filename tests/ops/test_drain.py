@@ -31,7 +31,7 @@ def test_sigterm_mid_compile_drains_the_worker(tmp_path):
     # The whole-graph path: a staged compile's drained worker would finish its lowering
     # and leave the kernel builds to the next worker (tests/integration/test_pipeline.py).
     env = {"TORCHFARM_PIPELINE": "whole"}
-    with LocalStack(workers=1, workdir=tmp_path / "stack", extra_env=env) as stack:
+    with LocalStack(warmup=False, workers=1, workdir=tmp_path / "stack", extra_env=env) as stack:
         store = stack.store()
         client = subprocess.Popen(
             [sys.executable, "-c", MLP_COMPILE_SCRIPT.format(address=stack.address)],

@@ -98,7 +98,9 @@ def _refused_job_and_missing_key(stack: LocalStack) -> None:
 def prom(tmp_path_factory):
     workdir: Path = tmp_path_factory.mktemp("prom")
     metrics_port = _free_pair()
-    with LocalStack(workers=1, metrics_port=metrics_port, workdir=workdir / "stack") as stack:
+    with LocalStack(
+        workers=1, metrics_port=metrics_port, workdir=workdir / "stack", warmup=False
+    ) as stack:
         prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},

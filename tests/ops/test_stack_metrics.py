@@ -28,3 +28,25 @@ def test_worker_environment(tmp_path, monkeypatch):
     off.start_worker(0)
     assert seen["worker0"]["TORCHFARM_METRICS_PORT"] == "0"
     assert "PROMETHEUS_MULTIPROC_DIR" not in seen["worker0"]
+
+
+def test_workers_warm_up_unless_the_stack_says_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHFARM_WARMUP", raising=False)
+    assert "TORCHFARM_WARMUP" not in LocalStack(workdir=tmp_path).env()
+    assert LocalStack(workdir=tmp_path, warmup=False).env()["TORCHFARM_WARMUP"] == "0"
+
+
+def test_workers_of_stacks_with_one_cache_root_share_caches_by_index(tmp_path, monkeypatch):
+    seen = {}
+    for name in ("a", "b"):
+        stack = LocalStack(workers=2, workdir=tmp_path / name, cache_root=tmp_path / "caches")
+        monkeypatch.setattr(stack, "_spawn", lambda n, cmd, env=None, s=name: seen.__setitem__((s, n), env))
+        stack.start_worker(0)
+        stack.start_worker(1)
+    dirs = {k: env["TORCHINDUCTOR_CACHE_DIR"] for k, env in seen.items()}
+    assert dirs[("a", "worker0")] == dirs[("b", "worker0")] == str(tmp_path / "caches" / "worker0" / "inductor")
+    assert dirs[("a", "worker1")] == dirs[("b", "worker1")] != dirs[("a", "worker0")]
+    alone = LocalStack(workdir=tmp_path / "c")
+    monkeypatch.setattr(alone, "_spawn", lambda n, cmd, env=None: seen.__setitem__(("c", n), env))
+    alone.start_worker(0)
+    assert seen[("c", "worker0")]["TRITON_CACHE_DIR"] == str(tmp_path / "c" / "worker0" / "triton")

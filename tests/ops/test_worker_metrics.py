@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.conftest import run_python
 
 _FORKED_JOBS = textwrap.dedent(
@@ -135,6 +137,8 @@ _STAGED_END = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # a redis-server and a worker process
+@pytest.mark.slow
 def test_a_staged_job_ended_before_its_lowering_returns_counts_once(tmp_path, redis_url):
     from torchfarm.testing.stack import free_port
 

@@ -1,4 +1,4 @@
-"""The coordinator's routing against a real redis-server: each job goes to the queue of
+"""The coordinator's routing against the in-memory store: each job goes to the queue of
 its exact target, and a target no live worker serves is refused at once (NoWorker), named.
 
 The kernel path here runs the worker's job function in a thread instead of Celery; the
@@ -20,9 +20,14 @@ from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm import kernelreq
+from torchfarm.testing.memory_store import memory_store
 from workers.jobs.triton import KernelContext, run_kernel_job
 
-pytestmark = pytest.mark.integration
+
+@pytest.fixture
+def store():
+    """The store in memory (torchfarm/testing/memory_store.py): routing is logic."""
+    return memory_store()
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
 

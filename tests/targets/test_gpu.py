@@ -29,7 +29,7 @@ def test_local_cuda_target_is_the_device_capability():
 
 @pytest.fixture(scope="module")
 def cuda_stack(tmp_path_factory):
-    with LocalStack(workers=1, workdir=tmp_path_factory.mktemp("cuda"),
+    with LocalStack(warmup=False, workers=1, workdir=tmp_path_factory.mktemp("cuda"),
                     extra_env={"TORCHFARM_TARGETS": "local"}) as s:
         yield s
 

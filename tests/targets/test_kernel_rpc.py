@@ -33,8 +33,8 @@ PLANTED = "redis://:planted-h1-secret@cache:6379/0"
 @pytest.fixture(scope="module")
 def gpu_kernel_stack(tmp_path_factory):
     env = {"TORCHFARM_TARGETS": "local,cuda:sm_90,cuda:sm_80,rocm:gfx942", "TORCHFARM_PLANTED_URL": PLANTED}
-    s = LocalStack(workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env)
-    s.start(timeout_s=300)  # a loaded shared machine takes over a minute to warm a worker
+    s = LocalStack(workers=1, workdir=tmp_path_factory.mktemp("kstack"), extra_env=env, warmup=False)
+    s.start(timeout_s=300)  # a loaded shared machine takes a while to start a worker
     try:
         yield s
     finally:

@@ -92,7 +92,7 @@ def test_prewarm_for_another_cpu_isa_is_a_hit_for_that_fleet(tmp_path):
     if mine.isa == "default":
         pytest.skip("this CPU has no vector ISA above 'default' to contrast with")
     env = {"ATEN_CPU_CAPABILITY": "default"}
-    with LocalStack(workers=1, workdir=tmp_path / "stack", extra_env=env) as stack:
+    with LocalStack(warmup=False, workers=1, workdir=tmp_path / "stack", extra_env=env) as stack:
         trusted = {"TORCHFARM_TRUSTED_KEYS_FILE": str(getattr(stack, "trusted_keys_file", ""))}
         code = PREWARM.replace("REMOTE", repr(stack.address))
         laptop = run_python(

@@ -500,6 +500,7 @@ def test_encoding_is_deterministic_in_process() -> None:
     assert _encode_digests() == first
 
 
+@pytest.mark.slow  # a second interpreter imports torch and runs Dynamo
 def test_encoding_is_deterministic_across_processes() -> None:
     here = _encode_digests()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

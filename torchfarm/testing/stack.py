@@ -105,6 +105,15 @@ class LocalStack:
     publish_key: bool = True
     """While the stack runs, its public key is in this user's trust file for its address
     (torchfarm/trustfile.py), so SDK processes of this user find it unconfigured."""
+    cache_root: Path | None = None
+    """Where worker i keeps its Inductor and Triton caches: `cache_root/worker{i}`; by
+    default the stack's workdir, new with the stack. Stacks given one root find there
+    what the worker of the same index in an earlier stack compiled, as a worker
+    restarted on the same machine does; the workers of one stack never share a cache."""
+    warmup: bool = True
+    """Workers warm Inductor up before they register (workers/priming.py, about 15 s on
+    the 2-core development machine). Tests that do not test it turn it off: the first
+    compile then pays the ISA probe and the build hashes instead."""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
     tokens: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -189,6 +198,8 @@ class LocalStack:
             env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
         if self.tenants:
             env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
+        if not self.warmup:
+            env["TORCHFARM_WARMUP"] = "0"
         env.update(self.extra_env)
         return env
 
@@ -261,8 +272,9 @@ class LocalStack:
         env = self.env()
         env["TORCHFARM_NAME"] = f"cpu{i}"
         # Each worker has a cache dir of its own, as a worker on its own machine would.
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(self.root / f"worker{i}" / "inductor")
-        env["TRITON_CACHE_DIR"] = str(self.root / f"worker{i}" / "triton")
+        caches = (self.cache_root or self.root) / f"worker{i}"
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
+        env["TRITON_CACHE_DIR"] = str(caches / "triton")
         # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
         # prometheus-client multiprocess directory of its own.
         env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))

@@ -1,0 +1,154 @@
+"""The farm in process (torchfarm/testing/fakes.py): the in-memory store, the inline
+dispatcher and the in-process client behave as the real pieces do, with no process."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdk.errors import FarmUnavailable, GraphRejected, RemoteCompileError
+from tests.requests import relu_request
+from torchfarm import keys, routing
+from torchfarm.store import JobState
+from torchfarm.testing.fakes import (
+    InlineDispatcher,
+    InProcessFarm,
+    UnknownTask,
+    job_function,
+    memory_store,
+)
+from torchfarm.testing.inline import JOBS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_memory_stores_are_apart_and_tenant_views_share_one():
+    a, b = memory_store(), memory_store()
+    a.put_blob("sha256:x", b"abc")
+    assert a.get_blob("sha256:x") == b"abc" and b.get_blob("sha256:x") is None
+    alice = a.tenant("alice")
+    alice.create_job("k", "cpu.avx512", "", 60)
+    assert a.r.exists("tf:job:alice:k") and a.get_job("k") is None
+    assert a.cache_bytes() == 3
+
+
+def test_every_task_name_has_a_job_function_that_takes_key_and_context():
+    sent = {routing.COMPILE_TASK, routing.EXPORT_TASK, routing.KERNEL_TASK,
+            routing.LOWER_TASK, routing.BUILD_KERNELS_TASK, routing.ASSEMBLE_TASK}
+    assert set(JOBS) == sent
+    for task in sent:
+        params = list(inspect.signature(job_function(task)).parameters)
+        assert params[:2] == ["key", "ctx"], task
+
+
+def test_an_unknown_task_is_refused_when_sent():
+    with pytest.raises(UnknownTask, match="torchfarm.nope"):
+        InlineDispatcher().send_stage("torchfarm.nope", ["k"], "q")
+
+
+def test_the_dispatcher_runs_jobs_in_order_with_the_jobs_they_send(monkeypatch):
+    dispatcher = InlineDispatcher()
+    calls = []
+
+    def run_job(key, ctx, namespace=""):
+        calls.append(("compile", key, namespace))
+        dispatcher.send_stage(routing.ASSEMBLE_TASK, [key, namespace], "stages.cpu.avx512")
+
+    def run_assembly(key, ctx, namespace):
+        calls.append(("assemble", key, namespace))
+
+    fns = {routing.COMPILE_TASK: run_job, routing.ASSEMBLE_TASK: run_assembly}
+    monkeypatch.setattr("torchfarm.testing.inline.job_function", fns.__getitem__)
+    dispatcher.send("k1", "cpu.avx512", "alice")
+    dispatcher.send("k2", "cpu.avx512")
+    assert dispatcher.depth("cpu.avx512") == 2
+    assert dispatcher.run(context=object()) == 4
+    assert calls == [
+        ("compile", "k1", "alice"), ("compile", "k2", ""),
+        ("assemble", "k1", "alice"), ("assemble", "k2", ""),
+    ]
+    assert dispatcher.depth("cpu.avx512") == 0
+    assert dispatcher.queues() == {"cpu.avx512", "stages.cpu.avx512"}
+
+
+def test_a_job_without_its_context_stays_pending():
+    dispatcher = InlineDispatcher()
+    dispatcher.send_kernel("k", "kernels.cuda.sm_90")
+    with pytest.raises(ValueError, match="kernel_context"):
+        dispatcher.run(context=object())
+    assert dispatcher.depth("kernels.cuda.sm_90") == 1
+
+
+def test_the_in_process_client_maps_the_coordinators_errors_as_over_grpc():
+    farm = InProcessFarm()
+    client = farm.client(run_jobs=False)
+    with pytest.raises(FarmUnavailable) as unserved:
+        client.submit(relu_request())
+    assert unserved.value.code == "NO_WORKER"
+    with pytest.raises(GraphRejected) as bad:
+        client.submit(relu_request(options={"no_such_option": "1"}))
+    assert bad.value.code == "OPTION_NOT_ALLOWED"
+    with pytest.raises(RemoteCompileError) as missing:
+        client.fetch("0" * 64)
+    assert missing.value.code == "NOT_FOUND"
+
+
+def test_the_in_process_client_queues_and_watches_a_job():
+    farm = InProcessFarm()
+    farm.store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    client = farm.client(run_jobs=False)
+    request = relu_request()
+    reply = client.submit(request)
+    assert reply.key == keys.compute_key(request) and not reply.cache_hit
+    assert [t.name for t in farm.dispatcher.pending] == [routing.COMPILE_TASK]
+    assert client.status().queues[0].queued == 1
+    farm.store.update_job(reply.key, state=JobState.FAILED, error_code="X", message="no")
+    with pytest.raises(RemoteCompileError, match="no") as failed:
+        client.wait(reply.key)
+    assert failed.value.code == "X"
+
+
+def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
+    farm = InProcessFarm()
+    farm.store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    client = farm.client(farm.sdk_settings(compile_timeout_s=0.2), run_jobs=False)
+    key = client.submit(relu_request()).key
+    with pytest.raises(FarmUnavailable) as late:
+        client.wait(key)
+    assert late.value.code == "DEADLINE_EXCEEDED"
+
+
+def test_the_fakes_load_without_torch():
+    code = "import sys, torchfarm.testing.fakes; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_a_graph_compiles_in_process_through_the_sdk_backend(tmp_path, monkeypatch):
+    """The whole staged compile, inline: decompose, lower, kernel builds, assembly; the
+    SDK verifies the inline worker's signature and loads the artifact."""
+    import torch
+
+    from sdk.backend import FarmBackend
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    farm = InProcessFarm()
+    farm.register_worker()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"))
+    backend._client = farm.client()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    try:
+        out = torch.compile(model, backend=backend)(x)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, model(x))
+    assert [t.name for t in farm.dispatcher.ran][0] == routing.COMPILE_TASK
+    assert farm.dispatcher.ran[-1].name == routing.ASSEMBLE_TASK
+    (job,) = farm.store.recent_jobs()
+    assert job.state == JobState.SUCCEEDED and job.worker == "inline"

@@ -1,0 +1,88 @@
+"""The farm in process, for fast tests: the pieces, and one farm made of them.
+
+    memory_store()        the store on fakeredis            torchfarm/testing/memory_store.py
+    InlineDispatcher      jobs run by plain job functions   torchfarm/testing/inline.py
+    InProcessClient       FarmClient without a channel      torchfarm/testing/inprocess.py
+
+`InProcessFarm` wires them as the real farm is wired: the coordinator's `Farm` on the
+store, sending to the dispatcher; a worker registered on the store for this machine's
+target, whose jobs run inline when a client submits; clients that call the servicer.
+Unit tests of coordinator and worker logic use these; what is about processes (Celery
+delivery, gRPC, restarts) stays with the real stack (torchfarm/testing/stack.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sdk.settings import SDKSettings
+from services.coordinator.farm import Farm
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm.testing.inline import InlineDispatcher, Task, UnknownTask, job_function, worker_context
+from torchfarm.testing.inprocess import InProcessClient, InProcessRpcError
+from torchfarm.testing.memory_store import MemoryStore, memory_store
+
+__all__ = [
+    "InProcessClient", "InProcessFarm", "InProcessRpcError", "InlineDispatcher", "MemoryStore",
+    "Task", "UnknownTask", "job_function", "memory_store", "worker_context",
+]
+
+
+@dataclass
+class InProcessFarm:
+    """A coordinator, a store and an inline worker, all in this process."""
+
+    settings: CoordinatorSettings = field(default_factory=lambda: CoordinatorSettings(poll_interval_s=0.01))
+    worker_settings: dict[str, Any] = field(default_factory=dict)
+    """Fields of the inline worker's `WorkerSettings`."""
+    store: MemoryStore = field(default_factory=memory_store)
+    dispatcher: InlineDispatcher = field(default_factory=InlineDispatcher)
+
+    def __post_init__(self) -> None:
+        self.farm = Farm(self.settings, self.store, self.dispatcher)
+        self._context: Any = None
+
+    @property
+    def context(self) -> Any:
+        """The inline worker's `WorkerContext` (built on first use: it needs torch)."""
+        if self._context is None:
+            self._context = worker_context(self.store, self.dispatcher, **self.worker_settings)
+        return self._context
+
+    def register_worker(self, name: str = "inline", ttl_s: int = 3600) -> None:
+        """Registers the inline worker as `workers/app.py` does: this machine's targets
+        and queues, so the coordinator routes this machine's graphs to it."""
+        from torchfarm.fx.fingerprint import build_fields, fingerprint_for
+        from workers.serving import plan_for
+        from workers.settings import WorkerSettings
+
+        plan = plan_for(WorkerSettings(**self.worker_settings))
+        self.store.heartbeat(
+            name, plan.queues, "inline", ttl_s, targets=plan.registration(),
+            fingerprint=build_fields(fingerprint_for(plan.graph[0] if plan.graph else plan.kernel[0])),
+        )
+
+    def run_jobs(self) -> int:
+        """Runs every pending job, and the stage jobs they send; returns how many ran."""
+        return self.dispatcher.run(self.context)
+
+    REMOTE = "grpc://127.0.0.1:0"
+    """The address `sdk_settings` names: loopback, so the SDK loads what the inline
+    worker signed; nothing listens there (clients of this farm open no channel)."""
+
+    def trusted_keys(self) -> str:
+        """The inline worker's signing key, as `SDKSettings.trusted_keys` pins one."""
+        signer = self.context.signer
+        return ",".join(f"{k}={v}" for k, v in signer.trusted_entry().items())
+
+    def sdk_settings(self, **fields: Any) -> SDKSettings:
+        """SDK settings for this farm: its address, the worker's key pinned, `fields`."""
+        return SDKSettings(**{"remote": self.REMOTE, "trusted_keys": self.trusted_keys(), **fields})
+
+    def client(self, settings: SDKSettings | None = None, run_jobs: bool = True) -> InProcessClient:
+        """A client of this farm; with `run_jobs`, each submit runs the jobs it queued
+        before it returns, so a watch that follows sees them end."""
+        return InProcessClient(
+            self.farm, settings or self.sdk_settings(), self.run_jobs if run_jobs else None
+        )
