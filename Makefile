@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-deploy test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-models test-deploy test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,7 +14,11 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full"
+
+# The whole real-model suite (tests/integration/test_real_models.py), about 25 minutes.
+test-models: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m models
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"

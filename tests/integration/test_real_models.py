@@ -19,8 +19,15 @@ from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
 
+IN_EVERY_RUN = frozenset({"gpt2", "bert", "llama"})
+"""A decoder, an encoder and a grouped-query decoder run with `make test`; the whole zoo
+(about 25 minutes on the 2-core development machine) with `make test-models`."""
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[a.name for a in ARCHITECTURES])
+
+@pytest.mark.parametrize("arch", [
+    pytest.param(a, id=a.name, marks=() if a.name in IN_EVERY_RUN else pytest.mark.models_full)
+    for a in ARCHITECTURES
+])
 def test_training_step_on_the_farm(arch, stack, client_cache_dir, capsys):
     result = train_step(arch, stack.address)
     with capsys.disabled():
