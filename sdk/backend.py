@@ -287,7 +287,7 @@ class FarmBackend:
             raise artifact.rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
         return guards
 
-    def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable:
+    def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
         """Compiles the graph on the farm for `self.target`, which this process is not,
         and runs it eagerly here (sdk/fleet.py; docs/targets.md)."""
         from sdk import fleet

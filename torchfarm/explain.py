@@ -24,7 +24,7 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from torchfarm import keys
 from torchfarm.store import Store
@@ -218,7 +218,9 @@ class MissIndex:
             return result
         seen: list[str] = []
         for identity in identities(request, mine):
-            for other in self.store.r.zrevrange(self._index(identity), 0, INDEX_SIZE - 1):
+            # The store's client never decodes replies: bytes, whatever redis-py's types say.
+            others = cast("list[bytes]", self.store.r.zrevrange(self._index(identity), 0, INDEX_SIZE - 1))
+            for other in others:
                 other_key = other.decode()
                 if other_key != key and other_key not in seen:
                     seen.append(other_key)

@@ -21,6 +21,7 @@ The worker's propagation re-checks the Python operators on the actual values
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, cast
 
 MAX_EXPR_NODES = 1024
 """Parse-tree nodes in one size expression; sympy prints real ones in a few dozen."""
@@ -56,7 +57,7 @@ def python_operator(target: str) -> tuple[str, bool] | None:
 # ---------------------------------------------------------------------------
 
 
-def expr_bounds(tree: tuple) -> tuple[int, int]:
+def expr_bounds(tree: tuple[Any, ...]) -> tuple[int, int]:
     """(parse-tree nodes, upper bound on the bits of the value) of a size expression."""
     kind = tree[0]
     if kind == "int":
@@ -80,18 +81,18 @@ def expr_bounds(tree: tuple) -> tuple[int, int]:
     return nodes, bits
 
 
-def evaluate(tree: tuple, values: Mapping[str, int]) -> int:
+def evaluate(tree: tuple[Any, ...], values: Mapping[str, int]) -> int:
     """The value of a bounded size expression with its symbols at `values` (Python ints;
     safe once `expr_bounds` is under MAX_EXPR_BITS). Division by zero gives 0."""
     kind = tree[0]
     if kind == "int":
-        return tree[1]
+        return cast(int, tree[1])  # an "int" leaf holds a Python int
     if kind == "sym":
         return values[tree[1]]
     if kind == "neg":
         return -evaluate(tree[1], values)
     if kind == "pow":
-        return evaluate(tree[1], values) ** tree[2]
+        return cast(int, evaluate(tree[1], values) ** tree[2])  # typeshed types int ** int as Any
     if kind == "call":
         args = [evaluate(t, values) for t in tree[2]]
         if tree[1] == "Max":
@@ -144,7 +145,7 @@ class SequenceBounds:
     def tensor(self, name: str) -> None:
         self.kinds[name] = TENSOR
 
-    def node(self, name: str, op: str, target: str, args: list) -> int | None:
+    def node(self, name: str, op: str, target: str, args: list[tuple[str, Any]]) -> int | None:
         """Records the node's kind; returns its sequence bound, or None if it is no sequence.
 
         `args` holds, per argument: ("node", name), ("seq", length), ("int", value) or
@@ -153,17 +154,17 @@ class SequenceBounds:
         self.kinds[name] = kind
         return kind if isinstance(kind, int) else None
 
-    def _operand(self, arg: tuple) -> str | int:
+    def _operand(self, arg: tuple[str, Any]) -> str | int:
         tag, value = arg
         if tag == "node":
             return self.kinds.get(value, OTHER)
         if tag == "seq":
-            return value
+            return cast(int, value)  # a "seq" argument holds its length
         if tag == "int":
             return SCALAR
         return OTHER
 
-    def _kind(self, op: str, target: str, args: list) -> str | int:
+    def _kind(self, op: str, target: str, args: list[tuple[str, Any]]) -> str | int:
         if op == "call_function" and target.startswith("torch."):
             return TENSOR
         operands = [self._operand(a) for a in args]
@@ -199,6 +200,6 @@ class SequenceBounds:
             length = self._operand(seq)
             assert isinstance(length, int)
             if count[0] == "int":
-                return length * max(0, count[1])
+                return length * max(0, cast(int, count[1]))  # an "int" argument holds an int
             return length  # a count only the worker knows: it checks the actual length
         return SCALAR if SCALAR in operands else OTHER

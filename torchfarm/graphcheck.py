@@ -573,7 +573,7 @@ class _Checker:
         # none, bool_value, int_value, float_value, str_value need no check.
 
 
-def _operand(arg: graph_pb2.Argument) -> tuple:
+def _operand(arg: graph_pb2.Argument) -> tuple[str, Any]:
     """An argument as graphbounds.SequenceBounds reads it."""
     kind = arg.WhichOneof("kind")
     if kind == "node":

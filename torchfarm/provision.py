@@ -31,6 +31,7 @@ import secrets
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -105,7 +106,9 @@ def _tls(dirs: dict[str, Path], hosts: Sequence[str]) -> None:
         ca_key = ec.generate_private_key(ec.SECP256R1())
         _write(ca_key_file, _pem_key(ca_key), 0o600)
         ca_cert_file.unlink(missing_ok=True)
-    ca_key = serialization.load_pem_private_key(ca_key_file.read_bytes(), None)
+    # This module writes only EC keys; the loader's type is every private key.
+    ca_key = cast(ec.EllipticCurvePrivateKey,
+                  serialization.load_pem_private_key(ca_key_file.read_bytes(), None))
     if not ca_cert_file.exists():
         _write(ca_cert_file, _ca_cert(ca_key).public_bytes(serialization.Encoding.PEM), 0o644)
         (dirs["coordinator"] / "tls.crt").unlink(missing_ok=True)
@@ -114,7 +117,7 @@ def _tls(dirs: dict[str, Path], hosts: Sequence[str]) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         (dirs["coordinator"] / "tls.key").unlink(missing_ok=True)
         _write(dirs["coordinator"] / "tls.key", _pem_key(key), 0o600)
-        cert = _server_cert(key, ca_key, ca_cert, hosts)  # type: ignore[arg-type]
+        cert = _server_cert(key, ca_key, ca_cert, hosts)
         _write(dirs["coordinator"] / "tls.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
@@ -123,7 +126,8 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _builder(subject: str, issuer: x509.Name | None, days: int, public_key) -> x509.CertificateBuilder:
+def _builder(subject: str, issuer: x509.Name | None, days: int,
+             public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     return (x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name)
@@ -142,7 +146,8 @@ def _ca_cert(ca_key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
     return b.sign(ca_key, hashes.SHA256())
 
 
-def _server_cert(key, ca_key, ca_cert: x509.Certificate, hosts: Sequence[str]) -> x509.Certificate:
+def _server_cert(key: ec.EllipticCurvePrivateKey, ca_key: ec.EllipticCurvePrivateKey,
+                 ca_cert: x509.Certificate, hosts: Sequence[str]) -> x509.Certificate:
     if not hosts:
         raise ValueError("the server certificate needs at least one host name (--hosts)")
     b = _builder(hosts[0], ca_cert.subject, CERT_DAYS, key.public_key())

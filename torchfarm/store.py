@@ -414,11 +414,12 @@ class Store:
             record["fingerprint"] = fingerprint
         self.r.set(self._k("worker", name), json.dumps(record), ex=ttl_s)
         # When each queue last had a live worker: a pool scaled to zero stays known.
-        self.r.zadd(self._k("queues-seen"), {q: record["seen"] for q in queues})
+        self.r.zadd(self._k("queues-seen"), {q: cast(float, record["seen"]) for q in queues})
 
     def queues_seen_since(self, since: float) -> set[str]:
         """Queues some worker consumed at `since` (a time.time()) or later, live or not."""
-        return {q.decode() for q in self.r.zrangebyscore(self._k("queues-seen"), since, "+inf")}
+        seen = cast("list[bytes]", self.r.zrangebyscore(self._k("queues-seen"), since, "+inf"))
+        return {q.decode() for q in seen}
 
     def forget_worker(self, name: str) -> None:
         self.r.delete(self._k("worker", name))

@@ -414,7 +414,7 @@ class StageBoard:
 
     def get_decomposition(self, key: str) -> dict[bytes, bytes] | None:
         """The decomposition's fields; None if it is gone or its seal does not hold."""
-        fields = self.r.hgetall(self._k("decomp", self.store.ref(key))) or None
+        fields = cast("dict[bytes, bytes]", self.r.hgetall(self._k("decomp", self.store.ref(key)))) or None
         if fields is None or self.seal is None:
             return fields
         mac = fields.pop(b"mac", None)
@@ -446,7 +446,7 @@ class StageBoard:
 
     def get_plan(self, key: str) -> Plan | None:
         """The job's plan, or None; raises TamperedRecord if its seal does not hold."""
-        data = self.r.get(self._k("plan", self.store.ref(key)))
+        data = cast("bytes | None", self.r.get(self._k("plan", self.store.ref(key))))
         if data is None:
             return None
         if self.seal is not None:

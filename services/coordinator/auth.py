@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _as_tenant(handler, tenant, self.limiter)
 
 
-async def _throttled(context, limiter: FailureLimiter) -> None:
+async def _throttled(context: grpc.aio.ServicerContext[Any, Any], limiter: FailureLimiter) -> None:
     """RESOURCE_EXHAUSTED when the caller's host has failed too often lately."""
     if not limiter.allowed(peer_host(context.peer())):
         metrics.AUTH_FAILURES.labels(reason="throttled").inc()
@@ -145,13 +145,13 @@ async def _throttled(context, limiter: FailureLimiter) -> None:
 
 
 def _refusal(
-    handler: grpc.RpcMethodHandler, limiter: FailureLimiter, reason: str, message: str
-) -> grpc.RpcMethodHandler:
+    handler: grpc.RpcMethodHandler[Any, Any], limiter: FailureLimiter, reason: str, message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A request-streaming handler of the method's response shape that answers
     UNAUTHENTICATED (or RESOURCE_EXHAUSTED) without reading the request: see the module
     docstring for why that keeps grpc from receiving it."""
 
-    async def unary(requests, context):
+    async def unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await _throttled(context, limiter)
         limiter.failed(peer_host(context.peer()))
         metrics.AUTH_FAILURES.labels(reason=reason).inc()
@@ -160,7 +160,9 @@ def _refusal(
             trailing_metadata=((REASON_KEY, Reason.UNAUTHENTICATED.value),),
         )
 
-    async def stream(requests, context):
+    async def stream(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
         await unary(requests, context)
         yield None  # pragma: no cover - abort raised
 
@@ -196,8 +198,8 @@ async def _reject_malformed(request: Any, context: grpc.aio.ServicerContext[Any,
 
 
 def _as_tenant(
-    handler: grpc.RpcMethodHandler, tenant: Tenant, limiter: FailureLimiter | None
-) -> grpc.RpcMethodHandler:
+    handler: grpc.RpcMethodHandler[Any, Any], tenant: Tenant, limiter: FailureLimiter | None
+) -> grpc.RpcMethodHandler[Any, Any]:
     # grpc.aio runs each call in its own task, hence its own copy of the context: the
     # variable set here is seen by this call's handler only, and needs no reset.
     parse = _safe(handler.request_deserializer)
@@ -205,7 +207,7 @@ def _as_tenant(
     if handler.unary_unary is not None:
         behavior: Callable[..., Any] = handler.unary_unary
 
-        async def unary(request, context):
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             if limiter is not None:
                 await _throttled(context, limiter)
             await _reject_malformed(request, context)
@@ -216,7 +218,7 @@ def _as_tenant(
     if handler.unary_stream is not None:
         stream_behavior: Callable[..., Any] = handler.unary_stream
 
-        async def stream(request, context):
+        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             if limiter is not None:
                 await _throttled(context, limiter)
             await _reject_malformed(request, context)

@@ -34,7 +34,7 @@ class JobEvents:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._pubsub: redis.asyncio.client.PubSub | None = None
         self._client: redis.asyncio.Redis | None = None
-        self._reader: asyncio.Task | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     @contextlib.asynccontextmanager
     async def watching(self, channel: str) -> AsyncIterator[asyncio.Event]:
@@ -131,7 +131,7 @@ class JobEvents:
         self._pubsub = self._client = None
         with contextlib.suppress(Exception):
             if pubsub is not None:
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
             if client is not None:
                 await client.aclose()
 

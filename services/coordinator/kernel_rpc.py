@@ -17,6 +17,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +139,7 @@ class KernelService:
         async with self.farm.job_changes(key, tenant) as changed:
             await self._wait_for(store, key, changed)
 
-    async def _wait_for(self, store: Store, key: str, changed) -> None:
+    async def _wait_for(self, store: Store, key: str, changed: Callable[[], Awaitable[None]]) -> None:
         deadline = time.monotonic() + self.wait_s
         while True:
             job = await self.farm._io(store.get_job, key)

@@ -43,8 +43,9 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
         stage=job.stage,
         message=job.message,
         error_code=job.error_code,
-        error=codes.number(JobError, job.error_code),
-        stage_id=codes.number(Stage, job.stage),
+        # The stubs type enum fields by their wrapper classes; a wire number is a plain int.
+        error=cast("farm_pb2.JobError.Code", codes.number(JobError, job.error_code)),
+        stage_id=cast("farm_pb2.Stage.Name", codes.number(Stage, job.stage)),
         attempts=job.attempts,
         queued_seconds=max(0.0, job.started - job.created) if job.started else 0.0,
         timings=_stage_timings(job),
@@ -116,11 +117,11 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 explanation=s.explanation.to_proto() if s.explanation else None,
             )
 
-    async def ExplainMiss(self, request, context):
+    async def ExplainMiss(self, request: farm_pb2.JobRef, context: _Context) -> farm_pb2.MissExplanation:
         async with _ErrorMapping(context):
             return (await self.farm.explain(request.key, auth.caller())).to_proto()
 
-    async def GetJob(self, request, context):
+    async def GetJob(self, request: farm_pb2.JobRef, context: _Context) -> farm_pb2.JobStatus:
         async with _ErrorMapping(context):
             return job_status(await self.farm.job(request.key, auth.caller()))
 

@@ -79,7 +79,7 @@ class Client:
 
     def compile(self, request: farm_pb2.CompileRequest) -> Outcome:
         t0 = time.monotonic()
-        reply, status = self.backend._submit_and_wait(request)
+        reply, status = self.farm.submit_and_wait(request, key=self.key(request))
         manifest = self.fetch_verified(reply.key)
         return Outcome(reply, status, manifest, time.monotonic() - t0)
 

@@ -17,6 +17,8 @@ from examples.models import MLP
 from sdk import artifact
 from sdk.backend import build_request
 from sdk.errors import ArtifactRejected
+from sdk.trust import Trust
+from torchfarm.signing import TrustedKeys
 from sdk.export_codec import encode_export, tensor_bytes
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import exportcheck, keys, routing, targets
@@ -240,9 +242,10 @@ def test_manifest_kind_round_trips_and_compile_manifests_are_unchanged():
 def test_the_sdk_refuses_an_artifact_of_the_other_kind():
     manifest, blobs = _manifest(EXPORT)
     fp = local_fingerprint()
-    assert artifact.verify(manifest.to_json(), blobs, manifest.key, fp, kind=EXPORT) == manifest
+    dev_farm = Trust(keys=TrustedKeys({}), namespace="", unsigned=True)
+    assert artifact.verify(manifest.to_json(), blobs, manifest.key, fp, dev_farm, kind=EXPORT) == manifest
     with pytest.raises(ArtifactRejected, match="kind"):
-        artifact.verify(manifest.to_json(), blobs, manifest.key, fp)
+        artifact.verify(manifest.to_json(), blobs, manifest.key, fp, dev_farm)
 
 
 # -- the worker's rebuilt module ----------------------------------------------------

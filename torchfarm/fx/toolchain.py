@@ -207,7 +207,7 @@ def seed_inductor() -> None:
             return
         rec = record()
         real = cpp_builder.subprocess
-        cpp_builder.subprocess = _replayed_subprocess(rec)  # type: ignore[assignment]
+        cpp_builder.subprocess = _replayed_subprocess(rec)
         try:
             try:
                 compiler = cpp_builder.get_cpp_compiler()
@@ -219,5 +219,5 @@ def seed_inductor() -> None:
             if platform.machine() in ("aarch64", "arm64"):
                 cpp_builder._is_gcc_version_less_than(compiler, 13)
         finally:
-            cpp_builder.subprocess = real  # type: ignore[assignment]
+            cpp_builder.subprocess = real
             _seeded = True
