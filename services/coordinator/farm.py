@@ -37,7 +37,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import exportcheck, graphcheck, keys, options, routing
+from torchfarm import builds, exportcheck, graphcheck, keys, options, routing
 from torchfarm.celeryconf import make_celery
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
@@ -163,7 +163,7 @@ class Farm:
                 f"{self.settings.max_request_bytes}"
             )
         try:
-            queue = routing.queue_for(request.target)
+            queue = routing.queue_for(request.target, build=builds.digest(builds.of_request(request)))
             graphcheck.validate_graph(request.graph, self.limits)
             if request.HasField("export"):
                 exportcheck.validate_export(request.graph, request.export)
@@ -209,11 +209,10 @@ class Farm:
             job = None
         if job is not None:
             return Submitted(key, job.state, deduplicated=job.state not in JobState.TERMINAL)
-        # The queue names the exact target and the job kind (torchfarm/routing.py).
+        # The queue names the exact target, the build and the job kind (torchfarm/routing.py).
         workers = store.live_workers()
         if not any(queue in w.get("queues", ()) for w in workers.values()):
-            target = routing.describe(request.target)
-            raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+            raise _no_worker(request, workers)
         store.put_request(key, request.SerializeToString(), self.settings.request_ttl_s)
         if not store.create_job(key, queue, request.label, self.settings.job_ttl_s):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
@@ -364,6 +363,16 @@ class Farm:
             artifacts=len(self.store.artifact_keys()),
             cache_bytes=self.store.cache_bytes(),
         )
+
+
+def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict]) -> NoWorker:
+    """NO_WORKER when no live worker lowers graphs for the target; BUILD_NOT_SERVED,
+    naming the build and those served, when some do but none of the client's build."""
+    target = routing.describe(request.target)
+    served = builds.served_builds(workers, target, routing.GRAPH)
+    if not served:
+        return NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+    return NoWorker(builds.unserved_message(target, builds.of_request(request), served), "BUILD_NOT_SERVED")
 
 
 def _graph_reason(e: GraphError) -> str:
