@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
+.PHONY: setup demo test test-fast test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,6 +14,11 @@ test: setup proto-check
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not integration"
+
+# Unit tests and one end-to-end compile on torch 2.12, in a venv made once (a download of
+# several GB the first time; scripts/test_second_build.sh). Not in .ci/run.
+test-second-build:
+	./scripts/test_second_build.sh
 
 proto: setup
 	./scripts/gen_proto.sh
