@@ -30,7 +30,7 @@ RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
 USER 10001
 # Per-process metrics files of Celery's pool; a tmpfs or emptyDir in deployments.
 # The worker serves this machine's own CPU target; its queues follow from it
-# ("cpu.avx512"; workers/serving.py).
+# ("cpu.avx512.b3f9c21": target and build; workers/serving.py).
 ENV TORCHFARM_TARGETS=cpu \
     TORCHFARM_METRICS_PORT=9101 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/torchfarm-metrics \

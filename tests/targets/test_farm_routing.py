@@ -221,3 +221,22 @@ def test_a_kernel_job_nobody_takes_times_out(fleet):
     req = _kernel("cuda:sm_90")
     with pytest.raises(BackendUnavailable, match="did not compile within"):
         asyncio.run(service.compile(req, req.ByteSize()))
+
+
+@pytest.mark.parametrize("device, arch", [("rocm", "gfx942"), ("mps", ""), ("xpu", "intel-r-data-center-gpu-max-1550")])
+def test_rocm_mps_and_xpu_graphs_route_on_target_and_build(store, device, arch):
+    """No such device here: a registered worker of each kind stands in (its heartbeat)."""
+    req = gpu_request(arch, device)
+    target = f"{device}:{arch}" if arch else device
+    store.heartbeat(
+        f"{device}-1", [queue_of(req)], "b", 30, targets={target: ["graph"]},
+        fingerprint=builds.of_request(req),
+    )
+    farm = Farm(CoordinatorSettings(), store, InlineDispatcher())
+    asyncio.run(farm.submit(req, req.ByteSize()))
+    assert farm.dispatcher.sent[-1][1] == queue_of(req)
+    other = gpu_request(arch, device)
+    other.build.torch_version = "2.11.0"
+    with pytest.raises(NoWorker, match=f"for target {target} with build torch 2.11.0") as e:
+        asyncio.run(farm.submit(other, other.ByteSize()))
+    assert e.value.reason == "BUILD_NOT_SERVED" and len(farm.dispatcher.sent) == 1
