@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-models test-deploy test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-models test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -22,6 +22,11 @@ test-models: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"
+
+# Unit tests and one end-to-end compile on torch 2.12, in a venv made once (a download of
+# several GB the first time; scripts/test_second_build.sh). Not in .ci/run.
+test-second-build:
+	./scripts/test_second_build.sh
 
 proto: setup
 	./scripts/gen_proto.sh

@@ -47,7 +47,7 @@ USER 10001
 # Compiled kernels are loaded (dlopen) from the Inductor cache and temp dirs, so they
 # live on the container's own file system, never a noexec tmpfs such as compose's /tmp.
 # The worker serves this machine's own CPU target; its queues follow from it
-# ("cpu.avx512"; workers/serving.py).
+# ("cpu.avx512.b3f9c21": target and build; workers/serving.py).
 ENV TORCHFARM_TARGETS=cpu \
     TORCHFARM_METRICS_PORT=9101 \
     PROMETHEUS_MULTIPROC_DIR=/tmp/torchfarm-metrics \

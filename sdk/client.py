@@ -117,6 +117,8 @@ def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
         return FarmBug(f"{what}: the farm failed with {code.name}: {e.details()}", key, reason)
     if code == grpc.StatusCode.FAILED_PRECONDITION and reason == Reason.NO_WORKER:
         return NoWorker(detail, reason)
+    if code == grpc.StatusCode.FAILED_PRECONDITION and reason == Reason.BUILD_NOT_SERVED:
+        return FarmUnavailable(detail, reason)  # waiting wakes no pool of another build
     if code == grpc.StatusCode.ABORTED:
         return RemoteCompileError(detail, reason)
     if code == grpc.StatusCode.INVALID_ARGUMENT:

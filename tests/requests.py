@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from torchfarm import builds, routing
 from torchfarm.v1 import farm_pb2, graph_pb2
+
+
+def queue_of(req: farm_pb2.CompileRequest) -> str:
+    """The graph queue a request routes to: its target's, ending in its build's digest."""
+    return routing.queue_for(req.target, build=builds.digest(builds.of_request(req)))
 
 
 def relu_request(**changes) -> farm_pb2.CompileRequest:
@@ -47,3 +53,7 @@ def relu_request(**changes) -> farm_pb2.CompileRequest:
     )
     assert not changes
     return req
+
+
+RELU_QUEUE = queue_of(relu_request())
+"""The queue a fake worker registers to take `relu_request()`."""

@@ -85,6 +85,7 @@ class Reason(_ProtoEnum):
     AMBIGUOUS_KEY = "AMBIGUOUS_KEY"
     WATCH_LIMIT = "WATCH_LIMIT"
     AUTH_THROTTLED = "AUTH_THROTTLED"
+    BUILD_NOT_SERVED = "BUILD_NOT_SERVED"
 
 
 class Stage(_ProtoEnum):
@@ -216,6 +217,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     # The client waits and watches again itself; the job goes on meanwhile.
     Reason.WATCH_LIMIT: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
     Reason.AUTH_THROTTLED: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
+    # Like NO_WORKER: no worker of the client's torch build serves the target.
+    Reason.BUILD_NOT_SERVED: ReasonInfo("FAILED_PRECONDITION", retryable=False),
 }
 """Every refusal's status and meaning for the client."""
 

@@ -1,12 +1,16 @@
 """Which Celery queue serves which job: one queue per exact target and job kind.
 
-    graph compiles    cpu.avx512   cuda.sm_90   rocm.gfx942   mps   xpu.<name>
+    graph compiles    cpu.avx512.b3f9c21   cuda.sm_90.b3f9c21   mps.b3f9c21   xpu.<name>.b3f9c21
     exports           the graph compiles' queues, under their own task name
-    C++ kernel builds and assembly of staged compiles   stages.cpu.avx512
+    C++ kernel builds and assembly of staged compiles   stages.cpu.avx512.b3f9c21
     Triton kernels    kernels.cuda.sm_90        kernels.rocm.gfx942
 
 The queue name is the target's text form with ":" turned into "." (Celery and KEDA
-are happiest with dotted names), so a queue names its target and back. A worker
+are happiest with dotted names), so a queue names its target and back. Graph and stage
+queues end in the build's digest, "b" and six hex digits (torchfarm/builds.py): a
+client of one torch build never meets a worker of another on a queue. Triton kernel
+queues do not: a kernel job carries no torch build, and its worker checks Triton's
+version itself. A worker
 consumes exactly the queues of the targets it registered (workers/serving.py), and it
 still checks the full build fingerprint (torch build, compiler) of each job, so a job
 can never produce an artifact for another machine than the one that asked.
@@ -18,6 +22,7 @@ graph for one: the CPU build of torch has no CUDA device (docs/targets.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from torchfarm import targets
@@ -28,8 +33,7 @@ __all__ = [
     "ASSEMBLE_TASK", "BUILD_KERNELS_TASK", "COMPILE_TASK", "DEVICES", "EXPORT", "EXPORT_TASK",
     "GRAPH", "KERNEL", "KERNEL_TASK", "LOWER_TASK", "UnknownDevice",
     "describe", "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "stage_queue",
-    "target_of",
-    "target_of_queue", "unserved_message",
+    "build_of_queue", "target_of", "target_of_queue", "unserved_message",
 ]
 
 COMPILE_TASK = "torchfarm.compile"
@@ -72,6 +76,9 @@ STAGE_QUEUE_PREFIX = "stages."
 target's queue name under this prefix ("stages.cpu.avx512"). Every worker that lowers
 graphs for the target consumes it, so one graph's kernels build on all of them at once."""
 
+BUILD_SUFFIX = re.compile(r"\.b([0-9a-f]{6})$")
+"""The build digest that ends a graph or stage queue's name (torchfarm/builds.py)."""
+
 UnknownDevice = TargetError
 """Raised for a target the farm cannot route (kept under its old name for callers)."""
 
@@ -81,8 +88,10 @@ def target_of(msg: farm_pb2.Target, what: str = "a compile") -> Target:
     return targets.require_exact(targets.from_proto(msg), what)
 
 
-def queue_name(target: Target, kind: str = GRAPH) -> str:
-    """"cuda:sm_90" → "cuda.sm_90" (graph) or "kernels.cuda.sm_90" (kernel)."""
+def queue_name(target: Target, kind: str = GRAPH, build: str = "") -> str:
+    """"cuda:sm_90" → "cuda.sm_90.b3f9c21" (graph, of build digest "3f9c21") or
+    "kernels.cuda.sm_90" (kernel). Without a build, a graph queue is the bare target's
+    (only in tests and the inverse functions below)."""
     if kind not in (GRAPH, KERNEL, EXPORT):
         raise ValueError(f"unknown job kind {kind!r}")
     if kind == KERNEL and target.device not in targets.KERNEL_DEVICES:
@@ -91,18 +100,30 @@ def queue_name(target: Target, kind: str = GRAPH) -> str:
             f"targets, not {target}"
         )
     base = str(target).replace(":", ".", 1)
-    return KERNEL_QUEUE_PREFIX + base if kind == KERNEL else base
+    if kind == KERNEL:
+        return KERNEL_QUEUE_PREFIX + base
+    if build and not re.fullmatch(r"[0-9a-f]{6}", build):
+        raise ValueError(f"a build digest is six hex digits, not {build!r}")
+    return f"{base}.b{build}" if build else base
 
 
-def queue_for(msg: farm_pb2.Target, kind: str = GRAPH) -> str:
-    """The queue for a request's `Target` message. Raises TargetError (INVALID_ARGUMENT)."""
-    return queue_name(target_of(msg, "a kernel compile" if kind == KERNEL else "a compile"), kind)
+def queue_for(msg: farm_pb2.Target, kind: str = GRAPH, build: str = "") -> str:
+    """The queue for a request's `Target` message and build digest. Raises TargetError
+    (INVALID_ARGUMENT)."""
+    what = "a kernel compile" if kind == KERNEL else "a compile"
+    return queue_name(target_of(msg, what), kind, build)
 
 
-def stage_queue(target: Target) -> str:
-    """"cpu:avx512" → "stages.cpu.avx512": lowering, kernel builds and assembly of staged
-    compiles."""
-    return STAGE_QUEUE_PREFIX + queue_name(target, GRAPH)
+def stage_queue(target: Target, build: str = "") -> str:
+    """"cpu:avx512" → "stages.cpu.avx512.b3f9c21": lowering, kernel builds and assembly of
+    staged compiles, among the workers of one build."""
+    return STAGE_QUEUE_PREFIX + queue_name(target, GRAPH, build)
+
+
+def build_of_queue(name: str) -> str:
+    """The build digest a queue's name ends in; "" for a kernel queue or one without."""
+    found = BUILD_SUFFIX.search(name)
+    return found.group(1) if found and not name.startswith(KERNEL_QUEUE_PREFIX) else ""
 
 
 def job_kind_of_queue(name: str) -> str:
@@ -112,6 +133,8 @@ def job_kind_of_queue(name: str) -> str:
 def target_of_queue(name: str) -> Target:
     """The inverse of `queue_name`: "kernels.rocm.gfx942" → rocm:gfx942."""
     base = name.removeprefix(KERNEL_QUEUE_PREFIX).removeprefix(STAGE_QUEUE_PREFIX)
+    if not name.startswith(KERNEL_QUEUE_PREFIX):
+        base = BUILD_SUFFIX.sub("", base)
     device, _, detail = base.partition(".")
     return targets.make(device, detail)
 

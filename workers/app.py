@@ -57,8 +57,13 @@ def _build_label() -> str:
 
 def _heartbeat(store: Store, name: str, build: str) -> None:
     from torchfarm.fx.fingerprint import build_fields, fingerprint_for
+    from workers import identity
 
-    fingerprint = build_fields(fingerprint_for(plan.graph[0] if plan.graph else plan.kernel[0]))
+    if plan.graph:  # the build its graph queues are named by (workers/serving.py)
+        fp = identity.worker_fingerprint(plan.graph[0], settings.reported_build)
+    else:
+        fp = fingerprint_for(plan.kernel[0])
+    fingerprint = build_fields(fp)
     while not _stop_heartbeat.is_set():
         try:
             store.heartbeat(

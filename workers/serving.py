@@ -18,6 +18,7 @@ targets; this module decides what the machine can actually do for each:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -40,12 +41,16 @@ class ServingPlan:
     """The CUDA target lowered without a GPU (workers/gpuless.py), if any."""
     extra_queues: tuple[str, ...] = field(default=())
     """Queues named explicitly (TORCHFARM_QUEUES); normally none."""
+    build: str = ""
+    """The digest of the build this worker registers (workers/identity.py): its graph and
+    stage queues end in it, so only clients of the same build reach it."""
 
     @property
     def queues(self) -> list[str]:
-        names = [routing.queue_name(t, routing.GRAPH) for t in self.graph]
-        # Staged compiles' kernel builds and assembly go to every graph worker of the target.
-        names += [routing.stage_queue(t) for t in self.graph]
+        names = [routing.queue_name(t, routing.GRAPH, self.build) for t in self.graph]
+        # Staged compiles' kernel builds and assembly go to every graph worker of the
+        # target and build.
+        names += [routing.stage_queue(t, self.build) for t in self.graph]
         names += [routing.queue_name(t, routing.KERNEL) for t in self.kernel]
         return list(dict.fromkeys([*names, *self.extra_queues]))
 
@@ -66,6 +71,7 @@ def make_plan(
     cuda_build: bool = False,
     lower_without_gpu: bool = False,
     extra_queues: Iterable[str] = (),
+    build: str = "",
 ) -> ServingPlan:
     """Decides what to serve. `local` is `torchfarm.fx.fingerprint.local_targets()` (CPU first)."""
     graph: list[Target] = []
@@ -111,7 +117,7 @@ def make_plan(
             f"one worker lowers graphs for one target, not {', '.join(map(str, graph))}: "
             "start one worker per target"
         )
-    return ServingPlan(tuple(graph), tuple(kernel), fake_gpu, tuple(extra_queues))
+    return ServingPlan(tuple(graph), tuple(kernel), fake_gpu, tuple(extra_queues), build)
 
 
 def _resolve(item: str, local: list[Target]) -> Target:
@@ -131,11 +137,16 @@ def plan_for(settings: WorkerSettings) -> ServingPlan:
     import torch
 
     from torchfarm.fx.fingerprint import local_targets
+    from workers import identity
 
-    return make_plan(
+    plan = make_plan(
         settings.targets,
         local_targets(),
         cuda_build=bool(torch.version.cuda),
         lower_without_gpu=settings.lower_without_gpu,
         extra_queues=settings.queues,
     )
+    if not plan.graph:
+        return plan  # kernel queues carry no build (torchfarm/routing.py)
+    fp = identity.worker_fingerprint(plan.graph[0], settings.reported_build)
+    return dataclasses.replace(plan, build=identity.build_digest(fp))

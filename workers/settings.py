@@ -89,6 +89,10 @@ class WorkerSettings:
     """Wall seconds before Celery kills a compile that ignored the soft limit."""
     visibility_timeout_s: int = celeryconf.VISIBILITY_TIMEOUT_S
     """Seconds before the broker hands a job taken by a worker that died whole to another."""
+    reported_build: str = ""
+    """Test hook, never set in production: a JSON object of build fields
+    (torchfarm/builds.py) this worker registers, routes on and checks jobs against in
+    place of its own, so one machine can play workers of several builds (workers/identity.py)."""
     test_delay_s: float = 0.0
     """Test hook, never set in production: seconds each graph compile sleeps in its
     "compile" stage, so tests can watch a compile in flight (tests/integration/test_nonblocking.py)."""

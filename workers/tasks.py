@@ -20,7 +20,7 @@ from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from torchfarm.codes import JobError
-from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.routing import (
     ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
 )
@@ -28,6 +28,7 @@ from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from workers.board import StageBoard
 from torchfarm.store import JobState, Store
+from workers import identity
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
 from workers.jobs.export import run_export_job
@@ -167,7 +168,9 @@ def _graph_fingerprint():
         from workers import gpuless
 
         gpuless.install(plan.fake_gpu, settings.gpu_properties_file)
-    return fingerprint_for(plan.graph[0]) if plan.graph else local_fingerprint()
+    if not plan.graph:
+        return local_fingerprint()
+    return identity.worker_fingerprint(plan.graph[0], settings.reported_build)
 
 
 @functools.cache

@@ -39,7 +39,7 @@ from services.coordinator.errors import (
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import exportcheck, graphcheck, keys, options, routing, targets
+from torchfarm import builds, exportcheck, graphcheck, keys, options, routing, targets
 from torchfarm.celeryconf import make_celery
 from torchfarm.codes import Reason, Rejection, Stage
 from torchfarm.explain import Explanation, MissIndex
@@ -176,7 +176,7 @@ class Farm:
                 f"{self.settings.max_request_bytes}"
             )
         try:
-            queue = routing.queue_for(request.target)
+            queue = routing.queue_for(request.target, build=builds.digest(builds.of_request(request)))
             graphcheck.validate_graph(request.graph, self.limits)
             if request.HasField("export"):
                 exportcheck.validate_export(request.graph, request.export)
@@ -225,12 +225,11 @@ class Farm:
                 key, job.state, deduplicated=job.state not in JobState.TERMINAL,
                 explanation=self._last_explanation(store, key),
             )
-        # The queue names the exact target and the job kind (torchfarm/routing.py).
+        # The queue names the exact target, the build and the job kind (torchfarm/routing.py).
         workers = store.live_workers()
         if not any(queue in w.get("queues", ()) for w in workers.values()):
             if not self._known_queue(store, queue):
-                target = routing.describe(request.target)
-                raise NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+                raise _no_worker(request, workers)
             log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
                      keys.short(key), queue)
         if not store.create_job(
@@ -280,8 +279,9 @@ class Farm:
 
     def _known_queue(self, store: Store, queue: str) -> bool:
         """A queue a pool that is down, scaled to zero or starting will serve: one of the
-        configured known targets', or one a worker served within the window."""
-        if queue in self._known_queues:
+        configured known targets' (of any build: the pool's build is not known until it
+        runs), or one a worker served within the window."""
+        if routing.queue_name(routing.target_of_queue(queue)) in self._known_queues:
             return True
         window = self.settings.known_target_window_s
         return window > 0 and queue in store.queues_seen_since(time.time() - window)
@@ -467,6 +467,16 @@ def known_queues(names: tuple[str, ...]) -> frozenset[str]:
         )
     except targets.TargetError as e:
         raise ValueError(f"TORCHFARM_KNOWN_TARGETS: {e}") from e
+
+
+def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict]) -> NoWorker:
+    """NO_WORKER when no live worker lowers graphs for the target; BUILD_NOT_SERVED,
+    naming the build and those served, when some do but none of the client's build."""
+    target = routing.describe(request.target)
+    served = builds.served_builds(workers, target, routing.GRAPH)
+    if not served:
+        return NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
+    return NoWorker(builds.unserved_message(target, builds.of_request(request), served), Reason.BUILD_NOT_SERVED)
 
 
 def _graph_reason(e: GraphError) -> Reason:

@@ -14,7 +14,7 @@ from sdk.errors import GraphRejected, QuotaExceeded, RequestTooLarge, Unauthenti
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys, tokens
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.testing.stack import free_port
@@ -40,7 +40,7 @@ def farm(store, tmp_path, redis_url):
         max_nodes=40, max_rank=4, max_request_bytes=20_000, max_jobs_per_tenant=2,
         poll_interval_s=0.02, grace_s=1,
     )
-    store.heartbeat("w1", ["cpu.avx512", "cpu"], "test", ttl_s=60)
+    store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
     recorder = Recorder()
     with running_coordinator(settings, recorder):
         yield f"127.0.0.1:{port}", toks, recorder, settings

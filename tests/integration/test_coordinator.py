@@ -20,7 +20,7 @@ from services.coordinator.errors import (
 )
 from services.coordinator.farm import Dispatcher, Farm
 from services.coordinator.settings import CoordinatorSettings
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.store import JobState
@@ -52,7 +52,7 @@ class Recorder(Dispatcher):
 
 @pytest.fixture
 def farm(store):
-    store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     return Farm(CoordinatorSettings(poll_interval_s=0.01, chunk_bytes=5), store, Recorder())
 
 
@@ -76,7 +76,7 @@ def test_miss_queues_one_job_and_concurrent_submits_join_it(farm):
 
     results = run(many())
     key = keys.compute_key(req)
-    assert farm.dispatcher.sent == [(key, "cpu.avx512")]
+    assert farm.dispatcher.sent == [(key, RELU_QUEUE)]
     assert sum(not r.deduplicated for r in results) == 1
     assert all(r.key == key and r.state == JobState.QUEUED for r in results)
     assert farm.store.get_request(key) == req.SerializeToString()
@@ -98,7 +98,7 @@ def test_evicted_blob_turns_a_hit_into_a_recompile(farm):
     farm.store.r.delete(f"tf:blob:{m.payload.digest}")
     result = run(farm.submit(req, req.ByteSize()))
     assert not result.cache_hit
-    assert farm.dispatcher.sent == [(key, "cpu.avx512")]
+    assert farm.dispatcher.sent == [(key, RELU_QUEUE)]
     assert farm.store.get_manifest_bytes(key) is None
 
 
@@ -194,11 +194,11 @@ def test_stale_job_is_requeued(farm):
     run(farm.submit(req, req.ByteSize()))
     farm.store.r.hset(f"tf:job:{key}", "updated", time.time() - farm.settings.stale_job_s - 1)
     run(farm.submit(req, req.ByteSize()))
-    assert farm.dispatcher.sent == [(key, "cpu.avx512"), (key, "cpu.avx512")]
+    assert farm.dispatcher.sent == [(key, RELU_QUEUE), (key, RELU_QUEUE)]
 
 
 def test_broker_down_is_unavailable_and_leaves_no_job(store):
-    store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     farm = Farm(CoordinatorSettings(), store, Recorder(fail=True))
     req = relu_request()
     with pytest.raises(BackendUnavailable, match="broker down"):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm.testing.stack import free_port, start_redis_server
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -59,7 +59,7 @@ def farm(tmp_path_factory):
     redis_port = free_port()
     redis = start_redis_server(redis_port, tmp_path_factory.mktemp("fuzz-redis"))
     store = Store.from_url(f"redis://127.0.0.1:{redis_port}/1")
-    store.heartbeat("w1", ["cpu.avx512", "cpu"], "test", ttl_s=3600)
+    store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=3600)
     port = free_port()
     settings_ = CoordinatorSettings(
         listen=f"127.0.0.1:{port}", cache_url=f"redis://127.0.0.1:{redis_port}/1",

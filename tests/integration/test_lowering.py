@@ -18,11 +18,12 @@ import torch
 from sdk.backend import build_request
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm import keys, routing, targets
+from torchfarm import keys, routing
 from workers.board import StageBoard
 from torchfarm.store import JobState
 from workers.jobs.graph import run_job
 from workers.runtime import WorkerContext
+from workers.jobs.sending import stage_queue
 from workers.jobs.lower import run_lowering
 from workers.settings import WorkerSettings
 
@@ -87,7 +88,7 @@ def test_the_graph_job_decomposes_and_the_lowering_job_lowers_from_it(ctx, store
     run_job(key, ctx)
     assert _fields(store, key)["decomposed"] == "separately"
     assert store.get_job(key).stage == "lowering"
-    assert sent == [(routing.LOWER_TASK, [key, "", target], routing.stage_queue(targets.parse(target)))]
+    assert sent == [(routing.LOWER_TASK, [key, "", target], stage_queue(target, ctx))]
     stored = StageBoard(store).get_decomposition(key)
     assert stored is not None and b"backward" in stored
 

@@ -13,7 +13,7 @@ import pytest
 
 from torchfarm.fx.kernelspec import KernelSpec, spec_args
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm import keys, routing
+from torchfarm import builds, keys, routing
 from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
 from workers.board import StageBoard, kernel_cache_key, waiter_name
@@ -89,7 +89,7 @@ def _start(store, ctx, n: int, namespace: str = "") -> str:
 def _drain(ctx, sent, namespace: str = "") -> None:
     while sent:
         task, args, queue = sent.pop(0)
-        assert queue == "stages.cpu.avx2"
+        assert queue == "stages.cpu.avx2.b" + builds.digest(ctx.fingerprint.to_dict())
         if task == routing.BUILD_KERNELS_TASK:
             build.run_kernel_batch(args[0], ctx, *args[1:])
         else:

@@ -11,7 +11,7 @@ from sdk.errors import FarmUnavailable
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from tests.tls import make_pki
 from torchfarm import tokens
 from torchfarm.testing.stack import free_port
@@ -35,7 +35,7 @@ def _settings(tmp_path, redis_url, pki, mutual: bool) -> tuple[CoordinatorSettin
 def test_tls_with_token(store, tmp_path, redis_url, mutual):
     pki = make_pki(tmp_path)
     settings, tok = _settings(tmp_path, redis_url, pki, mutual)
-    store.heartbeat("w1", ["cpu.avx512", "cpu"], "test", ttl_s=60)
+    store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
     remote = f"grpcs://{settings.listen}"
     client_cert = {"tls_cert_file": str(pki["client_cert"]), "tls_key_file": str(pki["client_key"])}
     with running_coordinator(settings, Recorder()):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import textwrap
 import time
 
+from services.coordinator.farm import CeleryDispatcher
 from tests.requests import relu_request
+from torchfarm import keys
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2
 
@@ -39,9 +41,9 @@ def wait_for(what: str, ok, timeout_s: float = 60.0, every_s: float = 0.2):
 
 
 def foreign_build_request(store: Store, tag: str) -> farm_pb2.CompileRequest:
-    """A request for this machine's CPU target, built with a torch no worker has: the
-    coordinator routes it to the local workers, and the worker refuses it at once
-    (BUILD_MISMATCH) without compiling anything."""
+    """A request for this machine's CPU target, built with a torch no worker has. The
+    coordinator refuses it at submit (BUILD_NOT_SERVED); `queue_foreign_build_job` puts
+    it on a worker's queue anyway, and the worker refuses it at once (BUILD_MISMATCH)."""
     isa = ""
     for worker in store.live_workers().values():
         for target in worker.get("targets", {}):
@@ -50,3 +52,21 @@ def foreign_build_request(store: Store, tag: str) -> farm_pb2.CompileRequest:
                 isa = detail
     request = relu_request(torch_version=f"0.0.0-{tag}", **({"isa": isa} if isa else {}))
     return request
+
+
+def queue_foreign_build_job(store: Store, broker_url: str, tag: str, queue: str = "") -> str:
+    """Queues a `foreign_build_request` job straight on a local worker's graph queue
+    (`queue`, or the first live worker's), as only a hand-named queue or a build-digest
+    clash would: the worker refuses it at once with BUILD_MISMATCH, compiling nothing.
+    Returns its key."""
+    request = foreign_build_request(store, tag)
+    if not queue:
+        queue = next(
+            q for w in store.live_workers().values() for q in w.get("queues", ())
+            if not q.startswith(("kernels.", "stages."))
+        )
+    key = keys.compute_key(request, "")
+    store.put_request(key, request.SerializeToString(), 600)
+    store.create_job(key, queue, tag, 600)
+    CeleryDispatcher(broker_url).send(key, queue)
+    return key

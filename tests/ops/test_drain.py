@@ -13,15 +13,13 @@ import signal
 import subprocess
 import sys
 
-import grpc
 import pytest
 import redis
 
 from tests.conftest import ROOT
-from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
+from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
 from torchfarm.testing.stack import LocalStack
 from torchfarm.store import JobState
-from torchfarm.v1 import farm_pb2_grpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -49,10 +47,8 @@ def test_sigterm_mid_compile_drains_the_worker(tmp_path):
             worker = stack.procs["worker0"]
             os.kill(worker.pid, signal.SIGTERM)  # the main process only, as Kubernetes does
 
-            # A job submitted during the drain: the draining worker must leave it queued.
-            with grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as ch:
-                stub = farm_pb2_grpc.CompileFarmStub(ch)
-                late = stub.Submit(foreign_build_request(store, "late"), timeout=10).key
+            # A job queued during the drain: the draining worker must leave it queued.
+            late = queue_foreign_build_job(store, stack.broker_url, "late", job.queue)
 
             out, err = client.communicate(timeout=600)
         finally:

@@ -31,7 +31,7 @@ import yaml
 
 from tests.conftest import run_python
 from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
-from tests.ops.farm import MLP_COMPILE_SCRIPT, foreign_build_request, wait_for
+from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
 from torchfarm import routing
 from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
@@ -82,7 +82,7 @@ def _refused_job_and_missing_key(stack: LocalStack) -> None:
     """A job the worker refuses (another torch build) and a lookup of an unknown key."""
     with grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as ch:
         stub = farm_pb2_grpc.CompileFarmStub(ch)
-        key = stub.Submit(foreign_build_request(stack.store(), "other"), timeout=10).key
+        key = queue_foreign_build_job(stack.store(), stack.broker_url, "other")
         job = wait_for(
             "the refused job to fail",
             lambda: (j := stub.GetJob(farm_pb2.JobRef(key=key), timeout=10)).state

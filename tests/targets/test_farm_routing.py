@@ -18,8 +18,8 @@ from services.coordinator.errors import BackendUnavailable, InvalidRequest, NoWo
 from services.coordinator.farm import Dispatcher, Farm
 from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
-from tests.requests import relu_request
-from torchfarm import kernelreq
+from tests.requests import queue_of, relu_request
+from torchfarm import builds, kernelreq
 from torchfarm.testing.memory_store import memory_store
 from workers.jobs.triton import KernelContext, run_kernel_job
 
@@ -59,10 +59,14 @@ def gpu_request(arch: str, device: str = "cuda"):
 
 @pytest.fixture
 def fleet(store):
-    store.heartbeat("cpu-1", ["cpu.avx512"], "b", 30, targets={"cpu:avx512": ["graph"]})
+    cpu, gpu = relu_request(isa="avx512"), gpu_request("sm_90")
     store.heartbeat(
-        "h100-1", ["cuda.sm_90", "kernels.cuda.sm_90"], "b", 30,
-        targets={"cuda:sm_90": ["graph", "kernel"]}, fingerprint={"triton_version": "3.7.0"},
+        "cpu-1", [queue_of(cpu)], "b", 30, targets={"cpu:avx512": ["graph"]},
+        fingerprint={**builds.of_request(cpu), "isa": "avx512"},
+    )
+    store.heartbeat(
+        "h100-1", [queue_of(gpu), "kernels.cuda.sm_90"], "b", 30,
+        targets={"cuda:sm_90": ["graph", "kernel"]}, fingerprint=builds.of_request(gpu),
     )
     store.heartbeat(
         "cpu-kernels", ["kernels.rocm.gfx942"], "b", 30,
@@ -73,9 +77,65 @@ def fleet(store):
 
 def test_graph_jobs_go_to_their_exact_target_queue(fleet):
     farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
-    for req, queue in [(relu_request(isa="avx512"), "cpu.avx512"), (gpu_request("sm_90"), "cuda.sm_90")]:
+    for req, queue in [(relu_request(isa="avx512"), "cpu.avx512."), (gpu_request("sm_90"), "cuda.sm_90.")]:
         asyncio.run(farm.submit(req, req.ByteSize()))
-        assert farm.dispatcher.sent[-1][1] == queue
+        build = builds.digest(builds.of_request(req))
+        assert farm.dispatcher.sent[-1][1] == queue + "b" + build
+
+
+def _other_build(**changes):
+    req = relu_request(isa="avx512", **{k: v for k, v in changes.items() if k != "torch_git"})
+    req.build.torch_git = changes.get("torch_git", req.build.torch_git)
+    return req
+
+
+def test_a_client_of_one_build_never_reaches_a_worker_of_another(fleet):
+    """Two workers of one target, of two builds of one torch version: each build's jobs
+    go to its own worker's queue, and only there."""
+    other = _other_build(torch_git="def")
+    fleet.heartbeat(
+        "cpu-2", [queue_of(other)], "b", 30, targets={"cpu:avx512": ["graph"]},
+        fingerprint={**builds.of_request(other), "isa": "avx512"},
+    )
+    farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
+    mine = relu_request(isa="avx512")
+    for req in (mine, other):
+        asyncio.run(farm.submit(req, req.ByteSize()))
+    workers = fleet.live_workers()
+    (_, q1), (_, q2) = farm.dispatcher.sent
+    assert q1 != q2
+    assert [n for n, w in workers.items() if q1 in w["queues"]] == ["cpu-1"]
+    assert [n for n, w in workers.items() if q2 in w["queues"]] == ["cpu-2"]
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"torch_version": "2.12.0+cpu"}, "torch 2.12.0+cpu"),
+        ({"torch_git": "fedcba98"}, "(git fedcba98)"),
+        ({"triton_version": "3.6.0"}, "triton 3.6.0"),
+    ],
+)
+def test_an_unserved_build_is_refused_at_submit_time_by_name(fleet, changes, named):
+    farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
+    req = _other_build(**changes)
+    with pytest.raises(NoWorker) as e:
+        asyncio.run(farm.submit(req, req.ByteSize()))
+    assert e.value.reason == "BUILD_NOT_SERVED"
+    wanted, _, listed = str(e.value).partition("; builds served")
+    assert "for target cpu:avx512 with build torch " in wanted
+    assert named in wanted and named not in listed
+    message = str(e.value)
+    served = builds.label(builds.of_request(relu_request(isa="avx512")))
+    assert f"builds served for cpu:avx512: {served}" in message
+    assert farm.dispatcher.sent == []
+    assert fleet.tenant("").get_job(farm_key(req)) is None  # nothing queued, no job left
+
+
+def farm_key(req) -> str:
+    from torchfarm import keys
+
+    return keys.compute_key(req, "")
 
 
 @pytest.mark.parametrize(
@@ -166,3 +226,22 @@ def test_a_kernel_job_nobody_takes_times_out(fleet):
     req = _kernel("cuda:sm_90")
     with pytest.raises(BackendUnavailable, match="did not compile within"):
         asyncio.run(service.compile(req, req.ByteSize()))
+
+
+@pytest.mark.parametrize("device, arch", [("rocm", "gfx942"), ("mps", ""), ("xpu", "intel-r-data-center-gpu-max-1550")])
+def test_rocm_mps_and_xpu_graphs_route_on_target_and_build(store, device, arch):
+    """No such device here: a registered worker of each kind stands in (its heartbeat)."""
+    req = gpu_request(arch, device)
+    target = f"{device}:{arch}" if arch else device
+    store.heartbeat(
+        f"{device}-1", [queue_of(req)], "b", 30, targets={target: ["graph"]},
+        fingerprint=builds.of_request(req),
+    )
+    farm = Farm(CoordinatorSettings(), store, InlineDispatcher())
+    asyncio.run(farm.submit(req, req.ByteSize()))
+    assert farm.dispatcher.sent[-1][1] == queue_of(req)
+    other = gpu_request(arch, device)
+    other.build.torch_version = "2.11.0"
+    with pytest.raises(NoWorker, match=f"for target {target} with build torch 2.11.0") as e:
+        asyncio.run(farm.submit(other, other.ByteSize()))
+    assert e.value.reason == "BUILD_NOT_SERVED" and len(farm.dispatcher.sent) == 1

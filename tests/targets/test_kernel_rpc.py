@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 import sdk
 from torchfarm.fx.fingerprint import local_target
 from tests.requests import relu_request
-from torchfarm import elf, kernelreq
+from torchfarm import builds, elf, kernelreq
 from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
@@ -52,8 +53,9 @@ def test_worker_registers_its_targets_and_queues(gpu_kernel_stack, stub):
     (worker,) = stub.GetFarmStatus(farm_pb2.FarmStatusRequest(), timeout=5).workers
     served = {t.target: list(t.jobs) for t in worker.targets}
     assert served == {cpu: ["graph"], "cuda:sm_90": ["kernel"], "cuda:sm_80": ["kernel"], "rocm:gfx942": ["kernel"]}
+    build = ".b" + builds.digest(dict(worker.fingerprint))  # graph and stage queues name the build
     assert worker.queue.split(",") == [
-        cpu.replace(":", "."), "stages." + cpu.replace(":", "."),
+        cpu.replace(":", ".") + build, "stages." + cpu.replace(":", ".") + build,
         "kernels.cuda.sm_90", "kernels.cuda.sm_80", "kernels.rocm.gfx942",
     ]
     assert worker.fingerprint["triton_version"] and worker.fingerprint["isa"] == local_target("cpu").isa
@@ -156,6 +158,10 @@ def test_cli_kernel_compile_and_status(gpu_kernel_stack, tmp_path):
 
     p = _cli("status", "--remote", gpu_kernel_stack.address)
     assert p.returncode == 0, p.stderr
-    rows = {line.split()[0]: line.split()[1:3] for line in p.stdout.splitlines() if line.startswith(("cpu:", "cuda:", "rocm:"))}
+    rows: dict[str, list[str]] = {}
+    for line in p.stdout.splitlines():  # the per-target table comes before the per-build one
+        if line.startswith(("cpu:", "cuda:", "rocm:")):
+            rows.setdefault(line.split()[0], line.split()[1:3])
+    assert re.search(rf"^{local_target('cpu')}\s+torch ", p.stdout, re.M)  # its build's row
     assert rows["cuda:sm_90"] == ["-", "cpu0"] and rows["rocm:gfx942"] == ["-", "cpu0"]
     assert rows[str(local_target("cpu"))] == ["cpu0", "-"]

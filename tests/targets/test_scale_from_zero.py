@@ -11,6 +11,7 @@ import pytest
 from services.coordinator.errors import NoWorker
 from services.coordinator.farm import Farm, known_queues
 from services.coordinator.settings import CoordinatorSettings
+from tests.requests import queue_of
 from tests.targets.test_farm_routing import InlineDispatcher, fleet, gpu_request  # noqa: F401
 from torchfarm.store import JobState
 
@@ -25,19 +26,21 @@ def test_a_target_whose_pool_went_to_zero_is_queued(fleet):
     """The sm_90 worker scaled away (its registration gone): its target's job is queued,
     for the pool's autoscaler to see, and nothing is refused."""
     fleet.forget_worker("h100-1")
-    assert not any("cuda.sm_90" in w["queues"] for w in fleet.live_workers().values())
+    req = gpu_request("sm_90")
+    assert not any(queue_of(req) in w["queues"] for w in fleet.live_workers().values())
     farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
-    out = _submit(farm, gpu_request("sm_90"))
+    out = _submit(farm, req)
     assert out.state == JobState.QUEUED and not out.cache_hit
-    assert farm.dispatcher.sent == [(out.key, "cuda.sm_90")]
-    assert fleet.get_job(out.key).queue == "cuda.sm_90"
+    assert farm.dispatcher.sent == [(out.key, queue_of(req))]
+    assert fleet.get_job(out.key).queue == queue_of(req)
 
 
 def test_a_configured_target_no_worker_ever_served_is_queued(fleet):
     farm = Farm(CoordinatorSettings(known_targets=("cuda:sm_80",)), fleet, InlineDispatcher())
-    out = _submit(farm, gpu_request("sm_80"))
+    req = gpu_request("sm_80")
+    out = _submit(farm, req)
     assert out.state == JobState.QUEUED
-    assert farm.dispatcher.sent == [(out.key, "cuda.sm_80")]
+    assert farm.dispatcher.sent == [(out.key, queue_of(req))]
 
 
 def test_a_target_seen_before_the_window_is_unavailable(fleet):

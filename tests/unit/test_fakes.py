@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sdk.errors import FarmUnavailable, GraphRejected, RemoteCompileError
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys, routing
 from torchfarm.store import JobState
 from torchfarm.testing.fakes import (
@@ -99,7 +99,7 @@ def test_the_in_process_client_maps_the_coordinators_errors_as_over_grpc():
 
 def test_the_in_process_client_queues_and_watches_a_job():
     farm = InProcessFarm()
-    farm.store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     client = farm.client(run_jobs=False)
     request = relu_request()
     reply = client.submit(request)
@@ -114,7 +114,7 @@ def test_the_in_process_client_queues_and_watches_a_job():
 
 def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
     farm = InProcessFarm()
-    farm.store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     client = farm.client(farm.sdk_settings(compile_timeout_s=0.2), run_jobs=False)
     key = client.submit(relu_request()).key
     with pytest.raises(FarmUnavailable) as late:

@@ -34,7 +34,7 @@ import time
 from torchfarm import tables
 from torchfarm.cli.cache import add_cache_parser, as_json, call
 from torchfarm.cli.explain import add_explain_parser
-from torchfarm.cli.targets import add_kernel_parser, targets_table
+from torchfarm.cli.targets import add_kernel_parser, builds_table, targets_table
 from torchfarm.cli.warm import add_warm_parser
 from torchfarm.v1 import farm_pb2
 
@@ -158,6 +158,9 @@ def workers_table(st: farm_pb2.FarmStatus) -> str:
         names = {n for n in (graph + "," + kernel).split(",") if n and n != "-"}
         rows.append([target, graph, kernel, len(names), f"{min(seen[n] for n in names):.1f}s ago"])
     per_target = _table(rows, ["TARGET", "GRAPH WORKERS", "KERNEL WORKERS", "WORKERS", "LAST SEEN"])
+    per_build = builds_table(st)
+    if per_build:  # a client reaches only the workers of its own build
+        per_target += "\n\n" + _table(per_build, ["TARGET", "BUILD", "GRAPH WORKERS"])
     workers = _table(
         [[w.name, w.queue, f"{w.last_seen_seconds:.1f}s ago", w.build] for w in st.workers],
         ["WORKER", "QUEUES", "SEEN", "BUILD"],

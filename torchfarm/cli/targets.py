@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from torchfarm import elf, kernelcheck, kernelreq, targets
+from torchfarm import builds, elf, kernelcheck, kernelreq, targets
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -36,6 +36,24 @@ def targets_table(status: farm_pb2.FarmStatus) -> list[list[str]]:
     return [
         [t, ",".join(sorted(kinds["graph"])) or "-", ",".join(sorted(kinds["kernel"])) or "-"]
         for t, kinds in sorted(by_target.items())
+    ]
+
+
+def builds_table(status: farm_pb2.FarmStatus) -> list[list[str]]:
+    """Rows of (target, build, graph workers), one per build a target's graph workers run:
+    a client reaches only the workers of its own build (torchfarm/builds.py)."""
+    by_build: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for w in status.workers:
+        if not w.fingerprint:
+            continue
+        build = {k: w.fingerprint.get(k, "") for k in builds.FIELDS}
+        for served in w.targets:
+            if "graph" in served.jobs:
+                entry = by_build.setdefault((served.target, builds.digest(build)), (builds.label(build), []))
+                entry[1].append(w.name)
+    return [
+        [target, label, ",".join(sorted(names))]
+        for (target, _), (label, names) in sorted(by_build.items())
     ]
 
 

@@ -98,6 +98,9 @@ class LocalStack:
     """Pool processes per worker: how many jobs (a lowering and the kernel builds it
     streams, say) one worker runs at once."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    worker_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    """Environment of worker i only, over `extra_env`: e.g. TORCHFARM_REPORTED_BUILD, so
+    one machine plays workers of two builds (workers/identity.py)."""
     sign: bool = True
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
@@ -280,6 +283,7 @@ class LocalStack:
         env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))
         if self.metrics_port:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(self.root / f"worker{i}" / "metrics")
+        env.update(self.worker_env.get(i, {}))
         self._spawn(f"worker{i}", self.worker_cmd(i), env)
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -207,6 +207,7 @@ class Failure(_message.Message):
         KERNEL_COMPILE_ERROR: _ClassVar[Failure.Reason]
         WATCH_LIMIT: _ClassVar[Failure.Reason]
         AUTH_THROTTLED: _ClassVar[Failure.Reason]
+        BUILD_NOT_SERVED: _ClassVar[Failure.Reason]
     REASON_UNSPECIFIED: Failure.Reason
     INTERNAL: Failure.Reason
     INVALID_REQUEST: Failure.Reason
@@ -233,6 +234,7 @@ class Failure(_message.Message):
     KERNEL_COMPILE_ERROR: Failure.Reason
     WATCH_LIMIT: Failure.Reason
     AUTH_THROTTLED: Failure.Reason
+    BUILD_NOT_SERVED: Failure.Reason
     def __init__(self) -> None: ...
 
 class ArtifactRejection(_message.Message):

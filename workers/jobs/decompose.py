@@ -9,14 +9,14 @@ import json
 import logging
 import time
 
-from torchfarm import keys, routing, targets
+from torchfarm import keys, routing
 from torchfarm.codes import Stage
 from torchfarm.manifest import Manifest
 from workers.aot_seam import NotDecomposable, decompose_graph
 from workers.board import StageBoard
 from workers.compiler import CompileFailed
 from workers.jobs.lower import lower
-from workers.jobs.sending import send_stage, stage_record
+from workers.jobs.sending import send_stage, stage_queue, stage_record
 from workers.limits import cpu_time_limit
 from workers.runtime import Prepared, WorkerContext, as_job_failure
 
@@ -49,8 +49,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     fields = {**dec.to_fields(), "stage": json.dumps(stage).encode()}
     StageBoard(ctx.store, ctx.seal).put_decomposition(key, fields, ctx.settings.done_ttl_s)
     ctx.store.update_job(key, stage=Stage.LOWERING, decomposed="separately", l_sent=time.time())
-    send_stage(ctx, routing.LOWER_TASK, [key, ctx.store.namespace, target],
-          routing.stage_queue(targets.parse(target)))
+    send_stage(ctx, routing.LOWER_TASK, [key, ctx.store.namespace, target], stage_queue(target, ctx))
     log.info(
         "job key=%s decomposed (%s) in %.2fs: %d forward, %d backward nodes; lowering sent",
         keys.short(key), dec.kind, dec.seconds, len(dec.forward.nodes),

@@ -284,5 +284,5 @@ def fan_out(
         "job key=%s lowered: %d kernels, %d in the kernel cache, %d sent while lowering, "
         "%d built by other jobs in flight (waited for), %d build jobs sent now to %s; %d pending",
         keys.short(key), len(wanted), hits, len(stream.sent) - len(strays),
-        stream.shared + waits, jobs, stage_queue(target), left,
+        stream.shared + waits, jobs, stage_queue(target, ctx), left,
     )

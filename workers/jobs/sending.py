@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, TypeVar
 
-from torchfarm import routing, targets
+from torchfarm import builds, routing, targets
 from torchfarm.codes import Stage
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name
 from torchfarm.store import Store
@@ -41,8 +41,9 @@ def stage_record(
     }
 
 
-def stage_queue(target: str) -> str:
-    return routing.stage_queue(targets.parse(target))
+def stage_queue(target: str, ctx: WorkerContext) -> str:
+    """The stage queue of `target` among the workers of this one's build."""
+    return routing.stage_queue(targets.parse(target), builds.digest(ctx.fingerprint.to_dict()))
 
 
 def send_stage(ctx: WorkerContext, task: str, args: list[Any], queue: str) -> None:
@@ -72,7 +73,7 @@ def send_build(ctx: WorkerContext, key: str, namespace: str, target: str, refs: 
     send_stage(
         ctx, routing.BUILD_KERNELS_TASK,
         [key, namespace, target, refs, build_seal(ctx, key, namespace, target, refs)],
-        stage_queue(target),
+        stage_queue(target, ctx),
     )
 
 
@@ -125,4 +126,4 @@ def kernel_batch(ctx: WorkerContext) -> int:
 
 def send_assembly(store: Store, ctx: WorkerContext, key: str, target: str) -> None:
     store.update_job(key, stage=Stage.ASSEMBLING, a_sent=time.time())
-    send_stage(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], stage_queue(target))
+    send_stage(ctx, routing.ASSEMBLE_TASK, [key, store.namespace], stage_queue(target, ctx))

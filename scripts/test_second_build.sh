@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The unit tests and one end-to-end compile on a second torch build (issue 20, item 2):
+# `make test-second-build`. Not part of .ci/run, and never run by the test suite: the
+# first run downloads torch 2.12 from the package index, a CUDA build of several GB.
+#
+# The venv is made once, at $TORCHFARM_SECOND_BUILD_VENV (default
+# ~/.cache/torchfarm/venv-torch-2.12), and reused while its torch matches:
+#   TORCHFARM_SECOND_BUILD_TORCH   pip requirement for torch    (default "torch==2.12.*")
+#   TORCHFARM_SECOND_BUILD_INDEX   pip --index-url for torch    (default: pip's own, PyPI;
+#                                  https://download.pytorch.org/whl/cpu is far smaller)
+#   PYTHON                         interpreter the venv is made from (3.11 or 3.12)
+# Torch brings the Triton it was built with; the farm's other dependencies come from
+# pyproject.toml, less its torch and triton pins.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VENV="${TORCHFARM_SECOND_BUILD_VENV:-$HOME/.cache/torchfarm/venv-torch-2.12}"
+TORCH_SPEC="${TORCHFARM_SECOND_BUILD_TORCH:-torch==2.12.*}"
+INDEX="${TORCHFARM_SECOND_BUILD_INDEX:-}"
+PYTHON="${PYTHON:-python3}"
+WANT_MINOR="$(echo "$TORCH_SPEC" | sed -n 's/^torch[=<>~!]*\([0-9]*\.[0-9]*\).*/\1/p')"
+
+have_torch() {
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$WANT_MINOR" <<'PY'
+import sys
+import torch
+sys.exit(0 if torch.__version__.startswith(sys.argv[1] + ".") else 1)
+PY
+}
+
+if ! have_torch; then
+  echo "making $VENV with $TORCH_SPEC (once; a large download)" >&2
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  if [ -n "$INDEX" ]; then
+    "$VENV/bin/python" -m pip install -q --index-url "$INDEX" "$TORCH_SPEC"
+  else
+    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+  fi
+  # The project's dependencies and dev extras, less the pins torch decides.
+  "$VENV/bin/python" - <<'PY' > "$VENV/farm-requirements.txt"
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for req in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    if not re.match(r"(torch|triton)\b", req):
+        print(req)
+PY
+  "$VENV/bin/python" -m pip install -q -r "$VENV/farm-requirements.txt"
+  have_torch || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
+fi
+
+"$VENV/bin/python" -c 'import sys, torch; print("second build: torch", torch.__version__, "python", sys.version.split()[0])'
+export PYTHONPATH="$PWD" TORCHFARM_WARMUP=0
+# The internals the farm relies on (tests/unit/test_internals.py) come first: a moved
+# one is named there before any compile fails on it.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_internals.py
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow and not integration" tests/unit tests/targets
+# One end-to-end compile through the local stack: a farm miss, then a hit in a fresh process.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_end_to_end.py \
+  -k test_fresh_process_with_empty_cache_gets_a_hit_and_compiles_nothing
