@@ -45,7 +45,7 @@ async def serve(
     dispatcher: Dispatcher | None = None,
 ) -> None:
     """Serves until `stop` is set, then drains and returns."""
-    store = Store.from_url(settings.cache_url, settings.redis_prefix)
+    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url))
     server = grpc.aio.server(
         options=grpc_options(settings.max_message_bytes),

@@ -96,6 +96,8 @@ class LocalStack:
     """Pool processes per worker: how many jobs (a lowering and the kernel builds it
     streams, say) one worker runs at once."""
     extra_env: dict[str, str] = field(default_factory=dict)
+    blob_url: str = ""
+    """Where the farm keeps blobs (torchfarm/blobs.py); "" is the stack's own Redis."""
     sign: bool = True
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
@@ -160,7 +162,7 @@ class LocalStack:
         return f"redis://127.0.0.1:{self.redis_port}/1"
 
     def store(self) -> Store:
-        return Store.from_url(self.cache_url)
+        return Store.from_url(self.cache_url, blob_url=self.blob_url)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -176,6 +178,8 @@ class LocalStack:
             env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
         if self.tenants:
             env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
+        if self.blob_url:
+            env["TORCHFARM_BLOB_URL"] = self.blob_url
         env.update(self.extra_env)
         return env
 
