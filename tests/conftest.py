@@ -94,6 +94,7 @@ def any_stack(request, monkeypatch):
     """The shared stack, once with blobs in Redis and once with blobs in S3."""
     s = request.getfixturevalue("session_stack" if request.param == "redis" else "session_s3_stack")
     monkeypatch.setenv("TORCHFARM_TRUSTED_KEYS_FILE", str(s.trusted_keys_file))
+    monkeypatch.setenv("TORCHFARM_BLOB_CACHE_DIR", str(request.getfixturevalue("tmp_path") / "blobs"))
     return s
 
 

@@ -26,6 +26,8 @@ class CoordinatorSettings:
     """Largest CompileRequest accepted, in serialized bytes."""
     chunk_bytes: int = 1024 * 1024
     """Size of each artifact chunk streamed to clients."""
+    direct_url_ttl_s: int = 300
+    """How long the pre-signed blob URLs of a direct fetch stay valid."""
     request_ttl_s: int = 24 * 3600
     """How long a submitted request is kept for workers (and redeliveries) to read."""
     job_ttl_s: int = 2 * celeryconf.VISIBILITY_TIMEOUT_S
