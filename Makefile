@@ -37,6 +37,7 @@ bench-steps: setup
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup
 	$(PY) bench/load.py $(LOAD_ARGS)
+	$(PY) bench/fetch_load.py $(FETCH_LOAD_ARGS)
 
 # Workers, Redis and the coordinator killed on purpose; figures printed at the end.
 test-faults: setup
