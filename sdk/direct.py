@@ -52,4 +52,4 @@ def download_all(links: list[Link], timeout_s: float, cache: BlobCache | None = 
         return cache.get(link.digest, lambda: download(link, timeout_s))
 
     with ThreadPoolExecutor(max_workers=min(PARALLEL, max(len(links), 1))) as pool:
-        return dict(zip((l.digest for l in links), pool.map(one, links)))
+        return dict(zip((l.digest for l in links), pool.map(one, links), strict=True))

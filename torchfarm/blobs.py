@@ -269,8 +269,10 @@ def open_blobs(url: str, cache: redis.Redis, prefix: str = "tf",
     if not url:
         return RedisBlobs(cache, prefix, part_bytes)
     parts = urlsplit(url)
-    if parts.scheme in ("redis", "rediss", "unix"):
-        client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+    if parts.scheme in ("redis", "rediss", "unix", "redis+sentinel"):
+        from torchfarm.redisconn import connect
+
+        client = connect(url, socket_timeout=30, socket_connect_timeout=5)
         return RedisBlobs(client, prefix, part_bytes)
     if parts.scheme == "s3":
         if not parts.netloc:

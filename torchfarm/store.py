@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from torchfarm import redisconn
 from torchfarm.blobs import BlobStore, open_blobs
 from torchfarm.manifest import Manifest
 
@@ -120,7 +121,7 @@ class Store:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "tf", blob_url: str = "") -> Store:
-        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        client = redisconn.connect(url, socket_timeout=10, socket_connect_timeout=5)
         return cls(client, prefix, blobs=open_blobs(blob_url, client, prefix))
 
     def _k(self, *parts: str) -> str:

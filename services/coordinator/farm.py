@@ -37,7 +37,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import exportcheck, graphcheck, keys, options, routing
+from torchfarm import exportcheck, graphcheck, keys, options, redisconn, routing
 from torchfarm.celeryconf import make_celery
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.manifest import Manifest, ManifestError
@@ -112,7 +112,7 @@ class Dispatcher:
 class CeleryDispatcher(Dispatcher):
     def __init__(self, broker_url: str):
         self.app = make_celery(broker_url)
-        self.broker = redis.Redis.from_url(broker_url, socket_timeout=10)
+        self.broker = redisconn.connect(broker_url, socket_timeout=10)
 
     def send(self, key: str, queue: str, namespace: str = "") -> None:
         self.app.send_task(

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import sdk
-from sdk.blobcache import BlobCache
 from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
+from sdk.blobcache import BlobCache
 from tests.conftest import run_python
 from torchfarm.testing.stack import free_port
 
