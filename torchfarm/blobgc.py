@@ -9,7 +9,8 @@ values of every key under the prefix except the blobs themselves and keeps each
 Workers write blobs before the records that name them, so a blob can be unreferenced
 for a moment while its manifest is on the way: only blobs older than the grace period
 go. On Redis the age is the idle time (since the blob was last read or written), on
-object storage the time since it was written.
+object storage the time since it was written (so a size bound there goes oldest
+written first, not least recently used).
 """
 
 from __future__ import annotations
@@ -48,11 +49,26 @@ def referenced(store: Store) -> set[str]:
     return {m.decode() for value in _values(store) for m in DIGEST.findall(value)}
 
 
-def collect(store: Store, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> list[BlobInfo]:
+def collect(store: Store, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False,
+            max_age_s: float = 0.0, max_bytes: int = 0) -> list[BlobInfo]:
     """Deletes (unless `dry_run`) the blobs no record names that are older than
-    `grace_s`, and returns them."""
+    `grace_s`, and returns them.
+
+    Per-store bounds, each off at 0: `max_age_s` also takes blobs older than that,
+    named or not; `max_bytes` then takes the oldest blobs until the rest fit. A manifest
+    whose blob went this way is a miss (Store.get_manifest), so its key compiles again."""
     keep = referenced(store)
-    garbage = [b for b in store.blobs.list() if b.digest not in keep and b.age_s >= grace_s]
+    blobs = list(store.blobs.list())
+    garbage = [b for b in blobs if (b.digest not in keep and b.age_s >= grace_s)
+               or (max_age_s and b.age_s >= max_age_s)]
+    if max_bytes:
+        chosen = {b.digest for b in garbage}
+        left = sorted((b for b in blobs if b.digest not in chosen), key=lambda b: b.age_s)
+        total = sum(b.size for b in left)
+        while left and total > max_bytes:
+            oldest = left.pop()
+            garbage.append(oldest)
+            total -= oldest.size
     if not dry_run:
         for blob in garbage:
             store.blobs.delete(blob.digest)

@@ -46,6 +46,7 @@ class BlobStoreError(ValueError):
 class BlobInfo:
     digest: str
     size: int
+    """Bytes; on Redis, for a blob in one value, the memory it takes (a little more)."""
     age_s: float
     """Seconds since the blob was written (or, on Redis, since it was last read or written)."""
 
@@ -157,17 +158,21 @@ class RedisBlobs:
         for name in self.r.scan_iter(match=single + "sha256:*", count=1000):
             digest = name.decode()[len(single) :]
             if digest.count(":") == 1:  # not a part `<digest>:<i>`
-                yield self._info(digest, self.r.strlen(name), name)
+                # MEMORY USAGE, unlike STRLEN, does not count as a use: listing leaves
+                # ages alone. It is the value's allocation, a little above its length.
+                idle = self._idle(name)
+                yield BlobInfo(digest, int(self.r.memory_usage(name, samples=0) or 0), idle)
         index = f"{self.prefix}:blobparts:"
         for name in self.r.scan_iter(match=index + "*", count=1000):
+            digest = name.decode()[len(index) :]
+            idle = self._idle(f"{self._key(digest)}:0".encode())  # reads touch the parts
             parts = json.loads(self.r.get(name) or b'{"size": 0}')
-            yield self._info(name.decode()[len(index) :], parts["size"], name)
+            yield BlobInfo(digest, int(parts["size"]), idle)
 
-    def _info(self, digest: str, size: int, key: bytes) -> BlobInfo:
+    def _idle(self, key: bytes) -> float:
         # Redis keeps no write time; OBJECT IDLETIME (seconds since last access) is the
         # age the collector can go by without a write-time record per blob.
-        idle = self.r.object("idletime", key)
-        return BlobInfo(digest, int(size), float(idle or 0))
+        return float(self.r.object("idletime", key) or 0)
 
     def presign(self, digest: str, ttl_s: int) -> str | None:
         return None
