@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import grpc
 
+from sdk.blobcache import BlobCache
+from sdk.direct import Link, download_all
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -33,8 +35,6 @@ from sdk.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
-from sdk.blobcache import BlobCache
-from sdk.direct import Link, download_all
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
