@@ -21,6 +21,8 @@ from typing import Any, cast
 
 import grpc
 
+from sdk.blobcache import BlobCache
+from sdk.direct import Link, download_all
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -284,17 +286,51 @@ class FarmClient:
         raise AssertionError("unreachable")
 
     def fetch(self, key: str) -> tuple[bytes, dict[str, bytes]]:
-        """Streams the artifact: the manifest bytes and every blob, by digest."""
+        """The artifact: the manifest bytes and every blob, by digest. Downloaded from the
+        store's pre-signed URLs where the farm offers them, else streamed; a direct
+        download that fails falls back to the stream."""
+        manifest, blobs, links = self._stream(key, self.settings.direct_downloads)
+        if not links:
+            return manifest, blobs
+        try:
+            return manifest, download_all(links, self.settings.fetch_timeout_s, self._blob_cache())
+        except (OSError, ValueError, ArtifactRejected) as e:
+            log.warning("torchfarm: direct download of %s failed (%s); streaming it", key[:12], e)
+            manifest, blobs, _ = self._stream(key, False)
+            return manifest, blobs
+
+    def _blob_cache(self) -> BlobCache | None:
+        if not self.settings.blob_cache_dir:
+            return None
+        try:
+            return BlobCache(self.settings.blob_cache_dir, self.settings.blob_cache_bytes)
+        except OSError as e:
+            log.warning("torchfarm: blob cache %s unusable (%s); downloading without it",
+                        self.settings.blob_cache_dir, e)
+            return None
+
+    def _stream(self, key: str, direct: bool) -> tuple[bytes, dict[str, bytes], list[Link]]:
+        """The FetchArtifact stream: the manifest, streamed blobs, and any direct links."""
         manifest: bytes | None = None
         parts: dict[str, list[bytes]] = {}
+        links: list[Link] = []
         received = 0
         try:
             for chunk in self.stub.FetchArtifact(
-                farm_pb2.ArtifactRef(key=key), timeout=self.settings.fetch_timeout_s,
+                farm_pb2.ArtifactRef(key=key, direct=direct), timeout=self.settings.fetch_timeout_s,
                 metadata=self.metadata,
             ):
                 if chunk.WhichOneof("kind") == "manifest":
                     manifest = chunk.manifest
+                    continue
+                if chunk.WhichOneof("kind") == "link":
+                    links.append(Link(chunk.link.digest, chunk.link.size, chunk.link.url))
+                    received += chunk.link.size
+                    if received > self.settings.max_artifact_bytes:
+                        raise ArtifactRejected(
+                            f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes",
+                            "too_large",
+                        )
                     continue
                 blob = chunk.blob
                 received += len(blob.data)
@@ -311,7 +347,7 @@ class FarmClient:
             raise _map_error(e, "fetch", key) from e
         if manifest is None:
             raise ArtifactRejected(f"artifact {key[:12]} came without a manifest", Rejection.MALFORMED)
-        return manifest, {d: b"".join(p) for d, p in parts.items()}
+        return manifest, {d: b"".join(p) for d, p in parts.items()}, links
 
     def compile_kernel(self, request: farm_pb2.KernelRequest) -> farm_pb2.KernelReply:
         """One Triton kernel, compiled (or found) by the farm; KernelRejected when the farm

@@ -21,6 +21,14 @@ class SDKSettings:
     """Deadline for streaming one artifact."""
     max_message_bytes: int = 64 * 1024 * 1024
     """gRPC send and receive limit, matching the coordinator's."""
+    direct_downloads: bool = True
+    """Ask for pre-signed blob URLs and download blobs directly from the store, where the
+    farm's store offers them (object storage); the coordinator's stream otherwise."""
+    blob_cache_dir: str = "~/.cache/torchfarm/blobs"
+    """This machine's shared cache of directly downloaded blobs (sdk/blobcache.py), so
+    the processes of one machine download each blob once; "" turns it off."""
+    blob_cache_bytes: int = 16 * 1024 * 1024 * 1024
+    """Size bound of blob_cache_dir; least recently used blobs go first."""
     max_artifact_bytes: int = 2 * 1024 * 1024 * 1024
     """Largest artifact the SDK accepts; a bigger manifest is refused before streaming."""
     kernel_timeout_s: float = 180.0

@@ -6,6 +6,7 @@ stack (redis-server + coordinator + Celery workers, free loopback ports) → add
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -73,6 +74,49 @@ def stack(session_stack, monkeypatch):
     return session_stack
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server on a free loopback port, for the whole session; boto3 in this
+    process and in the stacks it starts signs with moto's test credentials."""
+    pytest.importorskip("boto3")
+    from torchfarm.testing.s3 import CREDENTIALS, start_moto_server
+
+    port = free_port()
+    proc = start_moto_server(port, tmp_path_factory.mktemp("moto") / "moto.log")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in CREDENTIALS.items():
+            mp.setenv(name, value)
+        yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def s3_blob_url(s3_endpoint):
+    """A bucket on the moto server, as the blob URL a farm is configured with."""
+    from torchfarm.testing.s3 import make_bucket
+
+    make_bucket(s3_endpoint, "torchfarm-test")
+    return f"s3://torchfarm-test/farm?endpoint={s3_endpoint}"
+
+
+@pytest.fixture(scope="session")
+def session_s3_stack(tmp_path_factory, s3_blob_url):
+    """A local stack that keeps its blobs in S3 (moto), the manifests in its Redis."""
+    workdir = tmp_path_factory.mktemp("s3stack")
+    with LocalStack(workers=1, workdir=workdir, blob_url=s3_blob_url) as s:
+        yield s
+
+
+@pytest.fixture(params=["redis", "s3"])
+def any_stack(request, monkeypatch):
+    """The shared stack, once with blobs in Redis and once with blobs in S3."""
+    s = request.getfixturevalue("session_stack" if request.param == "redis" else "session_s3_stack")
+    monkeypatch.setenv("TORCHFARM_TRUSTED_KEYS_FILE", str(s.trusted_keys_file))
+    monkeypatch.setenv("TORCHFARM_BLOB_CACHE_DIR", str(request.getfixturevalue("tmp_path") / "blobs"))
+    return s
+
+
 @pytest.fixture
 def client_cache_dir(tmp_path, monkeypatch):
     """An empty Inductor cache dir for this test's client process."""
@@ -102,3 +146,13 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_garbage_between_modules():
+    """Finalizers of a module's gRPC and asyncio objects run here, not in the middle of a
+    later `ast.parse` (pytest's assertion rewriting): CPython 3.11.7 raises "AST
+    constructor recursion depth mismatch" when a collection runs Python finalizers
+    during AST construction."""
+    yield
+    gc.collect()

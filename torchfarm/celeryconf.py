@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from torchfarm.redisconn import celery_broker
+
 SOFT_TIME_LIMIT_S = 540
 """A compile past this gets SoftTimeLimitExceeded and fails with COMPILE_TIMEOUT."""
 
@@ -51,6 +53,8 @@ def make_celery(
             "running past the visibility timeout is delivered twice"
         )
     restore_s = max(1, min(RESTORE_INTERVAL_S, visibility_timeout_s // 10))
+    # A redis+sentinel:// URL becomes Celery's sentinel:// and its master_name.
+    broker_url, sentinel_options = celery_broker(broker_url)
     app = Celery(name, broker=broker_url)
     app.conf.update(
         task_serializer="json",
@@ -68,6 +72,7 @@ def make_celery(
             # for the timeout, then for the next sweep of a live worker.
             "unacked_restore_interval": restore_s,
             "unacked_restore_throttle": 1 if restore_s < RESTORE_INTERVAL_S else 10,
+            **sentinel_options,
         },
         broker_connection_retry_on_startup=True,
         worker_max_tasks_per_child=MAX_TASKS_PER_CHILD,

@@ -2,7 +2,8 @@
 
 Layout, under a configurable prefix (default "tf"):
 
-- `tf:blob:<sha256>`: a blob's bytes, content-addressed, written once (SET NX);
+- `tf:blob:<sha256>`: a blob's bytes, content-addressed, written once (SET NX), unless
+  `blob_url` puts the blobs elsewhere (object storage; torchfarm/blobs.py);
 - `tf:artifact:<key>`: the manifest JSON; written after all its blobs, so a reader
   that sees a manifest can fetch every blob it names;
 - `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle),
@@ -44,6 +45,8 @@ from typing import Any, cast
 import redis
 from redis.typing import FieldT
 
+from torchfarm import redisconn
+from torchfarm.blobs import BlobStore, open_blobs
 from torchfarm.manifest import Manifest
 
 RECENT_JOBS = 50
@@ -138,24 +141,28 @@ class JobRecord:
 class Store:
     """Typed access to the farm's Redis keys. Safe to share between threads."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "tf", namespace: str = ""):
+    def __init__(self, client: redis.Redis, prefix: str = "tf", namespace: str = "",
+                 blobs: BlobStore | None = None):
         # redis-py types replies as `bytes | str`; this client never decodes them (no
         # decode_responses), so the methods below cast replies to bytes.
         self.r = client
         self.prefix = prefix
         self.namespace = namespace
         self._create_job = client.register_script(_CREATE_JOB)
+        self.blobs = blobs if blobs is not None else open_blobs("", client, prefix)
+        """Where blob bytes live (torchfarm/blobs.py); the cache Redis unless configured."""
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "tf") -> Store:
-        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), prefix)
+    def from_url(cls, url: str, prefix: str = "tf", blob_url: str = "") -> Store:
+        client = redisconn.connect(url, socket_timeout=10, socket_connect_timeout=5)
+        return cls(client, prefix, blobs=open_blobs(blob_url, client, prefix))
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
     def tenant(self, namespace: str) -> Store:
         """The same Redis, seen from one tenant namespace ("" is the farm without tokens)."""
-        return Store(self.r, self.prefix, namespace)
+        return Store(self.r, self.prefix, namespace, self.blobs)
 
     def ref(self, key: str) -> str:
         """How this namespace names `key` in Redis keys and in `tf:recent`."""
@@ -167,21 +174,20 @@ class Store:
     # Blobs and manifests.
 
     def put_blob(self, digest: str, data: bytes) -> None:
-        self.r.set(self._k("blob", digest), data, nx=True)
+        self.blobs.put(digest, data)
 
     def get_blob(self, digest: str) -> bytes | None:
-        return cast("bytes | None", self.r.get(self._k("blob", digest)))
+        return self.blobs.get(digest)
 
     def get_blob_range(self, digest: str, start: int, end: int) -> bytes:
         """Bytes [start, end] inclusive, so large blobs stream without one big read."""
-        return cast(bytes, self.r.getrange(self._k("blob", digest), start, end))
+        return self.blobs.get_range(digest, start, end)
 
     def delete_blob(self, digest: str) -> None:
-        self.r.delete(self._k("blob", digest))
+        self.blobs.delete(digest)
 
     def has_blobs(self, digests: Iterable[str]) -> bool:
-        keys = [self._k("blob", d) for d in digests]
-        return not keys or self.r.exists(*keys) == len(keys)
+        return all(self.blobs.present(digests))
 
     def put_manifest(self, manifest: Manifest) -> None:
         self.r.set(self._j("artifact", manifest.key), manifest.to_json())

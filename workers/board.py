@@ -283,10 +283,7 @@ class StageBoard:
                 if not self._sealed_binary(key, ref, record.get("mac")):
                     continue
                 found[key] = (ref, float(record["seconds"]))
-        present = self.r.pipeline(transaction=False)
-        for ref, _ in found.values():
-            present.exists(self._k("blob", ref.digest))
-        alive = present.execute()
+        alive = self.store.blobs.present(ref.digest for ref, _ in found.values())
         return {k: kernel for (k, kernel), ok in zip(found.items(), alive, strict=False) if ok}
 
     def cached_binaries(self, cache_keys: list[str]) -> dict[str, BlobRef]:

@@ -15,6 +15,9 @@ class WorkerSettings:
     """Celery's broker; the same one the coordinator sends to."""
     cache_url: str = "redis://127.0.0.1:6379/1"
     """The Redis that holds artifacts, requests and job records."""
+    blob_url: str = ""
+    """Where artifact blobs live (torchfarm/blobs.py): "" keeps them in the cache Redis;
+    `s3://bucket/prefix?endpoint=...` in S3-compatible object storage."""
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache Redis."""
     targets: tuple[str, ...] = ("local",)

@@ -57,7 +57,7 @@ def _context() -> WorkerContext:
     )
     return WorkerContext(
         settings=settings,
-        store=Store.from_url(settings.cache_url, settings.redis_prefix),
+        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url),
         fingerprint=_graph_fingerprint(),
         name=settings.worker_name(),
         signer=signer,
@@ -178,7 +178,7 @@ def _kernel_context() -> KernelContext:
     import importlib.metadata
 
     return KernelContext(
-        store=Store.from_url(settings.cache_url, settings.redis_prefix),
+        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url),
         name=settings.worker_name(),
         targets=frozenset(str(t) for t in plan.kernel),
         triton_version=importlib.metadata.version("triton"),

@@ -39,7 +39,7 @@ from services.coordinator.errors import (
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import builds, exportcheck, graphcheck, keys, options, routing, targets
+from torchfarm import builds, exportcheck, graphcheck, keys, options, redisconn, routing, targets
 from torchfarm.celeryconf import make_celery
 from torchfarm.codes import Reason, Rejection, Stage
 from torchfarm.explain import Explanation, MissIndex
@@ -71,6 +71,9 @@ class ArtifactPiece:
     digest: str
     offset: int
     data: bytes
+    url: str = ""
+    """Set instead of data on a direct fetch: a pre-signed URL of the whole blob, whose
+    size is then `offset`."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Dispatcher:
 class CeleryDispatcher(Dispatcher):
     def __init__(self, broker_url: str):
         self.app = make_celery(broker_url)
-        self.broker = redis.Redis.from_url(broker_url, socket_timeout=10)
+        self.broker = redisconn.connect(broker_url, socket_timeout=10)
 
     def send(self, key: str, queue: str, namespace: str = "") -> None:
         self.app.send_task(
@@ -400,16 +403,25 @@ class Farm:
             else:
                 del self._watches[tenant.name]
 
-    async def fetch(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[ArtifactPiece]:
+    async def fetch(self, key: str, tenant: Tenant = OPEN, direct: bool = False) -> AsyncIterator[ArtifactPiece]:
         """Streams the manifest, then each blob in chunks. A blob whose bytes no longer
         match its digest (tampered with, or damaged, in Redis) ends the stream with
-        ArtifactCorrupt and drops the manifest, so the next submit recompiles."""
+        ArtifactCorrupt and drops the manifest, so the next submit recompiles.
+
+        With `direct`, where the blob store pre-signs URLs, each blob is a link instead
+        of bytes: the client downloads and checks it, and no byte passes through here."""
         store = self.store.tenant(tenant.namespace)
         manifest_bytes = await self._io(store.get_manifest_bytes, key)
         manifest = await self._io(store.get_manifest, key)
         if manifest is None or manifest_bytes is None:
             raise NotFound(f"no artifact for key {keys.short(key)}")
         yield ArtifactPiece("", 0, manifest_bytes)
+        if direct:
+            links = await self._io(self._links, store, manifest)
+            if links is not None:
+                for piece in links:
+                    yield piece
+                return
         step = self.settings.chunk_bytes
         for ref in manifest.blobs():
             digest = hashlib.sha256()
@@ -432,6 +444,17 @@ class Farm:
                     f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
                 )
         metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
+
+    def _links(self, store, manifest) -> list[ArtifactPiece] | None:
+        """A pre-signed link per blob, or None where the store hands out none."""
+        ttl = self.settings.direct_url_ttl_s
+        links = []
+        for ref in manifest.blobs():
+            url = store.blobs.presign(ref.digest, ttl)
+            if url is None:
+                return None
+            links.append(ArtifactPiece(ref.digest, ref.size, b"", url))
+        return links
 
     async def status(self, tenant: Tenant = OPEN) -> FarmState:
         return await self._io(self._status_sync, tenant)

@@ -46,7 +46,7 @@ async def serve(
     dispatcher: Dispatcher | None = None,
 ) -> None:
     """Serves until `stop` is set, then drains and returns."""
-    store = Store.from_url(settings.cache_url, settings.redis_prefix)
+    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
     events = JobEvents(settings.cache_url)  # the Redis that holds the job records
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url), events)
     server = grpc.aio.server(

@@ -134,9 +134,16 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         self, request: farm_pb2.ArtifactRef, context: _Context
     ) -> AsyncIterator[farm_pb2.ArtifactChunk]:
         async with _ErrorMapping(context):
-            async for piece in self.farm.fetch(request.key, auth.caller()):
+            async for piece in self.farm.fetch(request.key, auth.caller(), request.direct):
                 if not piece.digest:
                     yield farm_pb2.ArtifactChunk(manifest=piece.data)
+                elif piece.url:
+                    yield farm_pb2.ArtifactChunk(
+                        link=farm_pb2.BlobLink(
+                            digest=piece.digest, size=piece.offset, url=piece.url,
+                            expires_in_seconds=self.farm.settings.direct_url_ttl_s,
+                        )
+                    )
                 else:
                     yield farm_pb2.ArtifactChunk(
                         blob=farm_pb2.BlobChunk(

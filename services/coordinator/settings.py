@@ -15,6 +15,9 @@ class CoordinatorSettings:
     """Celery's broker. A broker must never evict; keep it apart from the cache."""
     cache_url: str = "redis://127.0.0.1:6379/1"
     """The Redis that holds artifacts, requests and job records."""
+    blob_url: str = ""
+    """Where artifact blobs live (torchfarm/blobs.py): "" keeps them in the cache Redis;
+    `s3://bucket/prefix?endpoint=...` in S3-compatible object storage."""
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache Redis."""
     max_message_bytes: int = 64 * 1024 * 1024
@@ -23,6 +26,8 @@ class CoordinatorSettings:
     """Largest CompileRequest accepted, in serialized bytes."""
     chunk_bytes: int = 1024 * 1024
     """Size of each artifact chunk streamed to clients."""
+    direct_url_ttl_s: int = 300
+    """How long the pre-signed blob URLs of a direct fetch stay valid."""
     request_ttl_s: int = 24 * 3600
     """How long a submitted request is kept for workers (and redeliveries) to read."""
     job_ttl_s: int = 2 * celeryconf.VISIBILITY_TIMEOUT_S

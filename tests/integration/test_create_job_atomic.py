@@ -12,7 +12,7 @@ import redis
 
 from services.coordinator.farm import Dispatcher, Farm
 from services.coordinator.settings import CoordinatorSettings
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys
 from torchfarm.store import JobState
 
@@ -33,7 +33,7 @@ class Recorder(Dispatcher):
 
 @pytest.fixture
 def farm(store):
-    store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+    store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     return Farm(CoordinatorSettings(), store, Recorder())
 
 
@@ -89,7 +89,7 @@ def test_a_kill_anywhere_inside_create_job_leaves_no_job_or_a_whole_one(farm, st
     assert steps >= 1
     for n in range(steps):
         store.r.flushall()
-        store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=30)
+        store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
         _kill_after(monkeypatch, n)
         _create(store, key, req)  # killed, or done (Redis had the script cached)
         monkeypatch.undo()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import textwrap
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 import sdk
 from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
+from sdk.blobcache import BlobCache
 from tests.conftest import run_python
 from torchfarm.testing.stack import free_port
 
@@ -165,15 +167,22 @@ def test_disallowed_op_falls_back_for_that_graph_only(stack, client_cache_dir, c
     assert len(remote) == 1 and "graph 1" in remote[0], msgs
 
 
-def test_several_models_in_one_process(stack, client_cache_dir):
+def test_several_models_in_one_process(any_stack, client_cache_dir):
     results = []
     for make in (make_mlp, make_cnn):
         model, inputs = make()
         eager = copy.deepcopy(model)
-        compiled = sdk.compile(model, remote=stack.address, fallback="error")
+        compiled = sdk.compile(model, remote=any_stack.address, fallback="error")
         results.append((compiled(*inputs), eager(*inputs)))
     for got, ref in results:
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    if any_stack.blob_url:
+        # The bytes went to object storage, none to Redis, and came to this machine's
+        # blob cache by direct download.
+        store = any_stack.store()
+        assert list(store.blobs.list())
+        assert not list(store.r.scan_iter(match="tf:blob:*"))
+        assert BlobCache(os.environ["TORCHFARM_BLOB_CACHE_DIR"], 1 << 40).entries()
 
 
 def test_inference_under_no_grad(stack, client_cache_dir):

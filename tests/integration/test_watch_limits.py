@@ -14,7 +14,7 @@ from services.coordinator.farm import Dispatcher, Farm
 from services.coordinator.jobevents import JobEvents
 from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
-from tests.requests import relu_request
+from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import kernelreq
 from torchfarm.store import JobState
 from torchfarm.tokens import Tenant
@@ -48,7 +48,7 @@ def _settings(**over) -> CoordinatorSettings:
 
 @pytest.fixture
 def farm(store, redis_url):
-    store.heartbeat("w1", ["cpu.avx512"], "test", ttl_s=60)
+    store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=60)
 
     def make(**over) -> Farm:
         return Farm(_settings(**over), store, Recorder(), events=JobEvents(redis_url))

@@ -7,7 +7,8 @@
 Every call goes to the coordinator over gRPC with the tenant token (TORCHFARM_TOKEN),
 which scopes it to the tenant's namespace (services/coordinator/cache.py); the CLI
 never reads Redis. Evicting removes manifests; the shared, content-addressed blobs are
-left to the cache Redis's LRU eviction. AGE is "90s", "15m", "12h", "7d" or "2w".
+left to the cache Redis's LRU eviction, or to `torchfarm cache gc` (torchfarm/cli/gc.py,
+an operator's command that reads the stores directly). AGE is "90s", "15m", "12h", "7d" or "2w".
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     evict.add_argument("keys", nargs="*", metavar="KEY", help="keys, or prefixes of 8+ hex digits")
     evict.add_argument("--all", action="store_true", help="every entry (with the filters, if any)")
     evict.set_defaults(run=_evict)
+
+    from torchfarm.cli.gc import add_gc_parser
+
+    add_gc_parser(csub)
 
 
 def _query(args: argparse.Namespace, limit: int) -> farm_pb2.CacheQuery | None:

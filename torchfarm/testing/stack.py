@@ -101,6 +101,8 @@ class LocalStack:
     worker_env: dict[int, dict[str, str]] = field(default_factory=dict)
     """Environment of worker i only, over `extra_env`: e.g. TORCHFARM_REPORTED_BUILD, so
     one machine plays workers of two builds (workers/identity.py)."""
+    blob_url: str = ""
+    """Where the farm keeps blobs (torchfarm/blobs.py); "" is the stack's own Redis."""
     sign: bool = True
     """Generate an Ed25519 key for the workers to sign artifacts with (trusted_keys_file)."""
     tenants: tuple[str, ...] = ()
@@ -185,7 +187,7 @@ class LocalStack:
         return f"redis://127.0.0.1:{self.redis_port}/1"
 
     def store(self) -> Store:
-        return Store.from_url(self.cache_url)
+        return Store.from_url(self.cache_url, blob_url=self.blob_url)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -203,6 +205,8 @@ class LocalStack:
             env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
         if not self.warmup:
             env["TORCHFARM_WARMUP"] = "0"
+        if self.blob_url:
+            env["TORCHFARM_BLOB_URL"] = self.blob_url
         env.update(self.extra_env)
         return env
 

@@ -390,18 +390,34 @@ class JobStatus(_message.Message):
     def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., error: _Optional[_Union[JobError.Code, str]] = ..., stage_id: _Optional[_Union[Stage.Name, str]] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "direct")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    direct: bool
+    def __init__(self, key: _Optional[str] = ..., direct: _Optional[bool] = ...) -> None: ...
 
 class ArtifactChunk(_message.Message):
-    __slots__ = ("manifest", "blob")
+    __slots__ = ("manifest", "blob", "link")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
     manifest: bytes
     blob: BlobChunk
-    def __init__(self, manifest: _Optional[bytes] = ..., blob: _Optional[_Union[BlobChunk, _Mapping]] = ...) -> None: ...
+    link: BlobLink
+    def __init__(self, manifest: _Optional[bytes] = ..., blob: _Optional[_Union[BlobChunk, _Mapping]] = ..., link: _Optional[_Union[BlobLink, _Mapping]] = ...) -> None: ...
+
+class BlobLink(_message.Message):
+    __slots__ = ("digest", "size", "url", "expires_in_seconds")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    size: int
+    url: str
+    expires_in_seconds: float
+    def __init__(self, digest: _Optional[str] = ..., size: _Optional[int] = ..., url: _Optional[str] = ..., expires_in_seconds: _Optional[float] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("digest", "offset", "data")

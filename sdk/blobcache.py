@@ -1,0 +1,114 @@
+"""A read-through blob cache shared by the processes of one machine.
+
+The ranks of a `torchrun` job start together and want the same artifact: with this
+cache, the first to ask downloads each blob and the others wait on its lock and read
+the file. Blobs are files named by their digest's hex under one directory (default
+`~/.cache/torchfarm/blobs`); `<hex>.lock` is the blob's lock (fcntl.flock, exclusive),
+held while the blob is checked or fetched. A file is written to a temporary name and
+renamed, so a reader never sees half a blob, and its digest is checked on every read,
+so a damaged file is fetched again rather than loaded.
+
+The total is bounded: after a write, the least recently used blobs (by mtime, which
+every read refreshes) go until the directory is under `max_bytes`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class BlobCache:
+    def __init__(self, root: str | Path, max_bytes: int):
+        self.root = Path(root).expanduser()
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        algo, _, hexpart = digest.partition(":")
+        if algo != "sha256" or len(hexpart) != 64 or not all(c in "0123456789abcdef" for c in hexpart):
+            raise ValueError(f"not a blob digest: {digest[:80]!r}")
+        return self.root / hexpart
+
+    @contextmanager
+    def _locked(self, path: Path, flags: int = fcntl.LOCK_EX) -> Iterator[None]:
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, flags)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def get(self, digest: str, fetch: Callable[[], bytes]) -> bytes:
+        """The blob's bytes, from this machine's cache or, once per machine, `fetch()`.
+        `fetch` must return bytes of this digest; the caller's check of them runs first."""
+        path = self._path(digest)
+        with self._locked(path):
+            data = self._read(path, digest)
+            if data is None:
+                data = fetch()
+                if digest_of(data) != digest:
+                    raise ValueError(f"fetched bytes do not match {digest[:19]}")
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+                wrote = True
+            else:
+                wrote = False
+        if wrote:
+            self.evict()
+        return data
+
+    def _read(self, path: Path, digest: str) -> bytes | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if digest_of(data) != digest:
+            log.warning("torchfarm: cached blob %s is damaged; fetching it again", digest[:19])
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # recently used: last to be evicted
+        return data
+
+    def entries(self) -> list[tuple[Path, int, float]]:
+        """(path, size, mtime) of every cached blob."""
+        out = []
+        for p in self.root.iterdir():
+            if len(p.name) == 64 and "." not in p.name:
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                out.append((p, st.st_size, st.st_mtime))
+        return out
+
+    def evict(self) -> int:
+        """Removes least recently used blobs until the total is within the bound; returns
+        how many went. A blob whose lock another process holds is skipped this time."""
+        entries = sorted(self.entries(), key=lambda e: e[2])
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for path, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            try:
+                with self._locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB):
+                    path.unlink(missing_ok=True)
+            except BlockingIOError:
+                continue
+            # The lock file stays: another process may have it open, waiting on it.
+            total -= size
+            removed += 1
+        return removed

@@ -1,0 +1,55 @@
+"""Direct downloads: an artifact's blobs fetched from the pre-signed URLs the farm
+hands out, in parallel, each checked against its digest before anything trusts it.
+
+The manifest's signature is verified afterwards exactly as for streamed bytes
+(sdk/artifact.py): a URL only says where bytes are, never what they may be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sdk.blobcache import BlobCache
+from sdk.errors import ArtifactRejected
+
+log = logging.getLogger(__name__)
+
+PARALLEL = 8
+"""Blobs downloaded at once."""
+
+
+@dataclass(frozen=True)
+class Link:
+    digest: str
+    size: int
+    url: str
+
+
+def download(link: Link, timeout_s: float) -> bytes:
+    """One blob's bytes from its URL: exactly `size` bytes of the digest, or ArtifactRejected."""
+    if urlsplit(link.url).scheme not in ("http", "https"):
+        raise ArtifactRejected(f"blob {link.digest[:19]}: the farm sent a URL that is not http(s)")
+    with urllib.request.urlopen(link.url, timeout=timeout_s) as reply:
+        data = reply.read(link.size + 1)
+    if len(data) != link.size:
+        raise ArtifactRejected(f"blob {link.digest[:19]}: {len(data)} bytes, expected {link.size}")
+    if "sha256:" + hashlib.sha256(data).hexdigest() != link.digest:
+        raise ArtifactRejected(f"blob {link.digest[:19]}: downloaded bytes do not match the digest")
+    return data
+
+
+def download_all(links: list[Link], timeout_s: float, cache: BlobCache | None = None) -> dict[str, bytes]:
+    """Every link's blob by digest, through this machine's blob cache when there is one."""
+
+    def one(link: Link) -> bytes:
+        if cache is None:
+            return download(link, timeout_s)
+        return cache.get(link.digest, lambda: download(link, timeout_s))
+
+    with ThreadPoolExecutor(max_workers=min(PARALLEL, max(len(links), 1))) as pool:
+        return dict(zip((l.digest for l in links), pool.map(one, links), strict=True))

@@ -1,0 +1,83 @@
+"""The node's shared blob cache: one fetch per blob for many processes, damaged files
+fetched again, a size bound kept by evicting the least recently used."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from sdk.blobcache import BlobCache, digest_of
+
+
+def test_a_blob_is_fetched_once_then_read_from_disk(tmp_path):
+    cache = BlobCache(tmp_path, 1 << 20)
+    data = b"payload" * 100
+    calls = []
+
+    def fetch():
+        calls.append(1)
+        return data
+
+    assert cache.get(digest_of(data), fetch) == data
+    assert cache.get(digest_of(data), fetch) == data
+    assert calls == [1]
+
+
+def test_a_damaged_file_is_fetched_again_not_returned(tmp_path):
+    cache = BlobCache(tmp_path, 1 << 20)
+    data = b"good bytes"
+    d = digest_of(data)
+    cache.get(d, lambda: data)
+    (tmp_path / d.split(":")[1]).write_bytes(b"evil bytes")
+    assert cache.get(d, lambda: data) == data
+
+
+def test_bytes_that_do_not_match_the_digest_are_refused_and_not_kept(tmp_path):
+    cache = BlobCache(tmp_path, 1 << 20)
+    d = digest_of(b"expected")
+    with pytest.raises(ValueError):
+        cache.get(d, lambda: b"something else")
+    assert cache.entries() == []
+
+
+def test_a_digest_that_is_not_one_never_becomes_a_path(tmp_path):
+    with pytest.raises(ValueError):
+        BlobCache(tmp_path, 1 << 20).get("sha256:../../etc/passwd", lambda: b"")
+
+
+def test_the_least_recently_used_blobs_go_past_the_bound(tmp_path):
+    cache = BlobCache(tmp_path, 250)
+    blobs = [bytes([i]) * 100 for i in range(3)]
+    for i, b in enumerate(blobs[:2]):
+        cache.get(digest_of(b), lambda b=b: b)
+        os.utime(tmp_path / digest_of(b).split(":")[1], (1000 + i, 1000 + i))
+    cache.get(digest_of(blobs[0]), lambda: pytest.fail("cached"))  # blob 0 used again
+    cache.get(digest_of(blobs[2]), lambda: blobs[2])  # 300 bytes: one must go
+    left = {p.name for p, _, _ in cache.entries()}
+    assert left == {digest_of(blobs[0]).split(":")[1], digest_of(blobs[2]).split(":")[1]}
+
+
+def _rank(root: str, data: bytes, counter: str) -> None:
+    def fetch():
+        with open(counter, "a") as f:
+            f.write("x")
+        time.sleep(0.2)  # a slow download: the other ranks must wait, not fetch
+        return data
+
+    assert BlobCache(root, 1 << 30).get(digest_of(data), fetch) == data
+
+
+def test_processes_of_one_machine_fetch_each_blob_once(tmp_path):
+    data = os.urandom(1 << 16)
+    counter = tmp_path / "fetches"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(str(tmp_path / "c"), data, str(counter))) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert counter.read_text() == "x"

@@ -1,0 +1,64 @@
+"""Direct downloads from pre-signed URLs (moto's S3): the bytes are checked against the
+digest and size before anything trusts them, whatever the URL served."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import redis
+
+from sdk.blobcache import BlobCache
+from sdk.direct import Link, download, download_all
+from sdk.errors import ArtifactRejected
+from torchfarm.blobs import open_blobs
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def s3(s3_blob_url, redis_url):
+    blobs = open_blobs(s3_blob_url.replace("/farm?", "/direct?"), redis.Redis.from_url(redis_url))
+    yield blobs
+    for info in list(blobs.list()):
+        blobs.delete(info.digest)
+
+
+def test_blobs_download_in_parallel_through_the_node_cache(s3, tmp_path):
+    datas = [bytes([i]) * (1000 + i) for i in range(5)]
+    links = []
+    for data in datas:
+        s3.put(digest_of(data), data)
+        links.append(Link(digest_of(data), len(data), s3.presign(digest_of(data), 60)))
+    cache = BlobCache(tmp_path, 1 << 20)
+    got = download_all(links, 10, cache)
+    assert got == {digest_of(d): d for d in datas}
+    assert len(cache.entries()) == 5
+
+
+def test_bytes_at_the_url_that_do_not_match_the_digest_are_refused(s3, tmp_path):
+    real = b"the real kernel"
+    evil = b"the evil kernel"  # same size, other bytes: what a tampered bucket serves
+    s3.s3.put_object(Bucket=s3.bucket, Key=s3._key(digest_of(real)), Body=evil)
+    link = Link(digest_of(real), len(real), s3.presign(digest_of(real), 60))
+    with pytest.raises(ArtifactRejected, match="digest"):
+        download(link, 10)
+    with pytest.raises(ArtifactRejected):
+        download_all([link], 10, BlobCache(tmp_path, 1 << 20))
+    assert BlobCache(tmp_path, 1 << 20).entries() == []  # nothing bad was cached
+
+
+def test_a_url_serving_more_or_fewer_bytes_than_the_manifest_says_is_refused(s3):
+    data = b"x" * 100
+    s3.put(digest_of(data), data)
+    url = s3.presign(digest_of(data), 60)
+    for size in (99, 101):
+        with pytest.raises(ArtifactRejected, match="bytes"):
+            download(Link(digest_of(data), size, url), 10)
+
+
+def test_a_url_that_is_not_http_is_refused_before_it_is_opened():
+    with pytest.raises(ArtifactRejected, match="http"):
+        download(Link(digest_of(b""), 0, "file:///etc/passwd"), 10)
