@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import sdk  # noqa: E402
-from examples.models import GPTConfig, TINY_GPT, make_cnn, make_gpt, make_mlp  # noqa: E402
+from examples.models import TINY_GPT, GPTConfig, make_cnn, make_gpt, make_mlp  # noqa: E402
 
 MODELS = {
     "gpt": lambda: make_gpt(GPTConfig()),

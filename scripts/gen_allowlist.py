@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
+from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
 

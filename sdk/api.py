@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from sdk import nonblocking, warm_mode
-from torchfarm.fx import fingerprint as sdk_target
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
+from torchfarm.fx import fingerprint as sdk_target
 from torchfarm.settings import from_env
 from torchfarm.targets import TargetError
 

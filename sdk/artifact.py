@@ -23,9 +23,9 @@ from typing import Any
 from sdk import loader
 from sdk.errors import ArtifactRejected
 from sdk.metrics import ARTIFACTS_REJECTED
+from sdk.trust import Trust
 from torchfarm.codes import Rejection
 from torchfarm.fx.fingerprint import Fingerprint
-from sdk.trust import Trust
 from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
 from torchfarm.signing import SignatureError
 

@@ -22,20 +22,20 @@ import torch
 
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
-from torchfarm.codes import Rejection
-from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected
-from torchfarm.fx.guards import CaptureShapes, GuardError
 from sdk.metrics import FALLBACKS
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
 from sdk.scalars import specialize_float_inputs
 from sdk.settings import SDKSettings
-from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
-from torchfarm.targets import Target
+from torchfarm.codes import Rejection
+from torchfarm.fx.encode import UnsupportedGraph, encode_graph
+from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
+from torchfarm.fx.guards import CaptureShapes, GuardError
 from torchfarm.tables import stage_timings
+from torchfarm.targets import Target
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 log = logging.getLogger(__name__)

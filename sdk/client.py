@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
 
+from sdk import wake
 from sdk.blobcache import BlobCache
 from sdk.direct import Link, download_all
 from sdk.errors import (
@@ -38,7 +39,6 @@ from sdk.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
-from sdk import wake
 from sdk.progress import GraphTrack
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback

@@ -35,7 +35,7 @@ def download(link: Link, timeout_s: float) -> bytes:
     if urlsplit(link.url).scheme not in ("http", "https"):
         raise ArtifactRejected(f"blob {link.digest[:19]}: the farm sent a URL that is not http(s)")
     with urllib.request.urlopen(link.url, timeout=timeout_s) as reply:
-        data = reply.read(link.size + 1)
+        data: bytes = reply.read(link.size + 1)
     if len(data) != link.size:
         raise ArtifactRejected(f"blob {link.digest[:19]}: {len(data)} bytes, expected {link.size}")
     if "sha256:" + hashlib.sha256(data).hexdigest() != link.digest:

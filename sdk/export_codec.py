@@ -30,8 +30,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from torchfarm.fx.encode import UnsupportedGraph, dtype_name, encode_graph
 from torchfarm import exportcheck
+from torchfarm.fx.encode import UnsupportedGraph, dtype_name, encode_graph
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits
 from torchfarm.v1 import farm_pb2, graph_pb2

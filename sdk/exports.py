@@ -36,14 +36,14 @@ import torch
 from sdk import artifact, fleet
 from sdk.backend import build_request
 from sdk.client import FarmClient, parse_address
-from torchfarm.fx.encode import UnsupportedGraph
 from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
-from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm.codes import Reason, Rejection
+from torchfarm.fx.encode import UnsupportedGraph
+from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
 from torchfarm.targets import Target, TargetError

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 # for this process and every process it starts.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-")
 
-from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
+from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from typing import cast
 
 from torchfarm.blobs import BlobInfo
 from torchfarm.store import Store
@@ -37,11 +38,11 @@ def _values(store: Store) -> Iterator[bytes]:
             continue
         kind = store.r.type(name)
         if kind == b"string":
-            yield store.r.get(name) or b""
+            yield cast("bytes | None", store.r.get(name)) or b""  # a client that never decodes
         elif kind == b"hash":
-            yield from store.r.hvals(name)
+            yield from cast("list[bytes]", store.r.hvals(name))
         elif kind == b"list":
-            yield from store.r.lrange(name, 0, -1)
+            yield from cast("list[bytes]", store.r.lrange(name, 0, -1))
 
 
 def referenced(store: Store) -> set[str]:

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qs, urlsplit
 
 import redis
@@ -96,9 +96,9 @@ class RedisBlobs:
     def _index(self, digest: str) -> str:
         return f"{self.prefix}:blobparts:{digest}"
 
-    def _parts(self, digest: str) -> dict | None:
+    def _parts(self, digest: str) -> dict[str, int] | None:
         raw = self.r.get(self._index(digest))
-        return json.loads(raw) if raw is not None else None
+        return cast("dict[str, int]", json.loads(raw)) if raw is not None else None
 
     def put(self, digest: str, data: bytes) -> None:
         if len(data) <= self.part_bytes:
@@ -113,7 +113,7 @@ class RedisBlobs:
         self.r.set(self._index(digest), json.dumps({"size": len(data), "part": step}), nx=True)
 
     def get(self, digest: str) -> bytes | None:
-        data = self.r.get(self._key(digest))
+        data = cast("bytes | None", self.r.get(self._key(digest)))  # a client that never decodes
         if data is not None:
             return data
         parts = self._parts(digest)
@@ -125,13 +125,13 @@ class RedisBlobs:
     def get_range(self, digest: str, start: int, end: int) -> bytes:
         parts = self._parts(digest)
         if parts is None:
-            return self.r.getrange(self._key(digest), start, end)
+            return cast(bytes, self.r.getrange(self._key(digest), start, end))
         end = min(end, parts["size"] - 1)
-        step, out = parts["part"], []
+        step, out = parts["part"], list[bytes]()
         while start <= end:
             i, within = divmod(start, step)
             take = min(end - start, step - 1 - within)
-            piece = self.r.getrange(f"{self._key(digest)}:{i}", within, within + take)
+            piece = cast(bytes, self.r.getrange(f"{self._key(digest)}:{i}", within, within + take))
             if not piece:
                 break  # a part was evicted: the caller sees a short read
             out.append(piece)
@@ -181,7 +181,7 @@ class RedisBlobs:
 class S3Blobs:
     """Blobs as objects in an S3-compatible bucket, through boto3."""
 
-    def __init__(self, client, bucket: str, prefix: str = "", part_bytes: int = DEFAULT_PART_BYTES):
+    def __init__(self, client: Any, bucket: str, prefix: str = "", part_bytes: int = DEFAULT_PART_BYTES):
         from boto3.s3.transfer import TransferConfig
 
         self.s3 = client
@@ -216,7 +216,7 @@ class S3Blobs:
         from botocore.exceptions import ClientError
 
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"].read()
+            return cast(bytes, self.s3.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"].read())
         except ClientError as e:
             if self._missing(e):
                 return None
@@ -229,7 +229,7 @@ class S3Blobs:
             reply = self.s3.get_object(
                 Bucket=self.bucket, Key=self._key(digest), Range=f"bytes={start}-{end}"
             )
-            return reply["Body"].read()
+            return cast(bytes, reply["Body"].read())
         except ClientError as e:
             if self._missing(e):
                 return b""
@@ -251,12 +251,12 @@ class S3Blobs:
                 yield BlobInfo("sha256:" + obj["Key"][len(pre) :], int(obj["Size"]), max(age, 0.0))
 
     def presign(self, digest: str, ttl_s: int) -> str | None:
-        return self.s3.generate_presigned_url(
+        return cast(str, self.s3.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self._key(digest)}, ExpiresIn=ttl_s
-        )
+        ))
 
 
-def s3_client(endpoint: str = "", region: str = ""):
+def s3_client(endpoint: str = "", region: str = "") -> Any:
     import boto3
     from botocore.config import Config
 

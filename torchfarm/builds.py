@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from torchfarm.routing import served_targets
 from torchfarm.v1 import farm_pb2
@@ -49,7 +50,7 @@ def of_request(request: farm_pb2.CompileRequest) -> dict[str, str]:
     }
 
 
-def of_worker(worker: Mapping) -> dict[str, str] | None:
+def of_worker(worker: Mapping[str, Any]) -> dict[str, str] | None:
     """The build a worker's heartbeat record registers; None for a worker that registers
     none (one from before builds were routed on)."""
     fingerprint = worker.get("fingerprint")
@@ -69,7 +70,7 @@ def label(build: Mapping[str, str]) -> str:
     return ", ".join(parts) + f" [b{digest(build)}]"
 
 
-def served_builds(workers: Mapping[str, Mapping], target: str, kind: str) -> dict[str, dict[str, str]]:
+def served_builds(workers: Mapping[str, Mapping[str, Any]], target: str, kind: str) -> dict[str, dict[str, str]]:
     """Digest → build, of the live workers that do `kind` jobs for `target`."""
     found: dict[str, dict[str, str]] = {}
     for w in workers.values():

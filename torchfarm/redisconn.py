@@ -14,6 +14,7 @@ form and its `master_name` transport option.
 
 from __future__ import annotations
 
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -49,20 +50,20 @@ def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, str | No
     return hosts, path[0], db, password
 
 
-def connect(url: str, **kwargs) -> redis.Redis:
+def connect(url: str, **kwargs: Any) -> redis.Redis:
     """A client for `url`; `kwargs` (timeouts) as for redis.Redis."""
     if not url.startswith(SCHEME + "://"):
         return redis.Redis.from_url(url, **kwargs)
     hosts, service, db, password = _sentinel_parts(url)
-    sentinel = Sentinel(hosts, socket_timeout=kwargs.get("socket_timeout", 5))
+    sentinel = Sentinel(hosts, socket_timeout=kwargs.get("socket_timeout", 5))  # type: ignore[no-untyped-call]
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), FAILOVER_RETRIES)
-    return sentinel.master_for(
+    return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
         service, db=db, password=password, retry=retry,
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError], **kwargs,
-    )
+    ))
 
 
-def celery_broker(url: str) -> tuple[str, dict]:
+def celery_broker(url: str) -> tuple[str, dict[str, Any]]:
     """(broker URL, broker transport options) for Celery, from a torchfarm Redis URL."""
     if not url.startswith(SCHEME + "://"):
         return url, {}

@@ -44,11 +44,11 @@ import sympy
 import torch
 
 from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.decode import DecodedGraph, decode_graph_into
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import compiler
-from torchfarm.fx.decode import DecodedGraph, decode_graph_into
 
 JOINT = "joint"
 """A training graph: forward and backward graphs."""

@@ -35,8 +35,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torchfarm import exportcheck
-from torchfarm.v1 import farm_pb2, graph_pb2
 from torchfarm.fx.decode import decode_graph
+from torchfarm.v1 import farm_pb2, graph_pb2
 
 log = logging.getLogger(__name__)
 

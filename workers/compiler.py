@@ -268,7 +268,7 @@ def start_kernel_build(source: bytes) -> Callable[[], Kernel]:
     with its binary. Ready builds one at a time (this registers the kernel's loader in
     Inductor's code cache, as Inductor itself does from one thread); the returned
     functions may run in threads at once, as Inductor's own compile pool runs them."""
-    from torchfarm.fx.kernelspec import code_cache, call_args
+    from torchfarm.fx.kernelspec import call_args, code_cache
 
     spec = KernelSpec.from_bytes(source)
     cache_cls = code_cache(spec.cache)

@@ -184,7 +184,7 @@ def _patch_inductor() -> None:
     import importlib
 
     import torch
-    from torch._inductor.runtime import triton_heuristics, triton_helpers
+    from torch._inductor.runtime import triton_helpers, triton_heuristics
 
     triton_helpers.set_driver_to_gpu = lambda: None
     triton_heuristics.CachingAutotuner._make_launchers = lambda self: None  # type: ignore[method-assign]

@@ -101,10 +101,10 @@ def _staged_lowering() -> None:
     deferred. Raises if the lowering did not take the decomposition."""
     from torch._inductor.utils import fresh_cache
 
-    from torchfarm.fx.encode import encode_graph
-    from workers.compiler import lower_graph
-    from workers.aot_seam import Decomposition, decompose_graph, using_decomposition
     from torchfarm.fx.decode import decode_graph
+    from torchfarm.fx.encode import encode_graph
+    from workers.aot_seam import Decomposition, decompose_graph, using_decomposition
+    from workers.compiler import lower_graph
 
     graphs = []
 

@@ -22,26 +22,30 @@ from celery.exceptions import SoftTimeLimitExceeded
 from torchfarm.codes import JobError
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.routing import (
-    ASSEMBLE_TASK, BUILD_KERNELS_TASK, COMPILE_TASK, EXPORT_TASK, KERNEL_TASK, LOWER_TASK,
+    ASSEMBLE_TASK,
+    BUILD_KERNELS_TASK,
+    COMPILE_TASK,
+    EXPORT_TASK,
+    KERNEL_TASK,
+    LOWER_TASK,
 )
 from torchfarm.seal import Seal
 from torchfarm.signing import Signer
-from workers.board import StageBoard
 from torchfarm.store import JobState, Store
 from workers import identity
 from workers import metrics as worker_metrics
 from workers.app import app, plan, settings
-from workers.jobs.export import run_export_job
-from workers.jobs.graph import run_job
-from workers.runtime import WorkerContext, fail_job
-from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
-from workers.jobs.lower import run_lowering
+from workers.board import StageBoard
+from workers.hard_limits import on_task_failure
 from workers.jobs.assemble import run_assembly
 from workers.jobs.build import run_kernel_batch
+from workers.jobs.export import run_export_job
+from workers.jobs.graph import run_job
+from workers.jobs.lower import run_lowering
 from workers.jobs.sending import HANDED_ON
-from workers.hard_limits import on_task_failure
+from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
+from workers.runtime import WorkerContext, fail_job
 from workers.stackroom import in_stack_room
-
 
 # A task killed at the hard time limit runs nothing more; the main process ends its job.
 signals.task_failure.connect(on_task_failure, weak=False)

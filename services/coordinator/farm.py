@@ -32,8 +32,8 @@ from services.coordinator.errors import (
     ArtifactCorrupt,
     BackendUnavailable,
     InvalidRequest,
-    NoWorker,
     NotFound,
+    NoWorker,
     RequestTooLarge,
     TenantQueueFull,
 )
@@ -445,7 +445,7 @@ class Farm:
                 )
         metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
 
-    def _links(self, store, manifest) -> list[ArtifactPiece] | None:
+    def _links(self, store: Store, manifest: Manifest) -> list[ArtifactPiece] | None:
         """A pre-signed link per blob, or None where the store hands out none."""
         ttl = self.settings.direct_url_ttl_s
         links = []
@@ -492,7 +492,7 @@ def known_queues(names: tuple[str, ...]) -> frozenset[str]:
         raise ValueError(f"TORCHFARM_KNOWN_TARGETS: {e}") from e
 
 
-def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict]) -> NoWorker:
+def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict[str, Any]]) -> NoWorker:
     """NO_WORKER when no live worker lowers graphs for the target; BUILD_NOT_SERVED,
     naming the build and those served, when some do but none of the client's build."""
     target = routing.describe(request.target)

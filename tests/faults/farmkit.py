@@ -15,15 +15,15 @@ import torch
 
 from sdk import artifact
 from sdk.backend import FarmBackend, build_request
-from torchfarm.fx.encode import encode_graph
 from sdk.settings import SDKSettings
-from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm import keys
+from torchfarm.fx.encode import encode_graph
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.manifest import Manifest
-from torchfarm.testing.stack import LocalStack
-from workers.board import StageBoard
 from torchfarm.store import JobRecord, JobState, Store
+from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2
+from workers.board import StageBoard
 
 FIGURES: dict[str, dict] = {}
 """Measurements each test records; printed at the end of the session (pytest -s)."""

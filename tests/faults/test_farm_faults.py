@@ -28,8 +28,8 @@ from tests.faults.farmkit import (
 )
 from torchfarm.manifest import Manifest
 from torchfarm.signing import Signer
-from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.store import JobState
+from torchfarm.testing.stack import LocalStack, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -24,8 +24,8 @@ from tests.faults.farmkit import (
     pool_child,
     wait_for,
 )
-from torchfarm.testing.stack import LocalStack
 from torchfarm.store import JobState
+from torchfarm.testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

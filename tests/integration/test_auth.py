@@ -17,8 +17,8 @@ from tests.coordinator_server import Recorder, running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys, tokens
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.testing.stack import free_port
 from torchfarm.store import JobState
+from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc, graph_pb2
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import pytest
 from services.coordinator.errors import (
     BackendUnavailable,
     InvalidRequest,
-    NoWorker,
     NotFound,
+    NoWorker,
     RequestTooLarge,
 )
 from services.coordinator.farm import Dispatcher, Farm

@@ -15,15 +15,15 @@ import torch
 import sdk
 from examples.models import make_cnn, make_mlp
 from sdk import artifact
+from sdk.backend import build_request
 from sdk.client import FarmClient, parse_address
 from sdk.errors import ArtifactRejected, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
-from torchfarm.fx.fingerprint import local_fingerprint
 from sdk.trust import Trust
-from torchfarm.settings import from_env
-from sdk.backend import build_request
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.manifest import EXPORT, Manifest
+from torchfarm.settings import from_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

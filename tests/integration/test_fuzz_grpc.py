@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import Recorder, running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm.testing.stack import free_port, start_redis_server
 from torchfarm.store import Store
+from torchfarm.testing.stack import free_port, start_redis_server
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 pytestmark = pytest.mark.integration

@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from sdk.backend import build_request
+from torchfarm import keys, routing
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm import keys, routing
-from workers.board import StageBoard
 from torchfarm.store import JobState
+from workers.board import StageBoard
 from workers.jobs.graph import run_job
-from workers.runtime import WorkerContext
-from workers.jobs.sending import stage_queue
 from workers.jobs.lower import run_lowering
+from workers.jobs.sending import stage_queue
+from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

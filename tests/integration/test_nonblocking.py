@@ -24,8 +24,8 @@ import sdk
 from examples.models import TINY_GPT, make_gpt, make_mlp
 from sdk.nonblocking import COMPILED, COMPILING, EAGER, swapper_of
 from tests.conftest import run_python
-from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.store import JobState
+from torchfarm.testing.stack import LocalStack, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -108,10 +108,10 @@ def test_modes_and_options_have_their_own_keys():
     """Requests only: each compile setting names another artifact (mode "default" and
     no mode are the same compile, as in torch.compile)."""
     from sdk.backend import FarmBackend, build_request
-    from torchfarm.fx.encode import encode_graph
     from sdk.settings import SDKSettings
-    from torchfarm.fx.fingerprint import local_fingerprint
     from torchfarm import keys
+    from torchfarm.fx.encode import encode_graph
+    from torchfarm.fx.fingerprint import local_fingerprint
 
     graphs = []
     torch._dynamo.reset()

@@ -11,19 +11,19 @@ import threading
 
 import pytest
 
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
-from torchfarm.fx.fingerprint import local_fingerprint
+from tests.requests import relu_request
 from torchfarm import builds, keys, routing
+from torchfarm.fx.fingerprint import local_fingerprint
+from torchfarm.fx.kernelspec import KernelSpec, spec_args
 from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
-from workers.board import StageBoard, kernel_cache_key, waiter_name
 from torchfarm.store import JobState
-from tests.requests import relu_request
-from workers.jobs import assemble, build, lower
+from torchfarm.testing.memory_store import memory_store
+from workers.board import StageBoard, kernel_cache_key, waiter_name
 from workers.compiler import CompileFailed, Kernel, LoweredGraph
+from workers.jobs import assemble, build, lower
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
-from torchfarm.testing.memory_store import memory_store
 
 
 @pytest.fixture

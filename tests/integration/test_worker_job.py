@@ -7,18 +7,18 @@ from __future__ import annotations
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from torchfarm.fx.fingerprint import local_fingerprint
+from tests.requests import relu_request
 from torchfarm import keys
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.store import JobState
-from tests.requests import relu_request
+from torchfarm.testing.memory_store import memory_store
 from workers import runtime
-from workers.jobs import whole
 from workers.compiler import CompileFailed, CompileResult, Kernel
+from workers.jobs import whole
 from workers.jobs.graph import run_job
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
-from torchfarm.testing.memory_store import memory_store
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from torchfarm import keys
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2
 
-
 MLP_COMPILE_SCRIPT = textwrap.dedent(
     """
     import torch, sdk

@@ -18,8 +18,8 @@ from services.coordinator.metrics import FarmCollector, FarmGauges
 from services.coordinator.server import serve
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
-from torchfarm.testing.stack import free_port
 from torchfarm.store import JobState
+from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 

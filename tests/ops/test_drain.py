@@ -18,8 +18,8 @@ import redis
 
 from tests.conftest import ROOT
 from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
-from torchfarm.testing.stack import LocalStack
 from torchfarm.store import JobState
+from torchfarm.testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
-
-import re
 
 import jsonschema
 import kubernetes_validate

@@ -30,8 +30,8 @@ import pytest
 import yaml
 
 from tests.conftest import run_python
-from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
 from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
+from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
 from torchfarm import routing
 from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc

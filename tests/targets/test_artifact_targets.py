@@ -10,9 +10,9 @@ import pytest
 from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.kernel_client import from_reply
-from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
 from sdk.trust import Trust
 from torchfarm import kernelreq, targets
+from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2

@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 import sdk
-from torchfarm.fx.fingerprint import local_target
 from tests.requests import relu_request
 from torchfarm import builds, elf, kernelreq
+from torchfarm.fx.fingerprint import local_target
 from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 

@@ -9,10 +9,10 @@ import pytest
 
 from sdk import fleet
 from sdk.errors import FarmUnavailable
-from torchfarm.fx.fingerprint import fingerprint_for, local_target
 from tests.conftest import run_python
 from tests.requests import relu_request
 from torchfarm import targets
+from torchfarm.fx.fingerprint import fingerprint_for, local_target
 from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, graph_pb2
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchfarm.fx.encode import UnsupportedGraph, qualified_name
 from torchfarm.allowlist import (
     is_allowed_attribute,
     is_allowed_function,
     is_allowed_method,
     load_allowlist,
 )
-from torchfarm.graph_errors import DisallowedOp
 from torchfarm.fx.decode import resolve_function
+from torchfarm.fx.encode import UnsupportedGraph, qualified_name
+from torchfarm.graph_errors import DisallowedOp
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ import pytest
 from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
-from torchfarm.fx.fingerprint import Fingerprint
 from sdk.trust import Trust, is_loopback
 from torchfarm import tokens
+from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.signing import Signer, TrustedKeys
 

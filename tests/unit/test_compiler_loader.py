@@ -31,10 +31,10 @@ import torch
 from examples.models import TINY_GPT, make_gpt, make_mlp
 from sdk.errors import ArtifactRejected
 from sdk.loader import install_kernels
+from tests.second_venv import VenvUnavailable, second_venv
+from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
 from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.kernelspec import KernelSpec, load_fn_outputs, local_outputs, spec_args
-from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
-from tests.second_venv import VenvUnavailable, second_venv
 from workers.compiler import CompileFailed, CompileResult, compile_graph, inductor_config_patch
 
 ROOT = Path(__file__).resolve().parents[2]

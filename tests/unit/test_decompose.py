@@ -19,14 +19,19 @@ import pytest
 import torch
 
 from examples.models import make_cnn, make_mlp
+from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.kernelspec import kernel_name
-from workers.compiler import lower_graph
 from workers.aot_seam import (
-    _SAVED_META, INFERENCE, JOINT, Decomposition, NotDecomposable, decompose_graph,
+    _SAVED_META,
+    INFERENCE,
+    JOINT,
+    Decomposition,
+    NotDecomposable,
+    decompose_graph,
     using_decomposition,
 )
-from torchfarm.fx.decode import decode_graph
+from workers.compiler import lower_graph
 
 RTOL, ATOL = 1e-5, 1e-6
 GRAD_TOL = 1e-4

@@ -70,7 +70,6 @@ def _mlp_graph():
 
 def test_a_stub_call_is_caught_and_nothing_stays_patched(fresh_inductor):
     from torch._inductor import codecache
-
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     pick_vec_isa()  # the once-per-process ISA probe builds; not what this is about

@@ -17,13 +17,13 @@ from examples.models import MLP
 from sdk import artifact
 from sdk.backend import build_request
 from sdk.errors import ArtifactRejected
-from sdk.trust import Trust
-from torchfarm.signing import TrustedKeys
 from sdk.export_codec import encode_export, tensor_bytes
-from torchfarm.fx.fingerprint import local_fingerprint
+from sdk.trust import Trust
 from torchfarm import exportcheck, keys, routing, targets
+from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.graph_errors import MalformedGraph
 from torchfarm.manifest import COMPILE, EXPORT, BlobRef, Manifest, ManifestError, blob_digest
+from torchfarm.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2
 
 Weight = farm_pb2.ExportWeight
@@ -252,8 +252,8 @@ def test_the_sdk_refuses_an_artifact_of_the_other_kind():
 
 
 def test_rebuilt_module_exports_again_with_the_clients_calling_convention():
-    from workers.aoti import ExportedModule, weight_tensor
     from torchfarm.fx.decode import decode_graph
+    from workers.aoti import ExportedModule, weight_tensor
 
     model = WithBuffer().eval()
     x, bias = torch.randn(2, 4), torch.randn(3)

@@ -16,9 +16,9 @@ from torch._dynamo.utils import counters
 from torch._inductor.standalone_compile import AOTCompiledArtifact
 
 from examples.models import TINY_GPT, make_gpt
+from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
 from torchfarm.v1 import graph_pb2
-from torchfarm.fx.decode import decode_graph
 
 
 @pytest.mark.slow

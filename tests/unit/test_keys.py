@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from torchfarm import keys
 from tests.requests import relu_request as _request
+from torchfarm import keys
 from torchfarm.v1 import farm_pb2
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.noops import droppable_nodes
-from torchfarm.fx.decode import decode_graph
 
 
 def _graph(build) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:

@@ -15,10 +15,10 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from torchfarm.fx.encode import UnsupportedGraph, encode_graph  # noqa: E402
 from sdk.scalars import specialize_float_inputs  # noqa: E402
 from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
 from torchfarm.fx.decode import decode_graph  # noqa: E402
+from torchfarm.fx.encode import UnsupportedGraph, encode_graph  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from torchfarm.fx.encode import encode_graph
 from sdk.scalars import specialize_float_inputs, tensorified_floats
 from torchfarm.fx.decode import decode_graph
+from torchfarm.fx.encode import encode_graph
 
 
 def _layer_norm_model() -> torch.nn.Module:

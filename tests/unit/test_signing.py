@@ -8,7 +8,7 @@ import json
 import pytest
 
 from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
-from torchfarm.signing import Signer, SignatureError, TrustedKeys
+from torchfarm.signing import SignatureError, Signer, TrustedKeys
 
 FP = {"isa": "avx512", "torch_version": "2.13.0+cpu"}
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from torchfarm.fx import toolchain
 from tests.conftest import run_python
+from torchfarm.fx import toolchain
 
 
 def test_cpp_builder_reaches_the_compiler_through_cached_functions_and_its_subprocess_global():

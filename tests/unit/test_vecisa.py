@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from torchfarm.fx import vecisa
 from tests.conftest import run_python
+from torchfarm.fx import vecisa
 
 
 def test_the_probe_internals_are_where_the_replay_expects_them():

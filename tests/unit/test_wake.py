@@ -8,9 +8,9 @@ import pytest
 
 from sdk import wake
 from sdk.errors import FarmUnavailable, NoWorker, Unauthenticated
-from torchfarm.codes import Reason
 from sdk.progress import GraphTrack
 from sdk.settings import SDKSettings
+from torchfarm.codes import Reason
 
 
 class Clock:

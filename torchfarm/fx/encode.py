@@ -35,8 +35,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from torchfarm.fx.noops import droppable_nodes
 from torchfarm import allowlist
+from torchfarm.fx.noops import droppable_nodes
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
 from torchfarm.v1 import graph_pb2

@@ -206,7 +206,7 @@ def check(name: str) -> str | None:
     if not where.params:
         return None
     try:
-        params = [p for p in inspect.signature(obj).parameters if p != "cls"]
+        params = [p for p in inspect.signature(obj).parameters if p != "cls"]  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None  # a builtin without a signature: existence is what can be pinned
     want = list(where.params)

@@ -30,7 +30,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 log = logging.getLogger(__name__)
 
 

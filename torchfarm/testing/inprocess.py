@@ -73,7 +73,7 @@ def _event_loop() -> Iterator[asyncio.AbstractEventLoop]:
 def _until(loop: asyncio.AbstractEventLoop, awaitable: Any, timeout: float | None) -> Any:
     try:
         return loop.run_until_complete(asyncio.wait_for(awaitable, timeout))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise InProcessRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
 
@@ -106,7 +106,7 @@ class InProcessStub:
                         return
                     yield _over_the_wire(reply)
             finally:
-                loop.run_until_complete(replies.aclose())
+                loop.run_until_complete(replies.aclose())  # type: ignore[attr-defined]
 
     def Submit(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Any:
         reply = self._unary(self.servicer.Submit, request, timeout)
@@ -149,7 +149,7 @@ class InProcessClient(FarmClient):
         self.settings = settings or SDKSettings(remote="in-process")
         self.metadata = ()
         self._ready = True  # nothing to connect to
-        self.stub = InProcessStub(CompileFarmServicer(farm, farm.settings), after_submit)
+        self.stub = InProcessStub(CompileFarmServicer(farm, farm.settings), after_submit)  # type: ignore[assignment]
 
     def close(self) -> None:
         pass  # no channel

@@ -11,15 +11,20 @@ import time
 from typing import Any
 
 from torchfarm import keys
-from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.codes import JobError, Stage
+from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.seal import TamperedRecord
 from torchfarm.store import JobState
 from workers.board import BUILD, CACHED, Plan, StageBoard
 from workers.jobs.sending import claim, send_assembly, send_builds, stage_record
 from workers.runtime import (
-    JobFailed, WorkerContext, get_verified_blob, in_tenant, live_job, record_failure,
+    JobFailed,
+    WorkerContext,
+    get_verified_blob,
+    in_tenant,
+    live_job,
+    record_failure,
 )
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,13 @@ from workers.compiler import CompileFailed, Kernel, start_kernel_build
 from workers.jobs.sending import build_seal, build_threads, kernel_key, send_assembly, send_build
 from workers.limits import cpu_time_limit
 from workers.runtime import (
-    JobFailed, WorkerContext, as_job_failure, get_verified_blob, in_tenant, live_job, record_failure,
+    JobFailed,
+    WorkerContext,
+    as_job_failure,
+    get_verified_blob,
+    in_tenant,
+    live_job,
+    record_failure,
 )
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,13 @@ from workers.aoti import ExportFailed, build_package
 from workers.compiler import cause_of
 from workers.limits import cpu_time_limit
 from workers.runtime import (
-    Delivery, JobFailed, WorkerContext, check_build, check_options, in_tenant, load_request,
+    Delivery,
+    JobFailed,
+    WorkerContext,
+    check_build,
+    check_options,
+    in_tenant,
+    load_request,
     run_delivery,
 )
 

@@ -31,13 +31,28 @@ from workers.aot_seam import Decomposition, NotDecomposable, using_decomposition
 from workers.board import BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard
 from workers.compiler import CompileFailed, LoweredGraph, NeedsWholeGraph, lower_graph
 from workers.jobs.sending import (
-    claim, in_batches, kernel_batch, planned, send_assembly, send_builds, stage_queue, stage_record,
+    claim,
+    in_batches,
+    kernel_batch,
+    planned,
+    send_assembly,
+    send_builds,
+    stage_queue,
+    stage_record,
 )
 from workers.jobs.whole import compile_whole
 from workers.limits import cpu_time_limit
 from workers.runtime import (
-    JobFailed, Prepared, WorkerContext, added_guards, as_job_failure, in_tenant, live_job, prepare,
-    put_blob, record_failure,
+    JobFailed,
+    Prepared,
+    WorkerContext,
+    added_guards,
+    as_job_failure,
+    in_tenant,
+    live_job,
+    prepare,
+    put_blob,
+    record_failure,
 )
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from torchfarm.manifest import blob_digest
 from torchfarm.store import Store
 from torchfarm.targets import TargetError
 from torchfarm.v1 import farm_pb2
-from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
 from workers.kernel_errors import client_message
+from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
 from workers.triton_compile import KernelCompileError, compile_kernel
 
 log = logging.getLogger(__name__)
