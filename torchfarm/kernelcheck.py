@@ -252,14 +252,7 @@ class _Checker:
             raise KernelRejected(f"{self.fn.name}: return annotations are not allowed")
 
     def _dotted(self, node: ast.expr) -> str:
-        """The import path a Name/Attribute chain names ("tl.constexpr" → "triton.language.constexpr")."""
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name) or node.id not in self.imports:
-            return ""
-        return ".".join([self.imports[node.id], *reversed(parts)])
+        return kernelfold.dotted(node, self.imports)
 
     def _is_constexpr(self, node: ast.expr) -> bool:
         return self._dotted(node) in ("triton.language.constexpr", "triton.language.core.constexpr")

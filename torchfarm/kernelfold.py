@@ -130,13 +130,7 @@ class _Folder:
         return isinstance(node, ast.Call) and self._dotted(node.func) in _STATIC_RANGES
 
     def _dotted(self, node: ast.expr) -> str:
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name) or node.id not in self.imports:
-            return ""
-        return ".".join([self.imports[node.id], *reversed(parts)])
+        return dotted(node, self.imports)
 
     def _range_args(self, call: ast.Call) -> list[_Num | None]:
         return [self.eval(a) for a in [*call.args, *(k.value for k in call.keywords)]]
@@ -298,3 +292,16 @@ class _Folder:
         except (OverflowError, ValueError):
             return _UNKNOWN
         return _UNKNOWN
+
+
+def dotted(node: ast.expr, imports: dict[str, str]) -> str:
+    """The import path a Name/Attribute chain names ("tl.constexpr" →
+    "triton.language.constexpr"), given the source's import aliases; "" for any other
+    expression."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in imports:
+        return ""
+    return ".".join([imports[node.id], *reversed(parts)])
