@@ -329,7 +329,7 @@ class FarmClient:
                     if received > self.settings.max_artifact_bytes:
                         raise ArtifactRejected(
                             f"artifact {key[:12]} exceeds {self.settings.max_artifact_bytes} bytes",
-                            "too_large",
+                            Rejection.TOO_LARGE,
                         )
                     continue
                 blob = chunk.blob

@@ -35,6 +35,7 @@ from tests.second_venv import VenvUnavailable, second_venv
 from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
 from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.kernelspec import KernelSpec, load_fn_outputs, local_outputs, spec_args
+from torchfarm.fx.vecisa import probed_toolchain
 from workers.compiler import CompileFailed, CompileResult, compile_graph, inductor_config_patch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +284,7 @@ def worker(tmp_path_factory):
         out["mlp_warm_process"] = _compile(captured)
         clear_caches()
         out["mlp_warm_disk"] = _compile(captured)
+        out["toolchain"] = probed_toolchain()  # what a manifest carries to the client
         out["worker_keys"] = {
             name: sorted(local_outputs(KernelSpec.from_bytes(k.source))[0] for k in out[name].kernels)
             for name in MODELS
@@ -377,7 +379,7 @@ for name, make in makers.items():
         files = json.load(f)
     kernels = [(open(s, "rb").read(), open(b, "rb").read()) for s, b in files["kernels"]]
     with count_kernel_builds() as builds:
-        installed = install_kernels(kernels)
+        installed = install_kernels(kernels, files["toolchain"])
         compiled = load_compiled(open(files["payload"], "rb").read())
         model, inputs = make()
         ref = copy.deepcopy(model)
@@ -420,6 +422,7 @@ def _write_bundle(directory: Path, worker: dict[str, Any]) -> Path:
             src.write_bytes(k.source)
             binary.write_bytes(k.binary)
             files["kernels"].append([str(src), str(binary)])
+        files["toolchain"] = worker["toolchain"]
         (directory / f"{name}.json").write_text(json.dumps(files))
     return directory
 
