@@ -11,15 +11,12 @@ from prometheus_client import REGISTRY
 from services.coordinator.errors import NotFound
 from services.coordinator.farm import Dispatcher, Farm
 from services.coordinator.settings import CoordinatorSettings
-from tests.requests import relu_request
+from tests.requests import queue_of, relu_request
 from torchfarm import explain, keys
 from torchfarm.cli.explain import render
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 pytestmark = pytest.mark.integration
-
-QUEUES = ["cpu.avx512", "cpu.avx2", "cuda.sm_90", "cuda.sm_80"]
-
 
 class Recorder(Dispatcher):
     def __init__(self) -> None:
@@ -31,12 +28,15 @@ class Recorder(Dispatcher):
 
 @pytest.fixture
 def farm(store):
-    store.heartbeat("w1", QUEUES, "test", ttl_s=30)
     return Farm(CoordinatorSettings(poll_interval_s=0.01), store, Recorder())
 
 
-def submit(farm, request):
-    return asyncio.run(farm.submit(request, request.ByteSize()))
+def submit(farm, request, *tenant):
+    """Submits `request`, with a worker of its own target and build live (the farm routes
+    on both; these tests vary them)."""
+    queue = queue_of(request)
+    farm.store.heartbeat(f"w-{queue}", [queue], "test", ttl_s=30)
+    return asyncio.run(farm.submit(request, request.ByteSize(), *tenant))
 
 
 def _gpu(request, arch: str):
@@ -130,7 +130,7 @@ def test_tenants_do_not_see_each_others_records(farm, store):
 
     submit(farm, relu_request())
     other = Tenant(name="b", namespace="b")
-    result = asyncio.run(farm.submit(relu_request(isa="avx2"), 10, other))
+    result = submit(farm, relu_request(isa="avx2"), other)
     assert result.explanation.reason == "new"
 
 
