@@ -60,7 +60,7 @@ def __getattr__(name: str) -> Any:
 
         return wait_ready
     if name == "warm":
-        from sdk.warm import warm
+        from sdk.warming import warm
 
         return warm
     raise AttributeError(f"module 'sdk' has no attribute {name!r}")

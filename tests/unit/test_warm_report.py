@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdk import report, warm, warm_mode
+from sdk import report, warm_mode, warming
 from sdk.report import COMPILED, HIT, LOCAL, GraphReport, WarmReport
 from torchfarm.tables import fmt_age, parse_age, table
 
@@ -64,9 +64,9 @@ def test_warm_mode_stops_a_script_when_a_model_is_called_past_its_steps():
 def test_warm_refuses_wait_false_and_needs_a_farm(monkeypatch):
     monkeypatch.delenv("TORCHFARM_REMOTE", raising=False)
     with pytest.raises(Exception, match="needs a farm"):
-        warm.warm(torch.nn.Linear(2, 2), torch.ones(1, 2))
+        warming.warm(torch.nn.Linear(2, 2), torch.ones(1, 2))
     with pytest.raises(Exception, match="wait=False"):
-        warm.warm(torch.nn.Linear(2, 2), torch.ones(1, 2), remote="grpc://127.0.0.1:1", wait=False)
+        warming.warm(torch.nn.Linear(2, 2), torch.ones(1, 2), remote="grpc://127.0.0.1:1", wait=False)
 
 
 def test_tables_and_ages():
@@ -78,3 +78,14 @@ def test_tables_and_ages():
         with pytest.raises(ValueError):
             parse_age(bad)
     assert [fmt_age(s) for s in (5, 120, 7200, 172800)] == ["5s", "2m", "2.0h", "2.0d"]
+
+
+def test_sdk_warm_is_the_function_whatever_was_imported():
+    """No module of the package is named like a public function: importing it would
+    shadow the function on the package."""
+    import sdk
+    import sdk.warm_mode  # noqa: F401
+    import sdk.warming  # noqa: F401
+
+    assert callable(sdk.warm) and sdk.warm.__module__ == "sdk.warming"
+    assert callable(sdk.compile) and callable(sdk.export)
