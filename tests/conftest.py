@@ -46,22 +46,13 @@ def store(redis_url):
 
 
 @pytest.fixture(scope="session")
-def worker_caches(tmp_path_factory):
-    """One root for the Inductor caches of the stacks whose tests compile the same
-    models and are not about a cold worker cache (LocalStack.cache_root): worker i of
-    each finds the kernels worker i of an earlier one built. Two workers of one stack
-    still never share a cache."""
-    return tmp_path_factory.mktemp("worker-caches")
-
-
-@pytest.fixture(scope="session")
-def session_stack(tmp_path_factory, worker_caches):
+def session_stack(tmp_path_factory):
     """The embedded local stack with one CPU worker, shared by the integration tests.
     Its worker skips the warm-up, as most test stacks' do: on a loaded machine the
     warm-up kept it from registering within the start timeout. The stack of
     tests/faults/test_worker_faults.py warms up, and a test there checks it did."""
     workdir = tmp_path_factory.mktemp("stack")
-    with LocalStack(workers=1, workdir=workdir, cache_root=worker_caches, warmup=False) as s:
+    with LocalStack(workers=1, workdir=workdir, warmup=False) as s:
         yield s
 
 

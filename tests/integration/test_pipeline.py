@@ -65,11 +65,10 @@ def _job_status(stack: LocalStack, key: str) -> farm_pb2.JobStatus:
 
 class TestTwoWorkers:
     @pytest.fixture(scope="class")
-    def farm(self, tmp_path_factory, worker_caches):
-        with LocalStack(
-            workers=2, workdir=tmp_path_factory.mktemp("pipeline"), warmup=False,
-            cache_root=worker_caches,
-        ) as s:
+    def farm(self, tmp_path_factory):
+        # Caches of their own: a graph another stack compiled would be an AOTAutograd
+        # cache hit, and these tests check the decomposition that a cold compile runs.
+        with LocalStack(workers=2, workdir=tmp_path_factory.mktemp("pipeline"), warmup=False) as s:
             yield s
 
     @pytest.fixture
@@ -189,9 +188,9 @@ def _train(stack: LocalStack, tmp_path, model: str) -> subprocess.Popen:
     )
 
 
-def test_a_one_worker_farm_completes_a_staged_compile(tmp_path, worker_caches):
+def test_a_one_worker_farm_completes_a_staged_compile(tmp_path):
     with LocalStack(
-        workers=1, workdir=tmp_path / "stack", warmup=False, cache_root=worker_caches
+        workers=1, workdir=tmp_path / "stack", warmup=False
     ) as stack:
         client = _train(stack, tmp_path, "mlp:3")
         out, err = client.communicate(timeout=900)
@@ -203,7 +202,7 @@ def test_a_one_worker_farm_completes_a_staged_compile(tmp_path, worker_caches):
         assert {s["worker"] for s in job.stages} == {"cpu0"}
 
 
-def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path, worker_caches):
+def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path):
     env = {
         "TORCHFARM_KERNEL_JOB_DELAY_S": "5",  # test hook: each kernel job sleeps first
         "TORCHFARM_KERNEL_BATCH": "1",
@@ -215,7 +214,7 @@ def test_a_worker_killed_mid_kernel_build_loses_nothing(tmp_path, worker_caches)
         "TORCHFARM_VISIBILITY_TIMEOUT_S": "60",
     }
     with LocalStack(
-        workers=2, workdir=tmp_path / "stack", extra_env=env, warmup=False, cache_root=worker_caches
+        workers=2, workdir=tmp_path / "stack", extra_env=env, warmup=False
     ) as stack:
         store = stack.store()
         client = _train(stack, tmp_path, "mlp:5")
