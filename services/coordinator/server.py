@@ -23,6 +23,7 @@ from services.coordinator.gauges import read_gauges
 from services.coordinator.jobevents import JobEvents
 from services.coordinator.servicer import CompileFarmServicer
 from services.coordinator.settings import CoordinatorSettings
+from torchfarm import redisconn
 from torchfarm.settings import from_env
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
@@ -47,7 +48,10 @@ async def serve(
 ) -> None:
     """Serves until `stop` is set, then drains and returns."""
     store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
-    events = JobEvents(settings.cache_url)  # the Redis that holds the job records
+    # Watch is woken by the pub/sub of the Redis that holds the job records. The asyncio
+    # client takes no Sentinel URL: behind Sentinel, Watch polls (watch_poll_s).
+    sentinel = settings.cache_url.startswith(redisconn.SCHEME + "://")
+    events = None if sentinel else JobEvents(settings.cache_url)
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url), events)
     server = grpc.aio.server(
         options=grpc_options(settings.max_message_bytes),
@@ -80,7 +84,8 @@ async def serve(
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(settings.grace_s)
-    await events.close()
+    if events is not None:
+        await events.close()
     if http is not None:
         http.shutdown()
         http.server_close()

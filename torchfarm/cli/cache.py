@@ -63,7 +63,9 @@ def as_json(message) -> str:
     )
 
 
-def add_cache_parser(sub: argparse._SubParsersAction) -> None:
+def add_cache_parser(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Adds `torchfarm cache`; returns its subcommands, for `gc` (torchfarm/cli/gc.py,
+    added by main.py: it reads Redis itself, which a client's install need not have)."""
     cache = sub.add_parser("cache", help="this tenant's cache entries: stats, ls, evict")
     csub = cache.add_subparsers(dest="cache_command", required=True)
 
@@ -88,10 +90,7 @@ def add_cache_parser(sub: argparse._SubParsersAction) -> None:
     evict.add_argument("keys", nargs="*", metavar="KEY", help="keys, or prefixes of 8+ hex digits")
     evict.add_argument("--all", action="store_true", help="every entry (with the filters, if any)")
     evict.set_defaults(run=_evict)
-
-    from torchfarm.cli.gc import add_gc_parser
-
-    add_gc_parser(csub)
+    return csub
 
 
 def _query(args: argparse.Namespace, limit: int) -> farm_pb2.CacheQuery | None:

@@ -34,6 +34,7 @@ import time
 from torchfarm import tables
 from torchfarm.cli.cache import add_cache_parser, as_json, call
 from torchfarm.cli.explain import add_explain_parser
+from torchfarm.cli.gc import add_gc_parser
 from torchfarm.cli.targets import add_kernel_parser, builds_table, targets_table
 from torchfarm.cli.warm import add_warm_parser
 from torchfarm.v1 import farm_pb2
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     worker.set_defaults(run=_worker)
 
     add_kernel_parser(sub)
-    add_cache_parser(sub)
+    add_gc_parser(add_cache_parser(sub))
     add_warm_parser(sub)
     add_explain_parser(sub)
 
