@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-models test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-models test-failover test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,7 +14,11 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover"
+
+# A compile in flight through a Redis Sentinel failover (tests/integration/test_sentinel.py).
+test-failover: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m failover
 
 # The whole real-model suite (tests/integration/test_real_models.py), about 25 minutes.
 test-models: setup

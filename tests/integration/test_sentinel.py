@@ -59,6 +59,7 @@ class SentinelStack(LocalStack):
         pass
 
 
+@pytest.mark.failover
 def test_a_compile_in_flight_completes_through_a_failover(tmp_path, monkeypatch, client_cache_dir):
     import threading
 
