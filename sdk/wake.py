@@ -1,6 +1,6 @@
 """Submitting while the target's pool is down or starting: wait for it, within a bound.
 
-A coordinator answers NO_WORKER (UNAVAILABLE) when no live worker serves a graph's
+A coordinator answers NO_WORKER (FAILED_PRECONDITION) when no live worker serves a graph's
 target and the target is not one it knows (services/coordinator/farm.py queues jobs for
 known targets even with no worker live, which is what wakes a pool scaled to zero). A
 pool that is starting (pods scheduled, workers warming up, about 15 s) says the same

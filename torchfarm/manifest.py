@@ -87,7 +87,7 @@ class Manifest:
     """Shape guards the compile added, each a JSON tree over the client's symbol names
     (torchfarm/fx/guards.py); the client installs them in Dynamo's guards. Empty for a static graph."""
     stages: tuple[dict[str, Any], ...] = ()
-    """A staged compile's stage records (workers/jobs/ (lower, build, assemble)): each has "stage",
+    """A staged compile's stage records (workers/jobs/): each has "stage",
     "seconds" (running), "queued_seconds", "worker", "kernels", "kernels_hit". Empty for
     a whole-graph compile, whose `timings` say it all."""
     toolchain: dict[str, Any] = field(default_factory=dict)

@@ -64,12 +64,12 @@ LOWER_TASK = "torchfarm.lower"
 decomposition: the graph's key, its namespace and its exact target."""
 
 BUILD_KERNELS_TASK = "torchfarm.build_kernels"
-"""The Celery task name of a staged compile's C++ kernel builds (workers/jobs/ (lower, build, assemble)):
+"""The Celery task name of a staged compile's C++ kernel builds (workers/jobs/build.py):
 the graph's key, its namespace, and a batch of kernel cache keys."""
 
 ASSEMBLE_TASK = "torchfarm.assemble"
 """The Celery task name of a staged compile's last stage: kernels and payload into the
-artifact (workers/jobs/ (lower, build, assemble)); its arguments are the graph's key and namespace."""
+artifact (workers/jobs/assemble.py); its arguments are the graph's key and namespace."""
 
 STAGE_QUEUE_PREFIX = "stages."
 """Queues of a staged compile's lowering, kernel-build and assembly jobs: the graph

@@ -1,4 +1,4 @@
-"""Redis records of the staged compile pipeline (workers/jobs/ (lower, build, assemble)): the fleet-wide
+"""Redis records of the staged compile pipeline (workers/jobs/): the fleet-wide
 kernel cache, each staged job's plan, and the barrier that starts its assembly.
 
 Keys, under the store's prefix:
@@ -210,7 +210,7 @@ class Plan:
     target: str
     guards: list[Any] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
-    """Stage records so far (workers/jobs/ (lower, build, assemble) `stage_record`)."""
+    """Stage records so far (workers/jobs/ `stage_record`)."""
     timings: dict[str, float] = field(default_factory=dict)
     sends: list[list[Any]] = field(default_factory=list)
     """Each kernel-build job the lowering sent: [seconds after the lowering began, its

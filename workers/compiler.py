@@ -11,7 +11,7 @@ cache, or already had them loaded in this process. Recording "files newly built"
 miss every kernel of a warm cache, and recording during the compile would also pick up
 kernels that only autotuning benchmarked.
 
-`lower_graph` is the staged pipeline's half of the same compile (workers/jobs/ (lower, build, assemble)):
+`lower_graph` is the staged pipeline's half of the same compile (workers/jobs/):
 every C++ kernel build is deferred (workers/deferral.py), and the specs come back from
 the same deserialize-and-record step; `build_kernel` later builds one spec on whichever
 worker takes it.

@@ -1,5 +1,5 @@
 """Lowering without building: Inductor runs to its wrapper code and kernel sources, and
-every C++ kernel build is deferred to the kernel-generation jobs (workers/jobs/ (lower, build, assemble)).
+every C++ kernel build is deferred to the kernel-generation jobs (workers/jobs/).
 
 `defer_kernel_builds()` replaces `CppCodeCache.load_async` (a classmethod that
 `CppPythonBindingsCodeCache` and `CppWrapperCodeCache` inherit) for the duration of a

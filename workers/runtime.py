@@ -65,7 +65,7 @@ class WorkerContext:
     failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
     send: Callable[[str, list[Any], str], None] | None = None
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
-    (workers/jobs/ (lower, build, assemble)); None allows only the whole-graph path."""
+    (workers/jobs/); None allows only the whole-graph path."""
 
 
 class Outcome(Protocol):

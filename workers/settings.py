@@ -36,7 +36,7 @@ class WorkerSettings:
     """Wall seconds before a Triton kernel compile fails with KERNEL_TIMEOUT."""
     pipeline: str = "staged"
     """"staged": a graph compile is split into stage jobs (lowering, then C++ kernel builds
-    spread over every worker of the target, then assembly; workers/jobs/ (lower, build, assemble)). "whole":
+    spread over every worker of the target, then assembly; workers/jobs/). "whole":
     one job compiles the whole graph on one worker. Staged falls back to whole by itself
     for a compile that must run kernels while it compiles (max-autotune benchmarks)."""
     kernel_batch: int = 0

@@ -154,7 +154,7 @@ def build_kernels_task(
 
 @app.task(name=ASSEMBLE_TASK)
 def assemble_task(key: str, namespace: str) -> None:
-    """Writes a staged compile's artifact once all its kernels are built (workers/jobs/ (lower, build, assemble))."""
+    """Writes a staged compile's artifact once all its kernels are built (workers/jobs/)."""
     try:
         in_stack_room(run_assembly, key, _context(), namespace)
     finally:

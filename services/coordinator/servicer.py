@@ -58,7 +58,7 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
 
 
 def _stage_timings(job: JobRecord) -> list[farm_pb2.StageTiming]:
-    """A staged compile's stage records (workers/jobs/ (lower, build, assemble)); else the flat timings."""
+    """A staged compile's stage records (workers/jobs/); else the flat timings."""
     if job.stages:
         return [
             farm_pb2.StageTiming(

@@ -1,4 +1,4 @@
-"""The staged compile (workers/jobs/lower.py, workers/jobs/ (lower, build, assemble)) with real parts:
+"""The staged compile (workers/jobs/lower.py, workers/jobs/) with real parts:
 redis-server, the gRPC coordinator, and Celery workers that split each graph into
 decomposition, lowering, kernel-build and assembly jobs.
 

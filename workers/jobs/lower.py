@@ -109,7 +109,7 @@ def lower(
     dec: Decomposition | None = None, front: dict[str, Any] | None = None, queued: float = 0.0,
 ) -> Manifest | None:
     """Lowers the graph, from `dec` when there is one, streaming its kernel builds out,
-    and fans the rest out (workers/jobs/ (lower, build, assemble)); `front` is the decomposition job's
+    and fans the rest out (workers/jobs/); `front` is the decomposition job's
     stage record. A graph only the whole-graph path can compile is compiled whole here:
     its manifest is returned."""
     ctx.store.update_job(key, stage=Stage.LOWERING)
