@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -80,25 +79,25 @@ def test_kernel_rpc_returns_a_binary_for_the_arch(gpu_kernel_stack, target, mach
     assert again.cache_hit and again.binary == k.binary and again.key == k.key
 
 
-def _elapsed_error(call) -> tuple[grpc.RpcError, float]:
-    t0 = time.monotonic()
+def _error(call) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as e:
         call()
-    return e.value, time.monotonic() - t0
+    return e.value
 
 
-def test_unserved_targets_are_failed_precondition_within_a_second(stub):
+def test_unserved_targets_are_failed_precondition_before_the_deadline(stub):
+    # A farm that waited for a worker would answer DEADLINE_EXCEEDED at the 5 s deadline.
     gpu_graph = relu_request()
     gpu_graph.target.device, gpu_graph.target.arch = "cuda", "sm_90"  # kernels only here
-    err, seconds = _elapsed_error(lambda: stub.Submit(gpu_graph, timeout=5))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and seconds < 1.0
+    err = _error(lambda: stub.Submit(gpu_graph, timeout=5))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "compiles graphs for target cuda:sm_90" in err.details()
 
     kernel = kernelreq.build_kernel_request(
         SOURCE, "add_kernel", target="cuda:sm_100", signature=SIGNATURE, constexprs={"BLOCK": 64},
     )
-    err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and seconds < 1.0
+    err = _error(lambda: stub.CompileKernel(kernel, timeout=5))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "Triton kernels for target cuda:sm_100" in err.details()
 
 
@@ -107,7 +106,7 @@ def test_rejected_kernels_never_reach_a_worker(stub):
         SOURCE, "add_kernel", target="cuda:sm_90", signature=SIGNATURE, constexprs={"BLOCK": 64},
     )
     kernel.source = kernel.source.replace("pid = tl.program_id(0)", "pid = getattr(tl, 'core')")
-    err, seconds = _elapsed_error(lambda: stub.CompileKernel(kernel, timeout=5))
+    err = _error(lambda: stub.CompileKernel(kernel, timeout=5))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "'getattr'" in err.details()
 
 
