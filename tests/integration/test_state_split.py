@@ -69,7 +69,7 @@ def _request_for_this_machine(label: str) -> farm_pb2.CompileRequest:
 def _flood(cache_url: str) -> None:
     """Another tenant's large artifacts, written as a worker writes blobs."""
     blobs = Store.from_url(cache_url + "/1").tenant("mallory")
-    for i in range(FLOOD_BLOBS):
+    for _ in range(FLOOD_BLOBS):
         data = os.urandom(FLOOD_BLOB)
         blobs.put_blob("sha256:" + hashlib.sha256(data).hexdigest(), data)
 
