@@ -133,6 +133,11 @@ class LocalStack:
     cache_maxmemory: str = ""
     """With split_state: the cache Redis's maxmemory ("64mb"), evicting allkeys-lru;
     "" sets no limit."""
+    tls_cert_file: str = ""
+    """With tls_key_file: the coordinator serves TLS only (a certificate for 127.0.0.1);
+    clients verify it against tls_ca_file."""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
     tokens: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -186,6 +191,8 @@ class LocalStack:
         """What an SDK process sets to use this farm: its address, the pinned signing
         key, and the tenant's token when the farm requires one."""
         env = {"TORCHFARM_REMOTE": self.address}
+        if self.tls_ca_file:
+            env["TORCHFARM_TLS_CA_FILE"] = self.tls_ca_file
         if self.sign:
             env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
         if self.tenants:
@@ -194,7 +201,7 @@ class LocalStack:
 
     @property
     def address(self) -> str:
-        return f"grpc://127.0.0.1:{self.grpc_port}"
+        return f"{'grpcs' if self.tls_cert_file else 'grpc'}://127.0.0.1:{self.grpc_port}"
 
     @property
     def broker_url(self) -> str:
@@ -231,6 +238,9 @@ class LocalStack:
             env["TORCHFARM_WARMUP"] = "0"
         if self.blob_url:
             env["TORCHFARM_BLOB_URL"] = self.blob_url
+        if self.tls_cert_file:
+            env["TORCHFARM_TLS_CERT_FILE"] = self.tls_cert_file
+            env["TORCHFARM_TLS_KEY_FILE"] = self.tls_key_file
         env.update(self.extra_env)
         return env
 
@@ -326,7 +336,7 @@ class LocalStack:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+        with self._health_channel() as channel:
             # Any: the stub package's HealthStub lacks its generated methods (Check).
             health: Any = health_pb2_grpc.HealthStub(channel)
             while True:
@@ -343,6 +353,13 @@ class LocalStack:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.workdir}")
                 time.sleep(0.2)
+
+    def _health_channel(self) -> grpc.Channel:
+        target = f"127.0.0.1:{self.grpc_port}"
+        if not self.tls_cert_file:
+            return grpc.insecure_channel(target)
+        roots = Path(self.tls_ca_file).read_bytes() if self.tls_ca_file else None
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
 
     def _check_alive(self) -> None:
         for name, p in self.procs.items():
