@@ -53,7 +53,7 @@ bench-steps: setup
 
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup
-	$(PY) bench/load.py $(LOAD_ARGS)
+	$(PY) bench/load.py --compare $(LOAD_ARGS)
 	$(PY) bench/fetch_load.py $(FETCH_LOAD_ARGS)
 
 # The real-model suite's transformers models on a local farm: docs/model-coverage.md.

@@ -8,13 +8,21 @@ same one, then mostly a small hot set, sometimes any), submit, wait if it was no
 hit, fetch, and verify the signature, namespace, fingerprint and every blob digest,
 as the SDK does before loading. The clients never import torch.
 
+With `--compare` (what `make bench-load` runs) it measures two farms side by side in one
+run: everything on (tokens, TLS, signed artifacts that every client verifies) and
+everything off (an open farm in plaintext, unsigned artifacts, only the blob digests
+checked), and prints requests/s and p99 hit latency of each and their ratios. Target:
+with everything on, at most 10 % fewer requests/s and at most 10 % higher p99. (No
+compile sandbox setting exists in this tree; the bench measures hits, which never
+compile, so it would not enter the figures.)
+
 It reports throughput, p50/p99 latency of hits (submit + fetch + verify), how many
 submits joined an in-flight compile, how many compiles the workers actually ran (the
 job records' delivery counts), errors, and the coordinator's resident memory at the
 start and the end. Targets: zero errors and exactly one compile per distinct graph;
 the exit status is 1 when either is missed.
 
-    .venv/bin/python bench/load.py [--clients 8] [--graphs 6] [--seconds 60] [--workers 1]
+    .venv/bin/python bench/load.py [--clients 8] [--graphs 6] [--seconds 60] [--workers 1] [--compare]
 """
 
 from __future__ import annotations
@@ -59,9 +67,10 @@ def build_requests(count: int) -> list[bytes]:
     return out
 
 
-def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict, deadline: float,
-                hot: int, results) -> None:
-    """One client process: loops until the deadline, then puts its records on `results`."""
+def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict, seconds: float,
+                hot: int, results, start) -> None:
+    """One client process: once every client is ready (`start`, a barrier), loops for
+    `seconds`, then puts its records and how long it ran on `results`."""
     from sdk.client import FarmClient
     from sdk.errors import FarmError
     from sdk.settings import SDKSettings
@@ -70,15 +79,20 @@ def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict,
     from torchfarm.v1 import farm_pb2
 
     settings = SDKSettings(
-        remote=env["TORCHFARM_REMOTE"], token=env["TORCHFARM_TOKEN"],
-        trusted_keys_file=env["TORCHFARM_TRUSTED_KEYS_FILE"], connect_timeout_s=10,
+        remote=env["TORCHFARM_REMOTE"], token=env.get("TORCHFARM_TOKEN", ""),
+        trusted_keys_file=env.get("TORCHFARM_TRUSTED_KEYS_FILE", ""),
+        tls_ca_file=env.get("TORCHFARM_TLS_CA_FILE", ""), connect_timeout_s=10,
     )
     client = FarmClient(settings.remote, settings)
-    trust = Trust.from_settings(settings, client.address)
+    # Signing off: no signature to verify; the blob digests are checked regardless.
+    trust = Trust.from_settings(settings, client.address) if settings.trusted_keys_file else None
     rng = random.Random(index)
     parsed = [farm_pb2.CompileRequest.FromString(r) for r in requests]
     records = []
     first = True
+    start.wait()  # process start and imports are not the farm's time
+    began = time.time()
+    deadline = began + seconds
     while time.time() < deadline:
         i = 0 if first else (rng.randrange(hot) if rng.random() < 0.8 else rng.randrange(len(parsed)))
         first = False
@@ -89,14 +103,15 @@ def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict,
                 client.wait(reply.key)
             manifest_bytes, blobs = client.fetch(reply.key)
             manifest = Manifest.from_json(manifest_bytes)
-            trust.keys.verify(manifest, key=reply.key, tenant=trust.namespace, fingerprint=fingerprint)
+            if trust is not None:
+                trust.keys.verify(manifest, key=reply.key, tenant=trust.namespace, fingerprint=fingerprint)
             check_blobs(manifest, blobs)
             outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
             records.append((i, outcome, time.perf_counter() - t0, ""))
         except (FarmError, ValueError) as e:
             records.append((i, "error", time.perf_counter() - t0, f"{type(e).__name__}: {e}"))
     client.close()
-    results.put(records)
+    results.put((records, time.time() - began))
 
 
 def rss_kb(pid: int) -> int:
@@ -113,51 +128,92 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run(args: argparse.Namespace) -> dict:
+def warm_cache(env: dict, requests: list[bytes]) -> None:
+    """Compiles each graph once before the clients start, so they measure hits only."""
+    from sdk.client import FarmClient
+    from sdk.settings import SDKSettings
+    from torchfarm.v1 import farm_pb2
+
+    settings = SDKSettings(remote=env["TORCHFARM_REMOTE"], token=env.get("TORCHFARM_TOKEN", ""),
+                           tls_ca_file=env.get("TORCHFARM_TLS_CA_FILE", ""), connect_timeout_s=30)
+    client = FarmClient(settings.remote, settings)
+    for data in requests:
+        reply = client.submit(farm_pb2.CompileRequest.FromString(data))
+        if not reply.cache_hit:
+            client.wait(reply.key)
+    client.close()
+
+
+def secure_stack(workers: int, workdir: Path) -> dict:
+    """LocalStack arguments with everything on: tokens, TLS, signed artifacts."""
+    from tests.tls import make_pki
+
+    pki = make_pki(workdir)
+    return dict(workers=workers, tenants=("load",), sign=True, tls_cert_file=str(pki["server_cert"]),
+                tls_key_file=str(pki["server_key"]), tls_ca_file=str(pki["ca"]))
+
+
+def run(args: argparse.Namespace, secure: bool = True, requests: list[bytes] | None = None) -> dict:
+    import tempfile
+
     from torchfarm.fx.fingerprint import local_fingerprint
     from torchfarm.testing.stack import LocalStack
 
-    requests = build_requests(args.graphs)
+    requests = requests or build_requests(args.graphs)
     fingerprint = local_fingerprint().to_dict()
-    with LocalStack(workers=args.workers, tenants=("load",)) as stack:
+    pki_dir = tempfile.TemporaryDirectory(prefix="torchfarm-load-pki-")
+    options = (secure_stack(args.workers, Path(pki_dir.name)) if secure
+               else dict(workers=args.workers, sign=False, publish_key=False))
+    tenant = "load" if secure else ""
+    # No warm-up: the workers register at once (it only moves Inductor's setup into the
+    # first compile, which the hit figures never include).
+    with LocalStack(warmup=False, **options) as stack:
         coordinator = stack.procs["coordinator"].pid
         rss_start = rss_kb(coordinator)
-        env = stack.client_env("load")
+        env = stack.client_env(tenant)
+        if args.warm:
+            warm_cache(env, requests)
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
+        start = ctx.Barrier(args.clients)
         t0 = time.time()
-        deadline = t0 + args.seconds
         procs = [
-            ctx.Process(target=client_main, args=(i, env, requests, fingerprint, deadline, args.hot, results))
+            ctx.Process(target=client_main,
+                        args=(i, env, requests, fingerprint, args.seconds, args.hot, results, start))
             for i in range(args.clients)
         ]
         for p in procs:
             p.start()
         records = []
+        throughput = 0.0
         for _ in procs:
-            records.extend(results.get(timeout=args.seconds + 900))
+            mine, ran_s = results.get(timeout=args.seconds + 900)
+            records.extend(mine)
+            throughput += len(mine) / max(ran_s, 1e-9)
         for p in procs:
             p.join(60)
         elapsed = time.time() - t0
         rss_end = rss_kb(coordinator)
-        store = stack.store().tenant("load")
+        store = stack.store().tenant(tenant)
         from torchfarm import keys
         from torchfarm.v1 import farm_pb2
 
         requested = sorted({i for i, *_ in records})
         compiles = {}
         for i in requested:
-            key = keys.compute_key(farm_pb2.CompileRequest.FromString(requests[i]), "load")
+            key = keys.compute_key(farm_pb2.CompileRequest.FromString(requests[i]), tenant)
             job = store.get_job(key)
             compiles[i] = job.attempts if job else 0
+    pki_dir.cleanup()
     hits = [t for _, o, t, _ in records if o == "hit"]
     errors = [r[3] for r in records if r[1] == "error"]
     report = {
+        "security": "tokens, TLS, signing on" if secure else "all off",
         "clients": args.clients,
         "workers": args.workers,
         "seconds": round(elapsed, 1),
         "requests": len(records),
-        "throughput_per_s": round(len(records) / elapsed, 1),
+        "throughput_per_s": round(throughput, 1),
         "hits": len(hits),
         "hit_latency_p50_ms": round(1000 * percentile(hits, 0.50), 2),
         "hit_latency_p99_ms": round(1000 * percentile(hits, 0.99), 2),
@@ -176,6 +232,30 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
+def compare(args: argparse.Namespace) -> dict:
+    """Both farms in one run, on the same graphs: all off first, then all on."""
+    requests = build_requests(args.graphs)
+    off = run(args, secure=False, requests=requests)
+    on = run(args, secure=True, requests=requests)
+    ratio = {
+        "throughput_on_over_off": round(on["throughput_per_s"] / max(off["throughput_per_s"], 1e-9), 3),
+        "hit_p99_on_over_off": round(on["hit_latency_p99_ms"] / max(off["hit_latency_p99_ms"], 1e-9), 3),
+    }
+    ratio["target_met"] = ratio["throughput_on_over_off"] >= 0.9 and ratio["hit_p99_on_over_off"] <= 1.1
+    return {"off": off, "on": on, "ratios": ratio}
+
+
+def _table(result: dict) -> str:
+    rows = [("", "req/s", "hit p50 ms", "hit p99 ms", "errors")]
+    for name in ("off", "on"):
+        r = result[name]
+        rows.append((name, str(r["throughput_per_s"]), str(r["hit_latency_p50_ms"]),
+                     str(r["hit_latency_p99_ms"]), str(r["errors"])))
+    ratios = result["ratios"]
+    rows.append(("on/off", str(ratios["throughput_on_over_off"]), "", str(ratios["hit_p99_on_over_off"]), ""))
+    return "\n".join("".join(c.rjust(12) for c in row) for row in rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=8)
@@ -184,7 +264,23 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the report here")
+    ap.add_argument("--compare", action="store_true", help="everything on and everything off, side by side")
+    ap.add_argument("--warm", action="store_true",
+                    help="compile every graph before the clients start (--compare always does)")
     args = ap.parse_args()
+    if args.compare:
+        args.warm = True
+        result = compare(args)
+        text = json.dumps(result, indent=2)
+        print(text)
+        print(_table(result))
+        if args.json:
+            args.json.write_text(text + "\n")
+        ok = all(result[n]["errors"] == 0 and result[n]["compiles_run"] == result[n]["distinct_graphs"]
+                 for n in ("off", "on"))
+        print("security overhead within 10 %" if result["ratios"]["target_met"] else "SECURITY OVERHEAD TARGET MISSED")
+        print("target met: zero errors, one compile per distinct graph" if ok else "TARGET MISSED", flush=True)
+        sys.exit(0 if ok and result["ratios"]["target_met"] else 1)
     report = run(args)
     text = json.dumps(report, indent=2)
     print(text)

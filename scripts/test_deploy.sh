@@ -58,12 +58,12 @@ say "building images"
 ./scripts/deploy/build.sh coordinator worker-cpu client
 
 # Loopback ports, free now.
-read -r TF_BROKER_PORT TF_CACHE_PORT TF_GRPC_PORT TF_COORD_METRICS_PORT TF_WORKER_METRICS_PORT < <(
+read -r TF_BROKER_PORT TF_CACHE_PORT TF_STATE_PORT TF_GRPC_PORT TF_COORD_METRICS_PORT TF_WORKER_METRICS_PORT < <(
   python3 -c 'import socket
-socks = [socket.socket() for _ in range(5)]
+socks = [socket.socket() for _ in range(6)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])')
-export TF_BROKER_PORT TF_CACHE_PORT TF_GRPC_PORT TF_COORD_METRICS_PORT TF_WORKER_METRICS_PORT
+export TF_BROKER_PORT TF_CACHE_PORT TF_STATE_PORT TF_GRPC_PORT TF_COORD_METRICS_PORT TF_WORKER_METRICS_PORT
 compose() {
   "$PC_VENV/bin/python" -m podman_compose -p "$PROJECT" -f docker-compose.yml -f tests/deploy/compose.test.yml "$@"
 }
@@ -97,10 +97,11 @@ compose up -d --no-build init >"$WORK/up-init.log" 2>&1 || { cat "$WORK/up-init.
 [ "$(timeout 120 podman wait "$(container init)")" = 0 ] || fail "init did not exit 0"
 
 say "compose up: redis"
-compose up -d --no-build --no-deps redis-broker redis-cache >"$WORK/up-redis.log" 2>&1 \
+compose up -d --no-build --no-deps redis-broker redis-cache redis-state >"$WORK/up-redis.log" 2>&1 \
   || { cat "$WORK/up-redis.log" >&2; fail "compose up redis"; }
 wait_until 60 podman exec "$(container redis-broker)" redis-cli -p "$TF_BROKER_PORT" ping || fail "redis-broker"
 wait_until 60 podman exec "$(container redis-cache)" redis-cli -p "$TF_CACHE_PORT" ping || fail "redis-cache"
+wait_until 60 podman exec "$(container redis-state)" redis-cli -p "$TF_STATE_PORT" ping || fail "redis-state"
 
 say "compose up: coordinator, worker"
 compose up -d --no-build --no-deps coordinator worker-cpu >"$WORK/up-farm.log" 2>&1 \

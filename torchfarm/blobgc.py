@@ -1,6 +1,6 @@
 """Collecting blobs that nothing references any more.
 
-A blob is referenced while any record in the cache Redis names its digest: an
+A blob is referenced while any record in the cache or state Redis names its digest: an
 artifact's manifest (any namespace), a kernel record, a staged compile's kernel-cache
 entry, plan or barrier. Rather than know every record's shape, the collector reads the
 values of every key under the prefix except the blobs themselves and keeps each
@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterator
 from typing import cast
 
+import redis
+
 from torchfarm.blobs import BlobInfo
 from torchfarm.store import Store
 
@@ -32,21 +34,28 @@ DEFAULT_GRACE_S = 24 * 3600.0
 
 
 def _values(store: Store) -> Iterator[bytes]:
-    blob_keys = (f"{store.prefix}:blob:".encode(), f"{store.prefix}:blobparts:".encode())
-    for name in store.r.scan_iter(match=f"{store.prefix}:*", count=1000):
+    # Both Redis roles: manifests and kernel records are in the cache, the plans and
+    # barriers of compiles in flight in the state Redis (torchfarm/store.py).
+    for client in (store.c, store.r) if store.split else (store.c,):
+        yield from _values_in(client, store.prefix)
+
+
+def _values_in(client: redis.Redis, prefix: str) -> Iterator[bytes]:
+    blob_keys = (f"{prefix}:blob:".encode(), f"{prefix}:blobparts:".encode())
+    for name in client.scan_iter(match=f"{prefix}:*", count=1000):
         if name.startswith(blob_keys):
             continue
-        kind = store.r.type(name)
+        kind = client.type(name)
         if kind == b"string":
-            yield cast("bytes | None", store.r.get(name)) or b""  # a client that never decodes
+            yield cast("bytes | None", client.get(name)) or b""  # a client that never decodes
         elif kind == b"hash":
-            yield from cast("list[bytes]", store.r.hvals(name))
+            yield from cast("list[bytes]", client.hvals(name))
         elif kind == b"list":
-            yield from cast("list[bytes]", store.r.lrange(name, 0, -1))
+            yield from cast("list[bytes]", client.lrange(name, 0, -1))
 
 
 def referenced(store: Store) -> set[str]:
-    """Every blob digest some record in the cache Redis names."""
+    """Every blob digest some record in the cache or state Redis names."""
     return {m.decode() for value in _values(store) for m in DIGEST.findall(value)}
 
 

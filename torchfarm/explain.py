@@ -197,7 +197,7 @@ class MissIndex:
     def remember(self, request: farm_pb2.CompileRequest, key: str) -> None:
         """Records the request's components and indexes them (one pipelined round trip)."""
         record = record_of(request, key)
-        pipe = self.store.r.pipeline(transaction=False)
+        pipe = self.store.c.pipeline(transaction=False)
         pipe.set(self.store._j("explain", key), record.to_json(), ex=RECORD_TTL_S)
         for identity in identities(request, record):
             index = self._index(identity)
@@ -209,7 +209,7 @@ class MissIndex:
     def explain(self, request: farm_pb2.CompileRequest, key: str) -> Explanation:
         """Why `key` missed: compared with the closest record of its structure or model."""
         mine = record_of(request, key)
-        if self.store.r.exists(self.store._j("explain", key)):
+        if self.store.c.exists(self.store._j("explain", key)):
             result = Explanation("evicted", key, (
                 "this very key was compiled before; its artifact left the cache "
                 "(evicted, expired or refused)"
@@ -219,14 +219,14 @@ class MissIndex:
         seen: list[str] = []
         for identity in identities(request, mine):
             # The store's client never decodes replies: bytes, whatever redis-py's types say.
-            others = cast("list[bytes]", self.store.r.zrevrange(self._index(identity), 0, INDEX_SIZE - 1))
+            others = cast("list[bytes]", self.store.c.zrevrange(self._index(identity), 0, INDEX_SIZE - 1))
             for other in others:
                 other_key = other.decode()
                 if other_key != key and other_key not in seen:
                     seen.append(other_key)
         best: Explanation | None = None
         for other_key in seen:
-            data = self.store.r.get(self.store._j("explain", other_key))
+            data = self.store.c.get(self.store._j("explain", other_key))
             if data is None:
                 continue
             found = compare(mine, Record.from_json(data))
@@ -237,11 +237,11 @@ class MissIndex:
         return result
 
     def _keep(self, key: str, result: Explanation) -> None:
-        self.store.r.set(self.store._j("why", key), json.dumps(asdict(result)), ex=RECORD_TTL_S)
+        self.store.c.set(self.store._j("why", key), json.dumps(asdict(result)), ex=RECORD_TTL_S)
 
     def last(self, key: str) -> Explanation | None:
         """The explanation of `key`'s last miss, if the farm still has it."""
-        data = self.store.r.get(self.store._j("why", key))
+        data = self.store.c.get(self.store._j("why", key))
         if data is None:
             return None
         body = json.loads(data)

@@ -6,10 +6,12 @@ Each reader gets a directory of its own (compose mounts each as its own volume, 
 worker never sees the coordinator's TLS key and Redis never sees a token):
 
 - `coordinator/`: tls.crt, tls.key (a server certificate for `--hosts`), tokens.json,
-  trusted-keys.json (it recompiles artifacts no pinned key signed), broker-url, cache-url;
-- `worker/`: signing-key.pem, broker-url, cache-url;
-- `redis/`: broker.acl, cache.acl (one user per role, each with its own password; the
-  unauthenticated user may only PING, for health checks);
+  trusted-keys.json (it recompiles artifacts no pinned key signed), broker-url, cache-url,
+  state-url;
+- `worker/`: signing-key.pem, broker-url, cache-url, state-url;
+- `redis/`: broker.acl, cache.acl, state.acl (one user per role, each with its own
+  password; the state Redis's passwords are its own, so a cache URL that leaks opens
+  no job in flight; the unauthenticated user may only PING, for health checks);
 - `client/`: ca.crt, trusted-keys.json, token: everything a client on another machine
   needs (docs/operations.md says how to copy it out);
 - `grafana/`: admin-password (Grafana reads it through GF_SECURITY_ADMIN_PASSWORD__FILE);
@@ -52,7 +54,7 @@ CERT_DAYS = 825
 
 
 def provision(out: Path, *, tenant: str, hosts: Sequence[str], broker: str, cache: str,
-              owner: int | None = None) -> dict[str, Path]:
+              state: str = "redis-state:6379", owner: int | None = None) -> dict[str, Path]:
     """Makes what is missing under `out`; returns the client's files by name."""
     dirs = {name: out / name for name in ("ca", "coordinator", "worker", "redis", "client", "grafana")}
     for d in dirs.values():
@@ -60,7 +62,7 @@ def provision(out: Path, *, tenant: str, hosts: Sequence[str], broker: str, cach
     _signing(dirs)
     _token(dirs, tenant)
     _tls(dirs, hosts)
-    _redis(dirs, broker, cache)
+    _redis(dirs, broker, cache, state)
     _password(dirs["grafana"] / "admin-password")
     if owner is not None:
         _chown(out, owner, skip=dirs["redis"])
@@ -164,13 +166,15 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def _redis(dirs: dict[str, Path], broker: str, cache: str) -> None:
-    passwords = {role: _password(dirs["redis"] / f"{role}.password") for role in ROLES}
-    # The unauthenticated default user may PING only: health checks need no password.
-    acl = "user default on nopass -@all +ping\n" + "".join(
-        f"user {role} on >{pw} ~* &* +@all\n" for role, pw in passwords.items()
-    )
-    for instance, address, db in (("broker", broker, 0), ("cache", cache, 0)):
+def _redis(dirs: dict[str, Path], broker: str, cache: str, state: str) -> None:
+    shared = {role: _password(dirs["redis"] / f"{role}.password") for role in ROLES}
+    own = {role: _password(dirs["redis"] / f"state-{role}.password") for role in ROLES}
+    for instance, address, db in (("broker", broker, 0), ("cache", cache, 0), ("state", state, 0)):
+        passwords = own if instance == "state" else shared
+        # The unauthenticated default user may PING only: health checks need no password.
+        acl = "user default on nopass -@all +ping\n" + "".join(
+            f"user {role} on >{pw} ~* &* +@all\n" for role, pw in passwords.items()
+        )
         _write(dirs["redis"] / f"{instance}.acl", acl, 0o644)
         for role in ROLES:
             url = f"redis://{role}:{passwords[role]}@{address}/{db}\n"
@@ -203,13 +207,14 @@ def main(argv: Sequence[str] | None = None, env: dict[str, str] | None = None,
                     help="comma-separated names and IPs clients reach the coordinator by")
     ap.add_argument("--broker", default=env.get("TORCHFARM_PROVISION_BROKER", "redis-broker:6379"))
     ap.add_argument("--cache", default=env.get("TORCHFARM_PROVISION_CACHE", "redis-cache:6379"))
+    ap.add_argument("--state", default=env.get("TORCHFARM_PROVISION_STATE", "redis-state:6379"))
     ap.add_argument("--owner", type=int, default=SERVICE_UID if os.geteuid() == 0 else None,
                     help=f"uid that owns the files (default: {SERVICE_UID} when run as root)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
     client = run(args.out, tenant=args.tenant, hosts=hosts, broker=args.broker, cache=args.cache,
-                 owner=args.owner)
+                 state=args.state, owner=args.owner)
     print(f"torchfarm provision: done; clients need {', '.join(sorted(client))} from {args.out / 'client'}")
     return 0
 

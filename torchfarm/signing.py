@@ -35,7 +35,9 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -141,11 +143,20 @@ class Signer:
         return dataclasses.replace(unsigned, signature=dataclasses.replace(sig, value=value))
 
 
+VERIFIED_MEMO = 4096
+"""Signatures each TrustedKeys remembers as verified (`TrustedKeys.verify`)."""
+
+
 class TrustedKeys:
     """Public keys a verifier accepts, by key id."""
 
     def __init__(self, keys: Mapping[str, Ed25519PublicKey]):
         self.keys = dict(keys)
+        self._verified: OrderedDict[tuple[str, bytes, bytes], None] = OrderedDict()
+        """(key id, statement, signature) triples that verified: the Ed25519 check is a
+        pure function of them, and a hot artifact is checked on every hit (most of the
+        cost of a hit's verification). Bounded, least recently used out first."""
+        self._lock = threading.Lock()  # the coordinator verifies on several threads
 
     def __bool__(self) -> bool:
         return bool(self.keys)
@@ -208,8 +219,23 @@ class TrustedKeys:
         try:
             value = base64.b64decode(sig.value, validate=True)
             message = statement(manifest, sig, key=key, tenant=tenant, fingerprint=fingerprint)
-            public.verify(value, message)
+            self._check(sig.key_id, public, value, message)
         except (InvalidSignature, ValueError) as e:
             raise SignatureError(
                 Rejection.INVALID, "the signature does not verify for this key, tenant, content and build"
             ) from e
+
+    def _check(self, key_id: str, public: Ed25519PublicKey, value: bytes, message: bytes) -> None:
+        """public.verify(value, message), remembered when it passes. The statement names
+        everything signed (content, manifest bytes, key, tenant, build, dates), so a
+        remembered triple never vouches for anything but exactly what verified."""
+        memo = (key_id, message, value)
+        with self._lock:
+            if memo in self._verified:
+                self._verified.move_to_end(memo)
+                return
+        public.verify(value, message)
+        with self._lock:
+            self._verified[memo] = None
+            if len(self._verified) > VERIFIED_MEMO:
+                self._verified.popitem(last=False)

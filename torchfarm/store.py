@@ -30,8 +30,18 @@ namespace of a farm without tokens keeps the plain `tf:artifact:<key>`. Blobs ar
 content-addressed and shared: a blob is reachable only through a manifest, and
 manifests are per namespace.
 
-The cache may live on a Redis with LRU eviction. A manifest whose blobs were evicted
-counts as a miss, so eviction costs a recompile and never a broken artifact.
+Two Redis roles (one server may play both, as the embedded stack's does):
+
+- the cache (`cache_url`), which may evict (`allkeys-lru`): blobs, manifests (`artifact`),
+  use stats (`stat`), Triton kernel records (`kernel`), the C++ kernel cache (`kbin`)
+  and miss explanations (torchfarm/explain.py). A manifest whose blobs were evicted
+  counts as a miss, so eviction costs a recompile and never a broken artifact.
+- the state (`state_url`, `Store.r`), which must never evict (`noeviction`, with
+  persistence): everything in flight: requests, job records and their channels, the
+  recent list, quotas, worker registrations, `queues-seen`, kernel requests, and the
+  staged compile's plans, barriers, decompositions and claims (workers/board.py).
+  `check_state_redis` refuses one that may evict. All of it is deleted or expires when
+  its job ends, so it stays proportional to the load, not to the cache.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ MAX_JOB_MESSAGE_CHARS = 16_000
 
 
 _CREATE_JOB = """
--- KEYS: job record, request, recent list, stat hash, the job's event channel.
+-- KEYS: job record, request, recent list, the job's event channel.
 -- ARGV: now, state, queue, label, job ttl, request bytes, request ttl (0: none),
 --       the job's ref in the recent list, the recent list's last index.
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
@@ -70,14 +80,24 @@ if tonumber(ARGV[7]) > 0 then
 end
 redis.call('LPUSH', KEYS[3], ARGV[8])
 redis.call('LTRIM', KEYS[3], 0, ARGV[9])
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[4], 'label', ARGV[4])
-end
-redis.call('PUBLISH', KEYS[5], 'created')
+redis.call('PUBLISH', KEYS[4], 'created')
 return 1
 """
-"""Creates a job whole or not at all (Store.create_job); the stat label outlives the
-job record, for `torchfarm cache ls`."""
+"""Creates a job whole or not at all (Store.create_job), in the state Redis."""
+
+EVICTING_STATE = "the state Redis may evict"
+"""Starts `check_state_redis`'s refusal, which names the policy (`maxmemory-policy`)."""
+
+
+def state_eviction(client: redis.Redis) -> str | None:
+    """Why `client` may evict keys, or None when it cannot: with a `maxmemory` set,
+    any `maxmemory-policy` but `noeviction` drops keys when memory is full. Read from
+    INFO, which the role ACLs allow (CONFIG need not be)."""
+    info = client.info("memory")
+    policy = str(info.get("maxmemory_policy", "noeviction"))
+    if int(info.get("maxmemory", 0) or 0) == 0 or policy == "noeviction":
+        return None
+    return f"maxmemory {info.get('maxmemory')} bytes with maxmemory-policy {policy}"
 
 
 class JobState:
@@ -142,27 +162,51 @@ class Store:
     """Typed access to the farm's Redis keys. Safe to share between threads."""
 
     def __init__(self, client: redis.Redis, prefix: str = "tf", namespace: str = "",
-                 blobs: BlobStore | None = None):
-        # redis-py types replies as `bytes | str`; this client never decodes them (no
+                 blobs: BlobStore | None = None, cache: redis.Redis | None = None):
+        # redis-py types replies as `bytes | str`; these clients never decode them (no
         # decode_responses), so the methods below cast replies to bytes.
         self.r = client
+        """The state Redis: what is in flight (never evicted)."""
+        self.c = client if cache is None else cache
+        """The cache Redis: artifacts and what else a miss can rebuild (may evict)."""
         self.prefix = prefix
         self.namespace = namespace
         self._create_job = client.register_script(_CREATE_JOB)
-        self.blobs = blobs if blobs is not None else open_blobs("", client, prefix)
+        self.blobs = blobs if blobs is not None else open_blobs("", self.c, prefix)
         """Where blob bytes live (torchfarm/blobs.py); the cache Redis unless configured."""
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "tf", blob_url: str = "") -> Store:
-        client = redisconn.connect(url, socket_timeout=10, socket_connect_timeout=5)
-        return cls(client, prefix, blobs=open_blobs(blob_url, client, prefix))
+    def from_url(cls, url: str, prefix: str = "tf", blob_url: str = "", state_url: str = "") -> Store:
+        """The store on the cache Redis at `url` and the state Redis at `state_url`
+        ("" or the same URL: one Redis plays both)."""
+        cache = redisconn.connect(url, socket_timeout=10, socket_connect_timeout=5)
+        state = cache
+        if state_url and state_url != url:
+            state = redisconn.connect(state_url, socket_timeout=10, socket_connect_timeout=5)
+        return cls(state, prefix, blobs=open_blobs(blob_url, cache, prefix), cache=cache)
+
+    @property
+    def split(self) -> bool:
+        """The state and the cache are two Redis clients (two servers or databases)."""
+        return self.c is not self.r
+
+    def check_state_redis(self) -> None:
+        """Raises RuntimeError if the state Redis may evict: a flood of one tenant's
+        artifacts would then evict every tenant's jobs in flight."""
+        why = state_eviction(self.r)
+        if why is not None:
+            raise RuntimeError(
+                f"{EVICTING_STATE} ({why}): jobs in flight would be lost under memory "
+                "pressure. Point TORCHFARM_STATE_URL at a Redis with maxmemory-policy "
+                "noeviction (and persistence), and keep the evicting cache at TORCHFARM_CACHE_URL."
+            )
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
     def tenant(self, namespace: str) -> Store:
         """The same Redis, seen from one tenant namespace ("" is the farm without tokens)."""
-        return Store(self.r, self.prefix, namespace, self.blobs)
+        return Store(self.r, self.prefix, namespace, self.blobs, self.c)
 
     def ref(self, key: str) -> str:
         """How this namespace names `key` in Redis keys and in `tf:recent`."""
@@ -190,10 +234,10 @@ class Store:
         return all(self.blobs.present(digests))
 
     def put_manifest(self, manifest: Manifest) -> None:
-        self.r.set(self._j("artifact", manifest.key), manifest.to_json())
+        self.c.set(self._j("artifact", manifest.key), manifest.to_json())
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
-        return cast("bytes | None", self.r.get(self._j("artifact", key)))
+        return cast("bytes | None", self.c.get(self._j("artifact", key)))
 
     def get_manifest(self, key: str) -> Manifest | None:
         """The manifest, if it and every blob it names are in the cache."""
@@ -203,17 +247,17 @@ class Store:
         manifest = Manifest.from_json(data)
         if not self.has_blobs(b.digest for b in manifest.blobs()):
             # Evicted under memory pressure: drop the index entry so the key recompiles.
-            self.r.delete(self._j("artifact", key))
+            self.c.delete(self._j("artifact", key))
             return None
         return manifest
 
     def delete_artifact(self, key: str) -> bool:
-        return bool(self.r.delete(self._j("artifact", key)))
+        return bool(self.c.delete(self._j("artifact", key)))
 
     def note_hit(self, key: str) -> None:
         """Counts a cache hit on `key`: one pipelined round trip."""
         sk = self._j("stat", key)
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.c.pipeline(transaction=False)
         pipe.hincrby(sk, "hits", 1)
         pipe.hset(sk, "last_hit", time.time())
         pipe.execute()
@@ -226,11 +270,11 @@ class Store:
         pre = self._j("artifact", "")
         keys = [
             name.decode()[len(pre) :]
-            for name in self.r.scan_iter(match=pre + "*", count=1000)
+            for name in self.c.scan_iter(match=pre + "*", count=1000)
         ]
         if not self.namespace:  # the open namespace: not other tenants' `<ns>:<key>`
             keys = [k for k in keys if ":" not in k]
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.c.pipeline(transaction=False)
         for key in keys:
             pipe.get(self._j("artifact", key))
             pipe.hgetall(self._j("stat", key))
@@ -248,7 +292,7 @@ class Store:
         keys = list(keys)
         if not keys:
             return 0
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.c.pipeline(transaction=False)
         for key in keys:
             pipe.delete(self._j("artifact", key))
             pipe.delete(self._j("stat", key))
@@ -256,7 +300,7 @@ class Store:
 
     def artifact_keys(self) -> list[str]:
         pre = self._k("artifact", "")
-        return sorted(k.decode()[len(pre) :] for k in self.r.scan_iter(match=pre + "*", count=500))
+        return sorted(k.decode()[len(pre) :] for k in self.c.scan_iter(match=pre + "*", count=500))
 
     # Requests and jobs.
 
@@ -280,16 +324,17 @@ class Store:
         later submit would join for ever.
         """
         created = self._create_job(
-            keys=[
-                self._j("job", key), self._j(kind, key), self._k("recent"), self._j("stat", key),
-                self.job_channel(key),
-            ],
+            keys=[self._j("job", key), self._j(kind, key), self._k("recent"), self.job_channel(key)],
             args=[
                 time.time(), JobState.QUEUED, queue, label, ttl_s,
                 b"" if request is None else request, request_ttl_s if request is not None else 0,
                 self.ref(key), RECENT_JOBS - 1,
             ],
         )
+        if created and label:
+            # In the cache, beside the artifact it names (for `torchfarm cache ls`): the
+            # label outlives the job record, and losing it loses no job.
+            self.c.hset(self._j("stat", key), "label", label)
         return bool(created)
 
     def get_job(self, key: str) -> JobRecord | None:
@@ -446,11 +491,11 @@ class Store:
         return cast("bytes | None", self.r.get(self._j("kreq", key)))
 
     def put_kernel(self, key: str, record: dict[str, Any]) -> None:
-        self.r.set(self._j("kernel", key), json.dumps(record, sort_keys=True))
+        self.c.set(self._j("kernel", key), json.dumps(record, sort_keys=True))
 
     def get_kernel(self, key: str) -> dict[str, Any] | None:
         """The kernel's record, if it and the blobs it names are in the cache."""
-        data = self.r.get(self._j("kernel", key))
+        data = self.c.get(self._j("kernel", key))
         if data is None:
             return None
         record: dict[str, Any] = json.loads(data)
@@ -458,10 +503,10 @@ class Store:
             [record["assembly"]["digest"]] if record.get("assembly") else []
         )
         if not self.has_blobs(digests):
-            self.r.delete(self._j("kernel", key))  # evicted: recompile
+            self.c.delete(self._j("kernel", key))  # evicted: recompile
             return None
         return record
 
     def cache_bytes(self) -> int:
         """Bytes used by the Redis that holds the cache (all of it, as Redis reports)."""
-        return int(self.r.info("memory").get("used_memory", 0))
+        return int(self.c.info("memory").get("used_memory", 0))

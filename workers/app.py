@@ -91,7 +91,7 @@ def _warm(sender, instance, **_: object) -> None:
 
 @signals.worker_ready.connect
 def _register(sender, **_: object) -> None:
-    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
+    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url, settings.state_url)
     name = settings.name or sender.hostname
     threading.Thread(
         target=_heartbeat, args=(store, name, _build_label()), name="heartbeat", daemon=True
@@ -115,7 +115,7 @@ def _consume_target_queues(sender, instance, **_: object) -> None:
 @signals.worker_shutdown.connect
 def _unregister(sender, **_: object) -> None:
     _stop_heartbeat.set()
-    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
+    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url, settings.state_url)
     try:
         store.forget_worker(settings.name or sender.hostname)
     except Exception as e:

@@ -74,10 +74,10 @@ CACHED, BUILD, WAIT = 0, 1, 2
 another job in flight builds it."""
 
 _CLAIM = """
-local pending, out = KEYS[1], {}
-for i = 0, (#KEYS - 1) / 3 - 1 do
-  local kbin, claim, waiters = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
-  if redis.call('EXISTS', kbin) == 1 then
+local pending, out, n = KEYS[1], {}, (#KEYS - 1) / 2
+for i = 0, n - 1 do
+  local claim, waiters = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+  if ARGV[4 + n + i] == '1' then
     out[i + 1] = 0
   else
     redis.call('SADD', pending, ARGV[4 + i])
@@ -98,8 +98,13 @@ return out
 it (1) or joined as a waiter of the job that holds the claim (2). A job's own claim
 counts as claimed by it: a redelivered lowering cannot know whether its first delivery
 sent the build before its worker was lost, so it sends it again. KEYS: the pending set,
-then kbin, kclaim, kwait of each kernel. ARGV: the waiter name, the TTL of the pending
-set and the waiters, the claim's TTL, the keys."""
+then kclaim, kwait of each kernel. ARGV: the waiter name, the TTL of the pending set and
+the waiters, the claim's TTL, the keys, then '1' for each kernel the cache holds.
+
+The kernel cache is in the cache Redis and the claims in the state Redis
+(torchfarm/store.py), so whether a kernel is cached is read just before the script: a
+binary stored in between and settled before the script runs is claimed again, which
+costs one more build of it and never a job that waits for ever."""
 
 _SETTLE = """
 local waiters = redis.call('SMEMBERS', KEYS[2])
@@ -255,6 +260,8 @@ class StageBoard:
         self.store = store
         self.seal = seal
         self.r = store.r
+        self.cache = store.c
+        """Where the kernel cache (`kbin`) lives; every other record is in `r`, the state."""
         self._release = self.r.register_script(_RELEASE)
         self._close = self.r.register_script(_CLOSE)
         self._claim = self.r.register_script(_CLAIM)
@@ -274,7 +281,7 @@ class StageBoard:
         the seconds its build took."""
         if not cache_keys:
             return {}
-        records = self.r.mget([self._k("kbin", k) for k in cache_keys])
+        records = self.cache.mget([self._k("kbin", k) for k in cache_keys])
         found = {}
         for key, data in zip(cache_keys, records, strict=False):
             if data is not None:
@@ -299,7 +306,7 @@ class StageBoard:
         record = {"binary": asdict(ref), "worker": worker, "seconds": round(seconds, 3)}
         if self.seal is not None:
             record["mac"] = self.seal.mac("kbin", cache_key, ref.digest, str(ref.size))
-        self.r.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
+        self.cache.set(self._k("kbin", cache_key), json.dumps(record, sort_keys=True))
         return ref
 
     def _sealed_binary(self, cache_key: str, ref: BlobRef, mac: str | None) -> bool:
@@ -314,7 +321,7 @@ class StageBoard:
 
     def forget_binaries(self, cache_keys: list[str]) -> None:
         if cache_keys:
-            self.r.delete(*(self._k("kbin", k) for k in cache_keys))
+            self.cache.delete(*(self._k("kbin", k) for k in cache_keys))
 
     # One build per kernel across the jobs in flight.
 
@@ -328,13 +335,14 @@ class StageBoard:
         later compiles of that kernel; a lapsed claim only risks a second build."""
         if not cache_keys:
             return []
-        kernel_keys = [
-            name for k in cache_keys
-            for name in (self._k("kbin", k), self._k("kclaim", k), self._k("kwait", k))
-        ]
+        kernel_keys = [name for k in cache_keys for name in (self._k("kclaim", k), self._k("kwait", k))]
+        pipe = self.cache.pipeline(transaction=False)
+        for k in cache_keys:
+            pipe.exists(self._k("kbin", k))
+        cached = ["1" if n else "0" for n in pipe.execute()]
         return [int(v) for v in self._claim(
             keys=[self._k("pending", self.store.ref(key)), *kernel_keys],
-            args=[waiter, ttl_s, claim_ttl_s, *cache_keys],
+            args=[waiter, ttl_s, claim_ttl_s, *cache_keys, *cached],
         )]
 
     def settle(self, cache_key: str) -> list[str]:

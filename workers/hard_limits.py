@@ -45,7 +45,7 @@ def _store() -> tuple[Store, int]:
     """The main process's store and failed-job TTL, from its own settings."""
     from workers.app import settings
 
-    return Store.from_url(settings.cache_url, settings.redis_prefix), settings.failed_ttl_s
+    return Store.from_url(settings.cache_url, settings.redis_prefix, state_url=settings.state_url), settings.failed_ttl_s
 
 
 def on_task_failure(sender: object = None, exception: object = None, args: Sequence[object] = (),

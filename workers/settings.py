@@ -14,12 +14,18 @@ class WorkerSettings:
     broker_url: str = "redis://127.0.0.1:6379/0"
     """Celery's broker; the same one the coordinator sends to."""
     cache_url: str = "redis://127.0.0.1:6379/1"
-    """The Redis that holds artifacts, requests and job records."""
+    """The artifact cache's Redis: blobs, manifests, kernel records; it may evict
+    (`allkeys-lru`). Also the state's, when state_url is empty."""
+    state_url: str = ""
+    """The Redis of what is in flight: requests, job records, quotas, claims, worker
+    registrations (torchfarm/store.py). It must not evict (`noeviction`, with AOF
+    persistence); the coordinator refuses one that may. Empty: cache_url's Redis plays
+    both roles, as `torchfarm up`'s does (no maxmemory, so nothing is evicted)."""
     blob_url: str = ""
     """Where artifact blobs live (torchfarm/blobs.py): "" keeps them in the cache Redis;
     `s3://bucket/prefix?endpoint=...` in S3-compatible object storage."""
     redis_prefix: str = "tf"
-    """Prefix of every key the farm writes in the cache Redis."""
+    """Prefix of every key the farm writes in the cache and state Redis."""
     targets: tuple[str, ...] = ("local",)
     """Targets to serve (workers/serving.py): "local" (this machine's accelerator, else
     its CPU), "cpu", "cuda", or exact ones such as "cuda:sm_90,rocm:gfx942". A GPU target

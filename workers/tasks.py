@@ -61,7 +61,7 @@ def _context() -> WorkerContext:
     )
     return WorkerContext(
         settings=settings,
-        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url),
+        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url, settings.state_url),
         fingerprint=_graph_fingerprint(),
         name=settings.worker_name(),
         signer=signer,
@@ -182,7 +182,7 @@ def _kernel_context() -> KernelContext:
     import importlib.metadata
 
     return KernelContext(
-        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url),
+        store=Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url, settings.state_url),
         name=settings.worker_name(),
         targets=frozenset(str(t) for t in plan.kernel),
         triton_version=importlib.metadata.version("triton"),

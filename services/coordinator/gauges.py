@@ -34,7 +34,7 @@ def read_gauges(store: Store, dispatcher: Dispatcher) -> FarmGauges:
     known = set(served) | {q for q, _ in jobs} | dispatcher.queues()
     queues = sorted(q for q in known if _is_farm_queue(q))
     running = Counter(q for q, state in jobs if state == JobState.RUNNING)
-    info = store.r.info()
+    info = store.c.info()
     return FarmGauges(
         queued={q: dispatcher.depth(q) for q in queues},
         in_flight={q: running[q] for q in queues},

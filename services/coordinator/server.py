@@ -47,11 +47,14 @@ async def serve(
     dispatcher: Dispatcher | None = None,
 ) -> None:
     """Serves until `stop` is set, then drains and returns."""
-    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url)
+    store = Store.from_url(settings.cache_url, settings.redis_prefix, settings.blob_url, settings.state_url)
+    # Before serving: a state Redis that may evict loses jobs in flight to a flood.
+    store.check_state_redis()
     # Watch is woken by the pub/sub of the Redis that holds the job records. The asyncio
     # client takes no Sentinel URL: behind Sentinel, Watch polls (watch_poll_s).
-    sentinel = settings.cache_url.startswith(redisconn.SCHEME + "://")
-    events = None if sentinel else JobEvents(settings.cache_url)
+    state_url = settings.state_url or settings.cache_url
+    sentinel = state_url.startswith(redisconn.SCHEME + "://")
+    events = None if sentinel else JobEvents(state_url)
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url), events)
     server = grpc.aio.server(
         options=grpc_options(settings.max_message_bytes),

@@ -62,14 +62,18 @@ def test_the_schema_rejects_a_broken_file(compose):
 
 def test_the_services_the_farm_needs(compose):
     assert set(compose["services"]) == {
-        "init", "redis-broker", "redis-cache", "coordinator", "worker-cpu", "worker-cuda",
+        "init", "redis-broker", "redis-cache", "redis-state", "coordinator", "worker-cpu", "worker-cuda",
         "prometheus", "grafana"}
 
 
-def test_broker_never_evicts_and_cache_evicts_lru_under_a_limit(compose):
+def test_broker_and_state_never_evict_and_cache_evicts_lru_under_a_limit(compose):
     broker = _flags(compose["services"]["redis-broker"]["command"])
     cache = _flags(compose["services"]["redis-cache"]["command"])
+    state = _flags(compose["services"]["redis-state"]["command"])
     assert broker["--maxmemory-policy"] == "noeviction"
+    assert state["--maxmemory-policy"] == "noeviction" and "--maxmemory" not in state
+    assert state["--appendonly"] == "yes"
+    assert _mounted(compose["services"]["redis-state"])["state-data"] == "/data"
     assert cache["--maxmemory-policy"] == "allkeys-lru"
     assert cache["--maxmemory"]
 
@@ -81,13 +85,13 @@ def test_processes_use_separate_redis_for_broker_and_cache(compose, tmp_path):
 
     provision.provision(tmp_path, tenant="t", hosts=["coordinator"],
                         broker="redis-broker:6379",
-                        cache="redis-cache:6379")
+                        cache="redis-cache:6379", state="redis-state:6379")
     for name in ("coordinator", "worker-cpu", "worker-cuda"):
         env = compose["services"][name]["environment"]
-        assert "TORCHFARM_BROKER_URL" not in env and "TORCHFARM_CACHE_URL" not in env
+        assert not {"TORCHFARM_BROKER_URL", "TORCHFARM_CACHE_URL", "TORCHFARM_STATE_URL"} & set(env)
         role = "coordinator" if name == "coordinator" else "worker"
         assert f"{role}-secrets:/run/secrets/torchfarm:ro" in compose["services"][name]["volumes"]
-        for kind, host in (("BROKER", "redis-broker"), ("CACHE", "redis-cache")):
+        for kind, host in (("BROKER", "redis-broker"), ("CACHE", "redis-cache"), ("STATE", "redis-state")):
             path = env[f"TORCHFARM_{kind}_URL_FILE"]
             url = (tmp_path / role / path.rpartition("/")[2]).read_text()
             assert url.startswith(f"redis://{role}:") and f"@{host}:6379/" in url
@@ -117,7 +121,7 @@ def test_init_makes_the_secrets_and_everything_waits_for_it(compose):
 def test_each_secret_volume_is_mounted_read_only_into_its_readers_only(compose):
     readers = {
         "coordinator-secrets": {"coordinator"}, "worker-secrets": {"worker-cpu", "worker-cuda"},
-        "redis-secrets": {"redis-broker", "redis-cache"}, "grafana-secrets": {"grafana"},
+        "redis-secrets": {"redis-broker", "redis-cache", "redis-state"}, "grafana-secrets": {"grafana"},
         "client-secrets": set(), "ca-secrets": set(),
     }
     for volume, want in readers.items():
@@ -137,7 +141,7 @@ def test_the_coordinator_requires_tokens_and_tls_and_workers_sign(compose):
 
 
 def test_redis_has_users_per_role_and_no_secret_sits_in_the_file(compose):
-    for name in ("redis-broker", "redis-cache"):
+    for name in ("redis-broker", "redis-cache", "redis-state"):
         flags = _flags(compose["services"][name]["command"])
         assert flags["--aclfile"].startswith("/run/secrets/torchfarm/")
     text = COMPOSE.read_text()
@@ -234,4 +238,5 @@ def test_the_deploy_tests_override_stays_on_loopback(compose):
         assert svc["network_mode"] == "host", name
     assert _flags(override["services"]["redis-broker"]["command"])["--bind"] == "127.0.0.1"
     assert _flags(override["services"]["redis-cache"]["command"])["--bind"] == "127.0.0.1"
+    assert _flags(override["services"]["redis-state"]["command"])["--bind"] == "127.0.0.1"
     assert override["services"]["coordinator"]["environment"]["TORCHFARM_LISTEN"].startswith("127.0.0.1:")

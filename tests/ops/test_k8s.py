@@ -66,7 +66,7 @@ def _provision(out):
     from torchfarm import provision
 
     provision.provision(out, tenant="team-a", hosts=["coordinator", "coordinator.torchfarm.svc"],
-                        broker="redis-broker:6379", cache="redis-cache:6379")
+                        broker="redis-broker:6379", cache="redis-cache:6379", state="redis-state:6379")
     return out
 
 
@@ -195,7 +195,9 @@ def test_the_coordinator_requires_tokens_and_tls_and_reads_redis_urls_from_secre
     assert json.loads(_secret_file(docs, dep, env["TORCHFARM_TRUSTED_KEYS_FILE"]))
     url = _secret_file(docs, dep, env["TORCHFARM_BROKER_URL_FILE"]).decode()
     assert url.startswith("redis://coordinator:") and "@redis-broker:6379/" in url
-    assert "TORCHFARM_BROKER_URL" not in env and "TORCHFARM_CACHE_URL" not in env
+    assert not {"TORCHFARM_BROKER_URL", "TORCHFARM_CACHE_URL", "TORCHFARM_STATE_URL"} & set(env)
+    state = _secret_file(docs, dep, env["TORCHFARM_STATE_URL_FILE"]).decode()
+    assert state.startswith("redis://coordinator:") and "@redis-state:6379/" in state
 
 
 @pytest.mark.parametrize("queue", WORKER_QUEUES)
@@ -205,6 +207,9 @@ def test_workers_sign_and_read_their_own_roles_urls(docs, queue):
     assert b"PRIVATE KEY" in _secret_file(docs, dep, env["TORCHFARM_SIGNING_KEY_FILE"])
     url = _secret_file(docs, dep, env["TORCHFARM_CACHE_URL_FILE"]).decode()
     assert url.startswith("redis://worker:") and "@redis-cache:6379/" in url
+    state = _secret_file(docs, dep, env["TORCHFARM_STATE_URL_FILE"]).decode()
+    assert state.startswith("redis://worker:") and "@redis-state:6379/" in state
+    assert state.split("@")[0] != url.split("@")[0], "the state Redis has passwords of its own"
     assert not env["TMPDIR"].startswith("/tmp")
 
 
@@ -220,7 +225,7 @@ def test_only_the_coordinator_and_workers_reach_redis(docs):
     labels = lambda d: d["spec"]["template"]["metadata"]["labels"]  # noqa: E731
     def selects(selector, pod_labels):
         return all(pod_labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"])
-    for name in ("redis-broker", "redis-cache"):
+    for name in ("redis-broker", "redis-cache", "redis-state"):
         (redis,) = [d for d in docs if d["kind"] in WORKLOADS and d["metadata"]["name"] == name]
         assert selects(policy["spec"]["podSelector"], labels(redis)), name
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -234,7 +239,8 @@ def test_only_the_coordinator_and_workers_reach_redis(docs):
 
 
 def test_redis_users_come_from_the_secrets_acl(docs):
-    for kind, name, _acl in (("StatefulSet", "redis-broker", "broker.acl"), ("Deployment", "redis-cache", "cache.acl")):
+    for kind, name, _acl in (("StatefulSet", "redis-broker", "broker.acl"), ("Deployment", "redis-cache", "cache.acl"),
+                             ("StatefulSet", "redis-state", "state.acl")):
         workload = _one(docs, kind, name)
         args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
         text = _secret_file(docs, workload, args[args.index("--aclfile") + 1]).decode()
@@ -317,8 +323,9 @@ def test_pods_that_export_metrics_are_annotated_for_scraping(docs):
             "torchfarm-coordinator", "torchfarm-worker"}
 
 
-def test_the_broker_is_a_stateful_set_on_its_own_volume(docs):
-    sts = _one(docs, "StatefulSet", "redis-broker")
+@pytest.mark.parametrize("name", ["redis-broker", "redis-state"])
+def test_the_broker_and_the_state_are_stateful_sets_on_their_own_volumes(docs, name):
+    sts = _one(docs, "StatefulSet", name)
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[claim["metadata"]["name"]] == "/data"
@@ -329,11 +336,14 @@ def test_the_broker_is_a_stateful_set_on_its_own_volume(docs):
     assert args[args.index("--appendonly") + 1] == "yes"
 
 
-def test_broker_never_evicts_and_cache_evicts_lru(docs):
+def test_broker_and_state_never_evict_and_cache_evicts_lru(docs):
     broker = _one(docs, "StatefulSet", "redis-broker")["spec"]["template"]["spec"]["containers"][0]
+    state = _one(docs, "StatefulSet", "redis-state")["spec"]["template"]["spec"]["containers"][0]
     cache = _one(docs, "Deployment", "redis-cache")["spec"]["template"]["spec"]["containers"][0]
     b, c = broker["args"], cache["args"]
     assert b[b.index("--maxmemory-policy") + 1] == "noeviction"
+    s = state["args"]
+    assert s[s.index("--maxmemory-policy") + 1] == "noeviction"
     assert c[c.index("--maxmemory-policy") + 1] == "allkeys-lru"
     assert c[c.index("--maxmemory") + 1]
 

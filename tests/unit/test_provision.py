@@ -29,9 +29,9 @@ def test_each_reader_gets_only_its_own_files(tmp_path):
     assert sorted(client) == ["ca.crt", "token", "trusted-keys.json"]
     names = {d: sorted(p.name for p in (tmp_path / d).iterdir()) for d in
              ("coordinator", "worker", "redis", "ca", "grafana")}
-    assert names["coordinator"] == ["broker-url", "cache-url", "tls.crt", "tls.key", "tokens.json",
-                                    "trusted-keys.json"]
-    assert names["worker"] == ["broker-url", "cache-url", "signing-key.pem"]
+    assert names["coordinator"] == ["broker-url", "cache-url", "state-url", "tls.crt", "tls.key",
+                                    "tokens.json", "trusted-keys.json"]
+    assert names["worker"] == ["broker-url", "cache-url", "signing-key.pem", "state-url"]
     assert names["ca"] == ["ca.key"]
     assert names["grafana"] == ["admin-password"]
     for secret in ("coordinator/tls.key", "coordinator/tokens.json", "coordinator/broker-url",
@@ -88,11 +88,26 @@ def test_each_role_has_its_own_password_in_its_urls(tmp_path):
     assert coord.split(":")[2].split("@")[0] != worker.split(":")[2].split("@")[0]
 
 
+def test_the_state_redis_has_passwords_of_its_own(tmp_path):
+    _run(tmp_path, state="redis-state:6381")
+
+    def password(url_file: str) -> str:
+        return (tmp_path / url_file).read_text().strip().split(":")[2].split("@")[0]
+
+    for role in prov.ROLES:
+        state = (tmp_path / role / "state-url").read_text().strip()
+        assert state.startswith(f"redis://{role}:") and state.endswith("@redis-state:6381/0")
+        assert password(f"{role}/state-url") != password(f"{role}/cache-url")
+        assert f"user {role} on >{password(f'{role}/state-url')} " in (tmp_path / "redis/state.acl").read_text()
+    assert password("coordinator/state-url") != password("worker/state-url")
+
+
 def test_main_reads_its_defaults_from_the_environment(tmp_path):
     seen = {}
     prov.main([str(tmp_path)], env={"TORCHFARM_PROVISION_HOSTS": "a, b", "TORCHFARM_PROVISION_TENANT": "t"},
               run=lambda out, **kw: seen.update(kw, out=out) or {})
     assert (seen["hosts"], seen["tenant"], seen["broker"]) == (["a", "b"], "t", "redis-broker:6379")
+    assert seen["state"] == "redis-state:6379"
 
 
 @pytest.mark.integration

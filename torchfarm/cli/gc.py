@@ -26,6 +26,8 @@ def add_gc_parser(csub: argparse._SubParsersAction) -> None:
     gc.add_argument("--max-bytes", type=int, default=int(os.environ.get("TORCHFARM_BLOB_MAX_BYTES", "0")),
                     help="then the oldest blobs until the rest fit in this many bytes (0: no bound)")
     gc.add_argument("--cache-url", default=os.environ.get("TORCHFARM_CACHE_URL", "redis://127.0.0.1:6379/1"))
+    gc.add_argument("--state-url", default=os.environ.get("TORCHFARM_STATE_URL", ""),
+                    help="the state Redis, whose plans name blobs too (default: the cache's)")
     gc.add_argument("--blob-url", default=os.environ.get("TORCHFARM_BLOB_URL", ""))
     gc.add_argument("--prefix", default=os.environ.get("TORCHFARM_REDIS_PREFIX", "tf"))
     gc.add_argument("--json", action="store_true")
@@ -36,7 +38,7 @@ def _gc(args: argparse.Namespace) -> int:
     from torchfarm.blobgc import collect
     from torchfarm.store import Store
 
-    store = Store.from_url(args.cache_url, args.prefix, args.blob_url)
+    store = Store.from_url(args.cache_url, args.prefix, args.blob_url, args.state_url)
     garbage = collect(store, parse_age(args.grace), dry_run=args.dry_run,
                       max_age_s=parse_age(args.max_age), max_bytes=args.max_bytes)
     total = sum(b.size for b in garbage)

@@ -24,13 +24,13 @@ class MemoryStore(Store):
         return cls(fakeredis.FakeRedis(server=server or fakeredis.FakeServer()), prefix)
 
     def tenant(self, namespace: str) -> MemoryStore:
-        return MemoryStore(self.r, self.prefix, namespace)
+        return MemoryStore(self.r, self.prefix, namespace, self.blobs, self.c)
 
     def cache_bytes(self) -> int:
         total = 0
-        for name in self.r.scan_iter(count=1000):
-            if self.r.type(name) == b"string":
-                total += int(self.r.strlen(name))
+        for name in self.c.scan_iter(count=1000):
+            if self.c.type(name) == b"string":
+                total += int(self.c.strlen(name))
         return total
 
 

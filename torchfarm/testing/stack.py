@@ -1,5 +1,11 @@
 """The embedded local stack: redis-server, the coordinator and N CPU workers on loopback.
 
+By default one redis-server, without a memory limit, is the broker, the cache and the
+state (torchfarm/store.py): it never evicts, so one is enough and starts fast. With
+`split_state`, a second one, `noeviction` with an append-only file, holds the state
+and the broker, and `cache_maxmemory` bounds the cache with `allkeys-lru`, as a
+deployment runs them (docker-compose.yml).
+
 `torchfarm up` runs one until Ctrl-C; integration tests and benchmarks start one per
 session with free ports. Every process runs in its own session (process group) so that
 stopping the stack also stops Celery's pool processes and Inductor's compile workers:
@@ -52,14 +58,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def redis_command(port: int, workdir: Path) -> list[str]:
-    """redis-server on 127.0.0.1:`port`, persisting nothing, with `workdir` as its dir."""
+def redis_command(port: int, workdir: Path, *extra: str) -> list[str]:
+    """redis-server on 127.0.0.1:`port`, persisting nothing, with `workdir` as its dir;
+    `extra` options (`--appendonly yes`, `--maxmemory 64mb`) override those."""
     path = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not os.path.exists(path):
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
     return [
         path, "--port", str(port), "--bind", "127.0.0.1",
-        "--save", "", "--appendonly", "no", "--dir", str(workdir),
+        "--save", "", "--appendonly", "no", "--dir", str(workdir), *extra,
     ]
 
 
@@ -119,12 +126,28 @@ class LocalStack:
     """Workers warm Inductor up before they register (workers/priming.py, about 15 s on
     the 2-core development machine). Tests that do not test it turn it off: the first
     compile then pays the ISA probe and the build hashes instead."""
+    split_state: bool = False
+    """Start a second redis-server for the state and the broker (`noeviction`, AOF):
+    the cache's Redis may then evict (cache_maxmemory)."""
+    state_port: int = 0
+    cache_maxmemory: str = ""
+    """With split_state: the cache Redis's maxmemory ("64mb"), evicting allkeys-lru;
+    "" sets no limit."""
+    tls_cert_file: str = ""
+    """With tls_key_file: the coordinator serves TLS only (a certificate for 127.0.0.1);
+    clients verify it against tls_ca_file."""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, init=False)
     tokens: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.grpc_port = self.grpc_port or free_port()
         self.redis_port = self.redis_port or free_port()
+        if self.split_state:
+            self.state_port = self.state_port or free_port()
+        elif self.cache_maxmemory:
+            raise ValueError("cache_maxmemory needs split_state: the state must not be evicted")
         self._tmp = None
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="torchfarm-stack-")
@@ -168,6 +191,8 @@ class LocalStack:
         """What an SDK process sets to use this farm: its address, the pinned signing
         key, and the tenant's token when the farm requires one."""
         env = {"TORCHFARM_REMOTE": self.address}
+        if self.tls_ca_file:
+            env["TORCHFARM_TLS_CA_FILE"] = self.tls_ca_file
         if self.sign:
             env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
         if self.tenants:
@@ -176,18 +201,23 @@ class LocalStack:
 
     @property
     def address(self) -> str:
-        return f"grpc://127.0.0.1:{self.grpc_port}"
+        return f"{'grpcs' if self.tls_cert_file else 'grpc'}://127.0.0.1:{self.grpc_port}"
 
     @property
     def broker_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return f"redis://127.0.0.1:{self.state_port or self.redis_port}/0"
 
     @property
     def cache_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/1"
 
+    @property
+    def state_url(self) -> str:
+        """The state Redis's URL; the cache's when the stack runs one Redis."""
+        return f"redis://127.0.0.1:{self.state_port}/1" if self.state_port else self.cache_url
+
     def store(self) -> Store:
-        return Store.from_url(self.cache_url, blob_url=self.blob_url)
+        return Store.from_url(self.cache_url, blob_url=self.blob_url, state_url=self.state_url)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -195,6 +225,7 @@ class LocalStack:
             TORCHFARM_LISTEN=f"127.0.0.1:{self.grpc_port}",
             TORCHFARM_BROKER_URL=self.broker_url,
             TORCHFARM_CACHE_URL=self.cache_url,
+            TORCHFARM_STATE_URL=self.state_url,
             TORCHFARM_METRICS_PORT=str(self.metrics_port),
             PYTHONUNBUFFERED="1",
         )
@@ -207,6 +238,9 @@ class LocalStack:
             env["TORCHFARM_WARMUP"] = "0"
         if self.blob_url:
             env["TORCHFARM_BLOB_URL"] = self.blob_url
+        if self.tls_cert_file:
+            env["TORCHFARM_TLS_CERT_FILE"] = self.tls_cert_file
+            env["TORCHFARM_TLS_KEY_FILE"] = self.tls_key_file
         env.update(self.extra_env)
         return env
 
@@ -250,11 +284,21 @@ class LocalStack:
         return self
 
     def start_redis(self) -> None:
-        self._spawn("redis", redis_command(self.redis_port, self.root))
-        try:
-            wait_for_redis(self.cache_url)
-        except redis.RedisError as e:
-            raise RuntimeError(f"redis-server did not start; see {self.workdir}/redis.log") from e
+        cache: tuple[str, ...] = ()
+        if self.cache_maxmemory:
+            cache = ("--maxmemory", self.cache_maxmemory, "--maxmemory-policy", "allkeys-lru")
+        self._spawn("redis", redis_command(self.redis_port, self.root, *cache))
+        if self.state_port:
+            state = self.root / "state-redis"
+            state.mkdir(exist_ok=True)
+            self._spawn("state-redis", redis_command(
+                self.state_port, state, "--appendonly", "yes", "--maxmemory-policy", "noeviction",
+            ))
+        for name, url in (("redis", self.cache_url), ("state-redis", self.state_url)):
+            try:
+                wait_for_redis(url)
+            except redis.RedisError as e:
+                raise RuntimeError(f"redis-server did not start; see {self.workdir}/{name}.log") from e
 
     def start_coordinator(self) -> None:
         self._spawn("coordinator", [self.python, "-m", "services.coordinator.server"])
@@ -292,7 +336,7 @@ class LocalStack:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+        with self._health_channel() as channel:
             # Any: the stub package's HealthStub lacks its generated methods (Check).
             health: Any = health_pb2_grpc.HealthStub(channel)
             while True:
@@ -309,6 +353,13 @@ class LocalStack:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.workdir}")
                 time.sleep(0.2)
+
+    def _health_channel(self) -> grpc.Channel:
+        target = f"127.0.0.1:{self.grpc_port}"
+        if not self.tls_cert_file:
+            return grpc.insecure_channel(target)
+        roots = Path(self.tls_ca_file).read_bytes() if self.tls_ca_file else None
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
 
     def _check_alive(self) -> None:
         for name, p in self.procs.items():
@@ -345,6 +396,7 @@ class LocalStack:
             self.stop_process(name)
         self.stop_process("coordinator")
         self.stop_process("redis")
+        self.stop_process("state-redis")
         self._withdraw_key()
         if self._tmp is not None:
             self._tmp.cleanup()
