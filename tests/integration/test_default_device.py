@@ -1,7 +1,13 @@
-"""`torch.set_default_device` and device contexts in the user's code change neither the
-farm's key nor the result: Dynamo bakes the default device into the graph's factory
-calls, so the same model gives the same graph (one compile, then hits) and the farm's
-outputs and gradients match eager PyTorch under each."""
+"""`torch.set_default_device` and device contexts in the user's code, on the farm.
+
+Measured on torch 2.13: under a default device (a `DeviceContext` torch-function mode)
+Dynamo records `x + y` as the method `add` instead of `_operator.add` (and so on for
+the other operators), so its graph, and the key, differ from the same model's without a
+default device; a local `torch.compile` sees the same other graph. What must hold, and
+is checked here: the farm's outputs and gradients match eager PyTorch in each case, and
+`torch.set_default_device("cpu")` and a `with torch.device("cpu")` block give the same
+graph and key (the second is a hit).
+"""
 
 from __future__ import annotations
 
@@ -72,5 +78,7 @@ def test_default_device_gives_the_same_key_and_results(stack, client_cache_dir):
         (graph,) = graphs
         keys.append(graph.key)
         outcomes.append(graph.outcome)
-    assert len(set(keys)) == 1, keys
-    assert outcomes == [COMPILED, HIT, HIT], outcomes
+    plain, set_default, context = keys
+    assert set_default == context, keys
+    assert outcomes[1:] == [COMPILED, HIT], outcomes
+    assert outcomes[0] == (HIT if plain == set_default else COMPILED), outcomes
