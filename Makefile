@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-models test-failover test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-models test-distributed bench-ranks test-failover test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,11 +14,19 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover and not distributed"
 
 # A compile in flight through a Redis Sentinel failover (tests/integration/test_sentinel.py).
 test-failover: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m failover
+
+# Distributed training through the farm: gloo ranks under torchrun (tests/integration/test_distributed.py).
+test-distributed: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_distributed.py
+
+# 4 gloo ranks, cold farm against every rank compiling locally (bench/ranks.py).
+bench-ranks: setup
+	$(PY) bench/ranks.py $(RANKS_ARGS)
 
 # The whole real-model suite (tests/integration/test_real_models.py), about 25 minutes.
 test-models: setup

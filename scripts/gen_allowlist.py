@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
+from torchfarm import collectives  # noqa: E402
 from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 
@@ -286,6 +287,9 @@ def functions() -> list[str]:
         if not n.startswith("_") and callable(getattr(math, n)) and n not in MATH_DENIED
     )
     names.update(HELPERS)
+    # Functional collectives name their group by a string; torchfarm/collectives.py
+    # checks it against the graph's declared groups.
+    names.update(collectives.allowed_targets())
     return sorted(names)
 
 

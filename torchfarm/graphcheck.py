@@ -11,6 +11,8 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
   declared constant;
 - placeholder metadata: tensor meta or symint (not both), known dtype/device, bounded
   rank, non-negative sizes;
+- functional collectives naming declared, well-formed process groups
+  (`torchfarm.collectives`);
 - constants whose data length matches shape and dtype, within a total byte budget;
 - symbolic size expressions parsed by a small hand-written parser against the declared
   symbols (never evaluated as code);
@@ -30,7 +32,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from torchfarm import allowlist, graphbounds
+from torchfarm import allowlist, collectives, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
@@ -302,6 +304,8 @@ class _Checker:
         self.hints: dict[str, int] = {}
         self.elements = 0
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
+        self.groups: dict[str, graph_pb2.ProcessGroup] = {}
+        self.used_groups: set[str] = set()
 
     def name(self, what: str, name: str) -> None:
         if len(name) > self.limits.max_name_chars:
@@ -321,6 +325,7 @@ class _Checker:
             raise GraphTooLarge(f"{len(g.constants)} constants, more than {lim.max_nodes}")
         for sym in g.symbols:
             self.symbol(sym)
+        self.groups = collectives.check_groups(g)
         total = 0
         for const in g.constants:
             total += self.constant(const)
@@ -346,6 +351,8 @@ class _Checker:
                 raise MalformedGraph(f"OUTPUT node {node.name!r} is not last")
             self.node(node)
             self.defined.add(node.name)
+        if unused := sorted(set(self.groups) - self.used_groups):
+            raise MalformedGraph(f"process groups {unused} are declared but no collective uses them")
 
     def symbol(self, sym: graph_pb2.Symbol) -> None:
         self.name("symbol", sym.name)
@@ -434,6 +441,8 @@ class _Checker:
                 raise DisallowedOp(node.target)
             if node.target == GETATTR:
                 _check_getattr(node, where)
+            if (group := collectives.check_collective(node, self.groups, where)) is not None:
+                self.used_groups.add(group)
             if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
                 a.WhichOneof("kind") == "node" for a in node.args
             ):

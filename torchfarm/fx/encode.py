@@ -36,6 +36,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from torchfarm import allowlist
+from torchfarm.fx.collectives import UnresolvedGroup, describe_groups
 from torchfarm.fx.noops import droppable_nodes
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
@@ -420,6 +421,10 @@ def encode_graph(
         if node not in dropped:
             encoder.node(node, example)
     graph = encoder.graph
+    try:
+        graph.groups.extend(describe_groups(gm))
+    except UnresolvedGroup as e:
+        raise UnsupportedGraph(str(e)) from e
     try:
         validate_graph(graph, limits)
     except GraphError as e:

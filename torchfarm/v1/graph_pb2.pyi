@@ -15,16 +15,28 @@ GRAPH_FORMAT_UNSPECIFIED: GraphFormat
 GRAPH_FORMAT_V1: GraphFormat
 
 class Graph(_message.Message):
-    __slots__ = ("format", "nodes", "constants", "symbols")
+    __slots__ = ("format", "nodes", "constants", "symbols", "groups")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CONSTANTS_FIELD_NUMBER: _ClassVar[int]
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     format: GraphFormat
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     constants: _containers.RepeatedCompositeFieldContainer[Constant]
     symbols: _containers.RepeatedCompositeFieldContainer[Symbol]
-    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[ProcessGroup]
+    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ...) -> None: ...
+
+class ProcessGroup(_message.Message):
+    __slots__ = ("name", "size", "ranks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Node(_message.Message):
     __slots__ = ("name", "op", "target", "args", "kwargs", "tensor", "symint")

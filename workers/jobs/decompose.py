@@ -15,6 +15,7 @@ from torchfarm.manifest import Manifest
 from workers.aot_seam import NotDecomposable, decompose_graph
 from workers.board import StageBoard
 from workers.compiler import CompileFailed
+from workers.fakepg import fake_groups
 from workers.jobs.lower import lower
 from workers.jobs.sending import send_stage, stage_queue, stage_record
 from workers.limits import cpu_time_limit
@@ -32,7 +33,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     ctx.store.update_job(key, stage=Stage.DECOMPOSING)
     t0 = time.perf_counter()
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
             dec = decompose_graph(
                 job.decoded, dynamic=options.dynamic, mode=options.mode,
                 inductor_options=job.inductor_options,

@@ -30,6 +30,7 @@ from torchfarm.store import JobState
 from workers.aot_seam import Decomposition, NotDecomposable, using_decomposition
 from workers.board import BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard
 from workers.compiler import CompileFailed, LoweredGraph, NeedsWholeGraph, lower_graph
+from workers.fakepg import fake_groups
 from workers.jobs.sending import (
     claim,
     in_batches,
@@ -145,7 +146,7 @@ def _lower(
     used: list[str] = []
     seam = using_decomposition(dec, decoded, used) if dec is not None else None
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
             lowered = lower_graph(
                 decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
                 dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,

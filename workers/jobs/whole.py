@@ -11,6 +11,7 @@ from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
 from workers.compiler import CompileFailed, CompileResult, compile_graph
+from workers.fakepg import fake_groups
 from workers.limits import cpu_time_limit
 from workers.runtime import JobFailed, Prepared, WorkerContext, added_guards, as_job_failure, put_blob
 
@@ -21,7 +22,7 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     ctx.store.update_job(key, stage=Stage.COMPILE)
     mark = shape_guards.snapshot(decoded.shape_env)
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
             result = compile_graph(
                 decoded.gm,
                 decoded.example_inputs,

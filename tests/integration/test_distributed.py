@@ -1,0 +1,105 @@
+"""Distributed training through the farm: gloo ranks on CPU, launched with torchrun.
+
+Each case trains a few steps with `fallback="error"` and checks, against the same
+distributed run without `torch.compile` (in the same ranks, after it), every rank's
+losses and first-step gradients;
+and that the farm compiled each distinct graph once, every other rank joining that
+compile or hitting its artifact. The model's width varies with this process's id, so
+the shared stack has not seen the keys before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdk.report import COMPILED, HIT, JOINED
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("distributed_train.py")
+WIDTH = 32 + os.getpid() % 16 * 2
+
+
+def torchrun(model: str, mode: str, ranks: int, out: Path, env: dict[str, str], steps: int = 3,
+             width: int = WIDTH) -> list[dict]:
+    """Runs the ranks; returns each rank's report, in rank order."""
+    out.mkdir(parents=True)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+        str(SCRIPT), model, mode, str(steps), str(out), str(width),
+    ]
+    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def assert_same_training(ranks: list[dict]) -> None:
+    """The farm's losses and first-step gradients against the eager run in the same ranks."""
+    import torch
+
+    for r in ranks:
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(r["eager_losses"]),
+                                   atol=1e-5, rtol=1e-5)
+        assert r["grads"].keys() == r["eager_grads"].keys()
+        for name, grad in r["eager_grads"].items():
+            torch.testing.assert_close(torch.tensor(r["grads"][name]), torch.tensor(grad),
+                                       atol=1e-5, rtol=1e-4, msg=f"rank {r['rank']} grad {name}")
+
+
+def assert_one_compile_per_graph(farm: list[dict]) -> None:
+    """Each distinct key compiled once; every other rank's graph of that key a join or a hit."""
+    by_key: dict[str, list[str]] = {}
+    for rank in farm:
+        assert rank["outcomes"], "the rank sent no graph to the farm"
+        for key, outcome in zip(rank["keys"], rank["outcomes"], strict=True):
+            by_key.setdefault(key, []).append(outcome)
+    for key, outcomes in by_key.items():
+        assert sorted(outcomes).count(COMPILED) == 1, (key, outcomes)
+        assert all(o in (COMPILED, JOINED, HIT) for o in outcomes), (key, outcomes)
+
+
+@pytest.fixture
+def rank_env(stack, tmp_path):
+    return {
+        **stack.client_env(),
+        "TORCHFARM_TRUSTED_KEYS_FILE": str(stack.trusted_keys_file),
+        "TORCHFARM_TEST_INDUCTOR_BASE": str(tmp_path / "inductor"),
+        "TORCHFARM_BLOB_CACHE_DIR": str(tmp_path / "blobs"),
+    }
+
+
+def test_tensor_parallel_mlp_two_ranks_one_compile(rank_env, tmp_path):
+    farm = torchrun("tp_mlp", "farm", 2, tmp_path / "farm", rank_env)
+    assert_same_training(farm)
+    assert_one_compile_per_graph(farm)
+    assert len({k for r in farm for k in r["keys"]}) == 1, "the ranks' graphs had different keys"
+
+
+@pytest.mark.distributed
+def test_fsdp2_small_transformer_two_ranks(rank_env, tmp_path):
+    """FSDP2 compiled block by block: its all-gathers and reduce-scatters run between the
+    graphs; both blocks and both ranks share one key, so one compile and three others."""
+    farm = torchrun("fsdp2", "farm", 2, tmp_path / "farm", rank_env)
+    assert_same_training(farm)
+    assert_one_compile_per_graph(farm)
+    assert [len(r["keys"]) for r in farm] == [2, 2]
+
+
+@pytest.mark.distributed
+def test_two_stage_pipeline_each_stage_compiles_once(rank_env, tmp_path):
+    """GPipe over two ranks: the stages' graphs differ, so two compiles, no sharing;
+    the sends and receives between stages run outside the graphs."""
+    farm = torchrun("pipeline", "farm", 2, tmp_path / "farm", rank_env)
+    assert_same_training(farm)
+    assert_one_compile_per_graph(farm)
+    assert [r["outcomes"] for r in farm] == [["compiled"], ["compiled"]]
+    assert farm[0]["keys"] != farm[1]["keys"]
+    assert farm[0]["losses"] == [] and len(farm[1]["losses"]) == 3
