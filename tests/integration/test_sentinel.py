@@ -106,7 +106,9 @@ def test_a_compile_in_flight_completes_through_a_failover(tmp_path, monkeypatch,
                 time.sleep(0.05)
             group.kill_primary()
             group.wait_primary(group.ports["replica"])
-            thread.join(600)
+            # No timed assertion: the bound is only there to report a hang as a failure.
+            thread.join(480)
+            assert not thread.is_alive(), f"the compile hung; jobs: {list(store.job_states())}"
             assert "error" not in result, result.get("error")
             torch.testing.assert_close(result["out"], model(*inputs), atol=1e-5, rtol=1e-5)
     finally:
