@@ -72,9 +72,9 @@ def _locks_held_while(cache: BlobCache, monkeypatch) -> list[bool]:
         if not op & fcntl.LOCK_NB:
             held[0] = op != fcntl.LOCK_UN
 
-    def read(path, digest):
+    def read(path, digest, **kwargs):
         seen.append(held[0])
-        return real_read(path, digest)
+        return real_read(path, digest, **kwargs)
 
     monkeypatch.setattr(blobcache.fcntl, "flock", flock)
     monkeypatch.setattr(cache, "_read", read)
@@ -104,8 +104,12 @@ def test_a_rank_that_waited_on_a_download_reads_the_file_after_the_lock(tmp_path
         real_flock(fd, op)
 
     monkeypatch.setattr(blobcache.fcntl, "flock", flock)
+    hashed = []
+    monkeypatch.setattr(blobcache, "digest_of", lambda b: hashed.append(b) or digest_of(b))
     assert cache.get(digest_of(data), lambda: pytest.fail("written by the other rank")) == data
     assert seen == [False, False]
+    # The writer checked it a moment ago; sdk/artifact.py checks it again before loading.
+    assert hashed == []
 
 
 def _rank(root: str, data: bytes, counter: str) -> None:
