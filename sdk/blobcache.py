@@ -1,12 +1,15 @@
 """A read-through blob cache shared by the processes of one machine.
 
 The ranks of a `torchrun` job start together and want the same artifact: with this
-cache, the first to ask downloads each blob and the others wait on its lock and read
+cache, the first to ask downloads each blob and the others wait on its lock, then read
 the file. Blobs are files named by their digest's hex under one directory (default
 `~/.cache/torchfarm/blobs`); `<hex>.lock` is the blob's lock (fcntl.flock, exclusive),
-held while the blob is checked or fetched. A file is written to a temporary name and
-renamed, so a reader never sees half a blob, and its digest is checked on every read,
-so a damaged file is fetched again rather than loaded.
+held only while the blob is fetched and written. A file is written to a temporary name
+and renamed, so a blob file that exists is whole: reading one takes no lock, and the
+ranks waiting on a download read it side by side once it lands (holding the lock to
+read, they read one after another: 16 ranks took 16 reads' time). Its digest is checked
+when it is written and on every later read, so a damaged file is fetched again rather
+than loaded; the ranks that waited on its download read it unchecked (`_read`).
 
 The total is bounded: after a write, the least recently used blobs (by mtime, which
 every read refreshes) go until the directory is under `max_bytes`.
@@ -54,28 +57,45 @@ class BlobCache:
         """The blob's bytes, from this machine's cache or, once per machine, `fetch()`.
         `fetch` must return bytes of this digest; the caller's check of them runs first."""
         path = self._path(digest)
+        fresh = False
+        for _ in range(2):
+            data = self._read(path, digest, check=not fresh)
+            if data is not None:
+                return data
+            with self._locked(path):
+                # Another process wrote it while this one waited: read it after the lock.
+                fresh = path.exists()
+                if not fresh:
+                    data = self._store(path, digest, fetch)
+            if data is not None:
+                self.evict()
+                return data
+        # Written by another process, then gone or damaged again before this one read it.
         with self._locked(path):
-            data = self._read(path, digest)
-            if data is None:
-                data = fetch()
-                if digest_of(data) != digest:
-                    raise ValueError(f"fetched bytes do not match {digest[:19]}")
-                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-                wrote = True
-            else:
-                wrote = False
-        if wrote:
-            self.evict()
+            data = self._store(path, digest, fetch)
+        self.evict()
         return data
 
-    def _read(self, path: Path, digest: str) -> bytes | None:
+    def _store(self, path: Path, digest: str, fetch: Callable[[], bytes]) -> bytes:
+        """Fetches the blob and writes its file; the caller holds the blob's lock."""
+        data = fetch()
+        if digest_of(data) != digest:
+            raise ValueError(f"fetched bytes do not match {digest[:19]}")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return data
+
+    def _read(self, path: Path, digest: str, check: bool = True) -> bytes | None:
+        """The file's bytes; None if it is gone or (`check`) damaged. A file that another
+        process checked and wrote while this one waited on its lock is read unchecked:
+        damage is what the check is for, and the artifact's verification hashes every
+        blob before anything loads it (sdk/artifact.py, step 5) whatever this cache did."""
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        if digest_of(data) != digest:
+        if check and digest_of(data) != digest:
             log.warning("torchfarm: cached blob %s is damaged; fetching it again", digest[:19])
             path.unlink(missing_ok=True)
             return None

@@ -8,12 +8,20 @@ The choices follow what long compile jobs on a Redis broker need:
 - the hard time limit stays below the broker's visibility timeout, or a slow compile
   would be redelivered and run twice;
 - JSON only: a task message is a cache key, never a pickle;
-- worker processes are recycled after some jobs, since Inductor caches grow in-process.
+- worker processes are recycled after some jobs, since Inductor caches grow in-process;
+- a Redis failover (Sentinel) is ridden out, not fatal: a message sent while the primary
+  is gone is retried until the new one answers (`PUBLISH_RETRY_POLICY`), and a task that
+  hits a lost connection anyway is retried whole (`TRANSIENT_RETRY`), as a new delivery
+  that the worker runtime counts against its attempt cap.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from torchfarm.redisconn import celery_broker
 
@@ -30,6 +38,25 @@ MAX_TASKS_PER_CHILD = 300
 """Recycle a worker process after this many tasks. A staged compile is one lowering
 task, one task per kernel batch and one assembly (about a dozen for the GPT example),
 and a new process pays the torch import, the ISA probe and the header build again."""
+
+PUBLISH_RETRY_POLICY = {"max_retries": 40, "interval_start": 0, "interval_step": 0.25, "interval_max": 1}
+"""How long sending a task keeps trying a broker that went away: about 35 s, longer than a
+Sentinel failover. Celery's default (3 tries in 0.6 s) lost a stage job sent while the
+primary was down, and its compile stayed RUNNING."""
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, OperationalError,
+)
+"""A lost Redis or broker connection: worth running the task again, unlike a compile error."""
+
+TRANSIENT_RETRY: dict[str, Any] = {
+    "autoretry_for": TRANSIENT_ERRORS,
+    "retry_backoff": 2,
+    "retry_backoff_max": 30,
+    "max_retries": 5,
+}
+"""Task options that retry a task which lost its connection (a failover longer than the
+clients' own retries), 2, 4, 8... s later, instead of dropping it with its job RUNNING."""
 
 
 RESTORE_INTERVAL_S = 10
@@ -75,6 +102,7 @@ def make_celery(
             **sentinel_options,
         },
         broker_connection_retry_on_startup=True,
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
         worker_max_tasks_per_child=MAX_TASKS_PER_CHILD,
         task_default_queue="cpu",
         worker_hijack_root_logger=False,

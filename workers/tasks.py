@@ -4,8 +4,9 @@ Each job function runs at the start of an interpreter stack chunk of its own
 chunk boundary, and the lowering ran 25 % slower for it.
 
 Retries of a lost worker come from `acks_late` + `task_reject_on_worker_lost`
-(torchfarm.celeryconf); `run_job` counts deliveries and stops at the cap. Errors of the
-compile itself are deterministic and are never retried.
+(torchfarm.celeryconf); a task that lost its Redis or broker connection (a failover) is
+retried by Celery (`TRANSIENT_RETRY`); `run_delivery` counts deliveries and stops at the
+cap. Errors of the compile itself are deterministic and are never retried.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
+from torchfarm.celeryconf import TRANSIENT_RETRY
 from torchfarm.codes import JobError
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.routing import (
@@ -93,7 +95,7 @@ def _time_limit_fails(key: str, namespace: str, what: str) -> Iterator[None]:
         )
 
 
-@app.task(name=COMPILE_TASK)
+@app.task(name=COMPILE_TASK, **TRANSIENT_RETRY)
 def compile_task(key: str, namespace: str = "") -> None:
     """Compiles the job `key` of the tenant namespace `namespace` ("" on an open farm)."""
     began = time.time()
@@ -120,7 +122,7 @@ def _record(key: str, namespace: str, began: float | None) -> None:
     worker_metrics.record_job(store, key, job.started if began is None else began)
 
 
-@app.task(name=EXPORT_TASK)
+@app.task(name=EXPORT_TASK, **TRANSIENT_RETRY)
 def export_task(key: str, namespace: str = "") -> None:
     """Builds the AOTInductor package of the export job `key` (workers/jobs/export.py)."""
     began = time.time()
@@ -132,7 +134,7 @@ def export_task(key: str, namespace: str = "") -> None:
             worker_metrics.record_job(_context().store.tenant(namespace), key, began)
 
 
-@app.task(name=LOWER_TASK)
+@app.task(name=LOWER_TASK, **TRANSIENT_RETRY)
 def lower_task(key: str, namespace: str, target: str) -> None:
     """Lowers a staged compile from its stored decomposition (workers/jobs/lower.py)."""
     try:
@@ -143,7 +145,7 @@ def lower_task(key: str, namespace: str, target: str) -> None:
             _record(key, namespace, None)
 
 
-@app.task(name=BUILD_KERNELS_TASK)
+@app.task(name=BUILD_KERNELS_TASK, **TRANSIENT_RETRY)
 def build_kernels_task(
     key: str, namespace: str, target: str, kernels: list[list[str]], seal: str = ""
 ) -> None:
@@ -152,7 +154,7 @@ def build_kernels_task(
         in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels, seal)
 
 
-@app.task(name=ASSEMBLE_TASK)
+@app.task(name=ASSEMBLE_TASK, **TRANSIENT_RETRY)
 def assemble_task(key: str, namespace: str) -> None:
     """Writes a staged compile's artifact once all its kernels are built (workers/jobs/)."""
     try:
@@ -197,6 +199,7 @@ def _kernel_context() -> KernelContext:
     name=KERNEL_TASK,
     soft_time_limit=settings.kernel_soft_time_limit_s,
     time_limit=settings.kernel_soft_time_limit_s + 30,
+    **TRANSIENT_RETRY,
 )
 def compile_kernel_task(key: str, namespace: str = "") -> None:
     """Compiles the Triton kernel job `key` (workers/jobs/triton.py)."""

@@ -3,12 +3,14 @@ fetched again, a size bound kept by evicting the least recently used."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import time
 
 import pytest
 
+from sdk import blobcache
 from sdk.blobcache import BlobCache, digest_of
 
 
@@ -58,6 +60,56 @@ def test_the_least_recently_used_blobs_go_past_the_bound(tmp_path):
     cache.get(digest_of(blobs[2]), lambda: blobs[2])  # 300 bytes: one must go
     left = {p.name for p, _, _ in cache.entries()}
     assert left == {digest_of(blobs[0]).split(":")[1], digest_of(blobs[2]).split(":")[1]}
+
+
+def _locks_held_while(cache: BlobCache, monkeypatch) -> list[bool]:
+    """Whether the blob's lock was held at each read of its file."""
+    held, seen = [False], []
+    real_flock, real_read = fcntl.flock, cache._read
+
+    def flock(fd, op):
+        real_flock(fd, op)
+        if not op & fcntl.LOCK_NB:
+            held[0] = op != fcntl.LOCK_UN
+
+    def read(path, digest, **kwargs):
+        seen.append(held[0])
+        return real_read(path, digest, **kwargs)
+
+    monkeypatch.setattr(blobcache.fcntl, "flock", flock)
+    monkeypatch.setattr(cache, "_read", read)
+    return seen
+
+
+def test_a_cached_blob_is_read_without_its_lock(tmp_path, monkeypatch):
+    """Ranks that read a cached blob holding its lock read it one after another."""
+    cache = BlobCache(tmp_path, 1 << 20)
+    data = b"payload" * 100
+    cache.get(digest_of(data), lambda: data)
+    seen = _locks_held_while(cache, monkeypatch)
+    assert cache.get(digest_of(data), lambda: pytest.fail("cached")) == data
+    assert seen == [False]
+
+
+def test_a_rank_that_waited_on_a_download_reads_the_file_after_the_lock(tmp_path, monkeypatch):
+    cache = BlobCache(tmp_path, 1 << 20)
+    data = b"payload" * 100
+    seen = _locks_held_while(cache, monkeypatch)
+    path = tmp_path / digest_of(data).split(":")[1]
+    real_flock = blobcache.fcntl.flock
+
+    def flock(fd, op):  # another rank's download lands while this one waits on the lock
+        if op == fcntl.LOCK_EX and not path.exists():
+            path.write_bytes(data)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(blobcache.fcntl, "flock", flock)
+    hashed = []
+    monkeypatch.setattr(blobcache, "digest_of", lambda b: hashed.append(b) or digest_of(b))
+    assert cache.get(digest_of(data), lambda: pytest.fail("written by the other rank")) == data
+    assert seen == [False, False]
+    # The writer checked it a moment ago; sdk/artifact.py checks it again before loading.
+    assert hashed == []
 
 
 def _rank(root: str, data: bytes, counter: str) -> None:
