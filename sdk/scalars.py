@@ -40,6 +40,11 @@ def tensorified_floats(gm: torch.fx.GraphModule) -> list[str]:
         memo = getattr(value, "item_memo", None) if isinstance(value, FakeTensor) else None
         if memo is None or not node.users or not all(u.target == "item" for u in node.users):
             continue
+        if not value.dtype.is_floating_point:
+            # An integer 0-d input read with `.item()` is a SymInt that sizes can use
+            # (tensorify leaves it alone); specializing it would fold `torch._check`s
+            # on it into constant comparisons the farm refuses.
+            continue
         symbol = memo.node._expr  # the symbol, not its replacement
         if hasattr(symbol, "name") and not TensorifyState.should_specialize(symbol.name):
             names.append(symbol.name)
