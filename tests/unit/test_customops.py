@@ -5,6 +5,7 @@ answering from the client's recorded metadata without the client's Python."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from torchfarm.customops import MAX_SCHEMA_CHARS, RefusedCustomOp, declared_ops, parse_schema
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
@@ -141,8 +142,6 @@ def test_recorded_metadata_is_checked_like_a_placeholders():
 def test_a_stand_in_answers_from_recorded_metadata_without_the_clients_code():
     """The worker side, in process: an op this process never registered decodes,
     propagates and gets its output metadata from the graph alone."""
-    import torch
-
     from torchfarm.fx.decode import decode_graph
 
     g = _graph(("torch.ops.tfstandin.foo.default", "tfstandin::foo(Tensor x) -> Tensor"),
@@ -163,8 +162,6 @@ def test_a_stand_in_answers_from_recorded_metadata_without_the_clients_code():
 
 
 def test_an_existing_op_not_configured_as_installed_is_refused():
-    import torch
-
     from torchfarm.fx.decode import decode_graph
 
     torch.library.define("tfexisting::foo", "(Tensor x) -> Tensor")
@@ -172,3 +169,78 @@ def test_an_existing_op_not_configured_as_installed_is_refused():
                call_target="torch.ops.tfexisting.foo.default")
     with pytest.raises(RefusedCustomOp, match="not configured as installed"):
         decode_graph(g)
+
+
+def _capture(fn, *args, dynamic=None):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return graphs[0]
+
+
+def test_the_client_sends_the_schema_and_recorded_sizes_and_a_worker_without_the_op_decodes_it():
+    from torchfarm.fx.decode import decode_graph
+    from torchfarm.fx.encode import encode_graph
+
+    @torch.library.custom_op("tfclient::halve_rows", mutates_args=())
+    def halve_rows(x: torch.Tensor) -> torch.Tensor:
+        return x[: x.shape[0] // 2].clone()
+
+    @halve_rows.register_fake
+    def _(x):
+        return x.new_empty((x.shape[0] // 2, x.shape[1]))
+
+    graph = encode_graph(*_capture(lambda x: halve_rows(x.sin()), torch.randn(6, 3), dynamic=True))
+    (op,) = graph.custom_ops
+    assert op.target == "torch.ops.tfclient.halve_rows.default"
+    assert op.schema == "tfclient::halve_rows(Tensor x) -> Tensor"
+    (call,) = [n.custom for n in graph.nodes if n.HasField("custom")]
+    assert [s.expr for s in call.outputs[0].shape][1:] == [call.inputs[0].shape[1].expr]
+    assert "//" in call.outputs[0].shape[0].expr  # symbolic, over the graph's symbols
+    # A worker that never saw this op: the same bytes under a namespace of the same length.
+    data = graph.SerializeToString().replace(b"tfclient", b"tfworker")
+    decoded = decode_graph(graph_pb2.Graph.FromString(data))
+    (node,) = [n for n in decoded.gm.graph.nodes if "halve_rows" in str(n.target)]
+    assert node.target is torch.ops.tfworker.halve_rows.default
+    rows, cols = node.meta["val"].shape
+    assert isinstance(rows, torch.SymInt) and isinstance(cols, torch.SymInt)
+
+
+def test_a_mutating_custom_op_is_refused_by_name_on_the_client():
+    from torchfarm.fx.encode import UnsupportedGraph, encode_graph
+
+    @torch.library.custom_op("tfclient::scale_", mutates_args=("x",))
+    def scale_(x: torch.Tensor) -> None:
+        x.mul_(2)
+
+    @scale_.register_fake
+    def _(x):
+        return None
+
+    def fn(x):
+        y = x.clone()
+        scale_(y)
+        return y
+
+    with pytest.raises(UnsupportedGraph, match="tfclient::scale_"):
+        encode_graph(*_capture(fn, torch.randn(3)))
+
+
+def test_a_call_through_the_packet_names_its_only_overload():
+    """Mixtral calls `torch.ops.transformers.grouped_mm_fallback(...)`, the packet."""
+    from torchfarm.fx.encode import encode_graph
+
+    torch.library.define("tfpacket::twice", "(Tensor x) -> Tensor")
+    torch.library.impl("tfpacket::twice", "CompositeExplicitAutograd", lambda x: x * 2)
+    torch.library.register_fake("tfpacket::twice", lambda x: torch.empty_like(x))
+    graph = encode_graph(*_capture(lambda x: torch.ops.tfpacket.twice(x), torch.randn(3)))
+    assert [op.target for op in graph.custom_ops] == ["torch.ops.tfpacket.twice.default"]
+    assert "torch.ops.tfpacket.twice.default" in [n.target for n in graph.nodes]

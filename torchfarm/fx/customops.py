@@ -47,8 +47,10 @@ TensorMeta = graph_pb2.TensorMeta
 
 
 def describe(target: object) -> str | None:
-    """The schema string of a custom op's overload; None for anything else (torch's own
-    ops, which the allow-list covers, included)."""
+    """The schema string of a custom op's overload (or of a packet's only overload);
+    None for anything else (torch's own ops, which the allow-list covers, included)."""
+    if isinstance(target, torch._ops.OpOverloadPacket) and target.overloads() == ["default"]:
+        target = target.default  # `torch.ops.ns.name(...)`: its only overload is called
     if not isinstance(target, torch._ops.OpOverload):
         return None
     if allowlist.is_allowed_function(f"torch.ops.{target}"):

@@ -309,6 +309,7 @@ class _Encoder:
     def custom_op(self, node: torch.fx.Node, text: str, out: graph_pb2.Node) -> None:
         try:
             schema = customops.parse_schema(text)
+            out.target = schema.target  # a packet's call names its overload
             if all(op.target != out.target for op in self.graph.custom_ops):
                 self.graph.custom_ops.add(target=out.target, schema=text)
             out.custom.CopyFrom(
