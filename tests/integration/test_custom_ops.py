@@ -9,9 +9,10 @@ the artifact's generated code calls `torch.ops.tfuser.*`, which here is the real
 - an op with `register_autograd`: its backward is this process's Python, which the
   worker cannot run, so the graph that needs it compiles locally, with the reason
   naming the op, and still matches eager;
-- Mixtral's `torch.ops.transformers.grouped_mm_fallback` trains on the farm: the session
-  stack's worker has `transformers` installed (TORCHFARM_INSTALLED_OP_MODULES, see
-  tests/conftest.py), so the real op, autograd included, is used there.
+- Mixtral's `torch.ops.transformers.grouped_mm_fallback` trains on the farm in the
+  real-model suite (tests/integration/test_real_models.py, `make test-models`): the
+  session stack's worker has `transformers` installed (TORCHFARM_INSTALLED_OP_MODULES,
+  see tests/conftest.py), so the real op, autograd included, is used there.
 """
 
 from __future__ import annotations
@@ -107,13 +108,3 @@ def test_a_custom_backward_falls_back_naming_the_op(stack, client_cache_dir, cap
     warnings = [r.getMessage() for r in caplog.records if "compiles locally" in r.getMessage()]
     assert warnings and "tfuser.double" in warnings[0] and "backward" in warnings[0], warnings
 
-
-def test_mixtrals_custom_op_trains_on_the_farm(stack, client_cache_dir):
-    pytest.importorskip("transformers")
-    from tests.realmodels.step import TOLERANCE, train_step
-    from tests.realmodels.zoo import BY_NAME
-
-    result = train_step(BY_NAME["mixtral"], stack.address)
-    assert not result.error, result.line()
-    assert result.graphs > 0 and result.on_farm == result.graphs, result.line()
-    assert result.loss_error <= TOLERANCE and result.grad_error <= TOLERANCE, result.line()
