@@ -105,3 +105,25 @@ def test_layer_norm_eps_under_dynamic_runs_every_batch_with_one_farm_graph(
     for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
     assert _farm_graphs(farm) == 1
+
+
+def test_a_float_scale_stays_symbolic_one_graph_for_every_value(farm: InProcessFarm) -> None:
+    """A float used only in tensor arithmetic is not specialized (sdk/scalars.py): the
+    worker's `.item()` gives an unbacked float that AOTAutograd tensorifies. Before,
+    each new value was a recompile and a second farm graph."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    eager = copy.deepcopy(lin)
+
+    def fn(m: torch.nn.Module, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return m(x) * scale + scale
+
+    compiled = torch.compile(fn, backend=_backend(farm), dynamic=True)
+    for scale in (0.5, 2.25, -1.5):
+        x = torch.randn(3, 4)
+        out, ref = compiled(lin, x, scale), fn(eager, x, scale)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+    torch.testing.assert_close(lin.weight.grad, eager.weight.grad)
+    assert _farm_graphs(farm) == 1
