@@ -244,3 +244,21 @@ def test_a_call_through_the_packet_names_its_only_overload():
     graph = encode_graph(*_capture(lambda x: torch.ops.tfpacket.twice(x), torch.randn(3)))
     assert [op.target for op in graph.custom_ops] == ["torch.ops.tfpacket.twice.default"]
     assert "torch.ops.tfpacket.twice.default" in [n.target for n in graph.nodes]
+
+
+@pytest.mark.parametrize("schema, code", [
+    ("aten::add(Tensor x) -> Tensor", "DISALLOWED_OP"),
+    ("mylib::add_(Tensor(a!) x) -> Tensor(a!)", "DISALLOWED_OP"),
+    ("mylib::f(Tensor x) -> Tensor; import os", "INVALID_GRAPH"),
+    ("mylib::f(Tensor x" + ", Tensor y" * 300 + ") -> Tensor", "GRAPH_TOO_LARGE"),
+])
+def test_the_coordinator_refuses_hostile_schemas_at_submit(schema, code):
+    from sdk.errors import GraphRejected
+    from tests.requests import relu_request
+    from torchfarm.testing.fakes import InProcessFarm
+
+    request = relu_request()
+    request.graph.custom_ops.add(target="torch.ops.mylib.f.default", schema=schema)
+    with pytest.raises(GraphRejected) as refused:
+        InProcessFarm().client(run_jobs=False).submit(request)
+    assert refused.value.code == code
