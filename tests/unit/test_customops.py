@@ -262,3 +262,52 @@ def test_the_coordinator_refuses_hostile_schemas_at_submit(schema, code):
     with pytest.raises(GraphRejected) as refused:
         InProcessFarm().client(run_jobs=False).submit(request)
     assert refused.value.code == code
+
+
+@torch.library.custom_op("tfgrad::scale2", mutates_args=())
+def _scale2(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * 2 + w
+
+
+_scale2.register_fake(lambda x, w: torch.empty_like(x))
+_scale2.register_autograd(
+    lambda ctx, g: (g * 2, g), setup_context=lambda ctx, inputs, output: None
+)
+
+
+@pytest.mark.slow
+def test_an_installed_namespace_trains_through_the_real_op(tmp_path, monkeypatch):
+    """A worker configured with the op's package installed (in process: this module)
+    uses the real op and its autograd: forward and backward match eager."""
+    import copy
+
+    from sdk.backend import FarmBackend
+    from torchfarm.testing.fakes import InProcessFarm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    farm = InProcessFarm(worker_settings={"installed_op_modules": ("tfgrad=",)})
+    farm.register_worker()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"))
+    backend._client = farm.client()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    eager = copy.deepcopy(lin)
+
+    def fn(m, x, w):
+        return _scale2(m(x).sin(), w).cos()
+
+    x, w = torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)
+    w_ref = w.detach().clone().requires_grad_(True)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(fn, backend=backend)(lin, x, w)
+        out.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    ref = fn(eager, x, w_ref)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    torch.testing.assert_close(lin.weight.grad, eager.weight.grad)
+    (job,) = farm.store.recent_jobs()
+    assert job.state == "SUCCEEDED"
