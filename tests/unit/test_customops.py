@@ -161,6 +161,24 @@ def test_a_stand_in_answers_from_recorded_metadata_without_the_clients_code():
         torch.ops.tfstandin.foo.default(torch.ones(4))
 
 
+def test_calls_told_apart_only_by_non_tensor_arguments_are_refused():
+    """The stand-in answers by tensor arguments: two calls with the same ones and
+    different outputs (an op whose output size is an int argument) cannot be told apart."""
+    from torchfarm.fx.decode import decode_graph
+
+    g = _graph(("torch.ops.tfambig.rows.default", "tfambig::rows(Tensor x, int n) -> Tensor"),
+               call_target="torch.ops.tfambig.rows.default")
+    g.nodes[1].args.add(int_value=4)
+    second = graph_pb2.Node()
+    second.CopyFrom(g.nodes[1])
+    second.name, second.args[1].int_value = "z", 2
+    second.custom.outputs[0].shape[0].expr, second.custom.outputs[0].shape[0].hint = "2", 2
+    g.nodes.insert(2, second)
+    g.nodes[-1].args[0].tuple.items.add(node="z")
+    with pytest.raises(RefusedCustomOp, match="same tensor arguments"):
+        decode_graph(g)
+
+
 def test_an_existing_op_not_configured_as_installed_is_refused():
     from torchfarm.fx.decode import decode_graph
 

@@ -247,8 +247,22 @@ def install(
             ([size(s) for s in m.shape], [size(s) for s in m.stride], _dtype(m), _device(m))
             for m in call.outputs
         ]
-        fresh[target].append(_Call(inputs, outputs, schemas[target].returns))
+        made = _Call(inputs, outputs, schemas[target].returns)
+        if any(c.inputs == inputs and _layout(c) != _layout(made) for c in fresh[target]):
+            # The fake implementation tells calls apart by their tensor arguments only.
+            raise RefusedCustomOp(
+                target, "has calls with the same tensor arguments and different outputs "
+                "(outputs that depend on non-tensor arguments are not supported)",
+            )
+        fresh[target].append(made)
     _calls.update(fresh)
+
+
+def _layout(call: _Call) -> list[tuple[Any, ...]]:
+    return [
+        (tuple(map(_expr, shape)), tuple(map(_expr, stride)), dtype, device)
+        for shape, stride, dtype, device in call.outputs
+    ]
 
 
 def _dtype(meta: TensorMeta) -> torch.dtype:
