@@ -10,7 +10,8 @@ frame again with that float as a constant (guarded on its value).
 The farm cannot restart the client's Dynamo from a worker, and on the worker the
 `.item()` of a plain tensor input is an unbacked float that ops such as `layer_norm`
 cannot guard on. So the backend does the restart here, before encoding, for every such
-float. Specializing a float torch would have tensorified away gives the same numbers and
+float but those whose every use is arithmetic with a tensor (`x * scale`): those stay
+symbolic, and one farm graph serves every value. Specializing a float torch would have tensorified away gives the same numbers and
 one more recompile only when that float's value changes.
 
 Behaviour pinned against torch 2.13.0: Dynamo's placeholder for such a float has a
@@ -22,6 +23,7 @@ Behaviour pinned against torch 2.13.0: Dynamo's placeholder for such a float has
 from __future__ import annotations
 
 import logging
+import operator
 
 import torch
 import torch.fx
@@ -40,10 +42,34 @@ def tensorified_floats(gm: torch.fx.GraphModule) -> list[str]:
         memo = getattr(value, "item_memo", None) if isinstance(value, FakeTensor) else None
         if memo is None or not node.users or not all(u.target == "item" for u in node.users):
             continue
+        if not value.dtype.is_floating_point:
+            # An integer 0-d input read with `.item()` is a SymInt that sizes can use
+            # (tensorify leaves it alone); specializing it would fold `torch._check`s
+            # on it into constant comparisons the farm refuses.
+            continue
+        if all(_tensor_arithmetic(u) for u in node.users):
+            continue  # stays a symbolic float: tensorify turns it into a 0-d tensor operand
         symbol = memo.node._expr  # the symbol, not its replacement
         if hasattr(symbol, "name") and not TensorifyState.should_specialize(symbol.name):
             names.append(symbol.name)
     return names
+
+
+_ARITHMETIC = (operator.mul, operator.add, operator.sub, operator.truediv)
+"""Python operators AOTAutograd's `tensorify_python_scalars` turns into tensor ops
+(its `SUPPORTED_OPS`) when one operand is a tensor."""
+
+
+def _tensor_arithmetic(item: torch.fx.Node) -> bool:
+    """Whether every use of a float's `.item()` is arithmetic with a tensor result: on
+    the worker such a float is an unbacked symbol that the same pass tensorifies, with
+    no guard on its value, so it need not be specialized."""
+    return bool(item.users) and all(
+        user.op == "call_function"
+        and user.target in _ARITHMETIC
+        and isinstance(user.meta.get("example_value"), torch.Tensor)
+        for user in item.users
+    )
 
 
 def specialize_float_inputs(gm: torch.fx.GraphModule) -> None:

@@ -7,6 +7,7 @@ stack (redis-server + coordinator + Celery workers, free loopback ports) → add
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import subprocess
 import sys
@@ -45,6 +46,15 @@ def store(redis_url):
     s.r.flushall()
 
 
+INSTALLED_OPS = (
+    {"TORCHFARM_INSTALLED_OP_MODULES": "transformers=transformers.integrations.moe"}
+    if importlib.util.find_spec("transformers") else {}
+)
+"""The session stack's worker has `transformers` installed, as an operator may configure
+(workers/settings.py): Mixtral's `torch.ops.transformers.*` ops train on the farm with
+their real autograd (tests/integration/test_custom_ops.py, the real-model suite)."""
+
+
 @pytest.fixture(scope="session")
 def session_stack(tmp_path_factory):
     """The embedded local stack with one CPU worker, shared by the integration tests.
@@ -52,7 +62,7 @@ def session_stack(tmp_path_factory):
     warm-up kept it from registering within the start timeout. The stack of
     tests/faults/test_worker_faults.py warms up, and a test there checks it did."""
     workdir = tmp_path_factory.mktemp("stack")
-    with LocalStack(workers=1, workdir=workdir, warmup=False) as s:
+    with LocalStack(workers=1, workdir=workdir, warmup=False, worker_env={0: INSTALLED_OPS}) as s:
         yield s
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from torchfarm import allowlist, collectives, graphbounds
+from torchfarm import allowlist, collectives, customops, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
@@ -306,6 +306,7 @@ class _Checker:
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
         self.groups: dict[str, graph_pb2.ProcessGroup] = {}
         self.used_groups: set[str] = set()
+        self.custom_ops = customops.declared_ops(graph)
 
     def name(self, what: str, name: str) -> None:
         if len(name) > self.limits.max_name_chars:
@@ -434,10 +435,14 @@ class _Checker:
         is_placeholder = node.op == Node.PLACEHOLDER
         if not is_placeholder and (node.HasField("tensor") or node.HasField("symint")):
             raise MalformedGraph(f"{where}: only placeholders carry tensor or symint metadata")
+        if node.HasField("custom") and node.target not in self.custom_ops:
+            raise MalformedGraph(f"{where}: only calls of declared custom ops carry custom metadata")
         if node.op == Node.PLACEHOLDER:
             self.placeholder(node, where)
         elif node.op == Node.CALL_FUNCTION:
-            if not allowlist.is_allowed_function(node.target):
+            if node.target in self.custom_ops:
+                self.custom_call(node, where)
+            elif not allowlist.is_allowed_function(node.target):
                 raise DisallowedOp(node.target)
             if node.target == GETATTR:
                 _check_getattr(node, where)
@@ -503,6 +508,19 @@ class _Checker:
                 f"{where}: {node.target} can produce a sequence of up to {length} items, "
                 f"more than {self.limits.max_sequence_length}"
             )
+
+    def custom_call(self, node: graph_pb2.Node, where: str) -> None:
+        """A custom op's recorded tensors: the same checks as a placeholder's metadata."""
+        call = node.custom
+        if not call.outputs or len(call.inputs) + len(call.outputs) > customops.MAX_ARGS:
+            raise MalformedGraph(f"{where}: a custom op call needs 1 to {customops.MAX_ARGS} recorded tensors")
+        for meta in (*call.inputs, *call.outputs):
+            if len(meta.shape) != len(meta.stride) or len(meta.shape) > self.limits.max_rank:
+                raise MalformedGraph(f"{where}: bad recorded tensor rank")
+            for size in (*meta.shape, *meta.stride):
+                self.sym_expr(size, where, size=True)
+            self.dtype(meta.dtype, where)
+            self.device(meta.device, where)
 
     def placeholder(self, node: graph_pb2.Node, where: str) -> None:
         self.name("placeholder target", node.target)

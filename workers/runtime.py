@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError, Message
 from torchfarm import keys, options
 from torchfarm.codes import JobError, Stage
 from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.customops import use_installed as use_installed_ops
 from torchfarm.fx.decode import DecodedGraph, decode_graph
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.graph_errors import GraphError
@@ -66,6 +67,10 @@ class WorkerContext:
     send: Callable[[str, list[Any], str], None] | None = None
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
+
+    def __post_init__(self) -> None:
+        # Operator-configured packages register their ops before any graph decodes.
+        use_installed_ops(self.settings.installed_op_modules)
 
 
 class Outcome(Protocol):

@@ -32,6 +32,11 @@ class WorkerSettings:
     this machine lacks gets Triton kernel jobs only. The queues follow from the targets."""
     queues: tuple[str, ...] = ()
     """Extra Celery queues to consume besides the targets' own; normally none."""
+    installed_op_modules: tuple[str, ...] = ()
+    """Custom-op namespaces whose packages are installed on this worker, as
+    `namespace=module` (say `transformers=transformers.integrations.moe`): the module is
+    imported at start, and graphs calling that namespace's ops use the real ops, autograd
+    included, in place of stand-ins built from the client's schema (torchfarm/fx/customops.py)."""
     lower_without_gpu: bool = False
     """Experimental: also lower graphs for one CUDA target this machine lacks, with its
     device properties faked (workers/gpuless.py). Needs a CUDA build of torch."""

@@ -225,9 +225,8 @@ ARCHITECTURES: tuple[Arch, ...] = (
 )
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 
-KNOWN_GAPS = {
-    "mixtral": "torch.ops.transformers.grouped_mm_fallback",
-}
-"""Architectures with a graph the farm cannot take yet, and the text its reason holds:
-Mixtral's default experts call a custom op `transformers` registers with torch.library
-(issue 18, item 4)."""
+KNOWN_GAPS: dict[str, str] = {}
+"""Architectures with a graph the farm cannot take yet, and the text its reason holds.
+Mixtral's default experts call `torch.ops.transformers.grouped_mm_fallback`, a custom op:
+it trains on the farm where the workers have `transformers` installed
+(TORCHFARM_INSTALLED_OP_MODULES, as the test stack's worker has; torchfarm/fx/customops.py)."""

@@ -43,7 +43,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils._sympy import functions as sym_functions
 from torch.utils._sympy.numbers import int_oo
 
-from torchfarm import allowlist, graphbounds
+from torchfarm import allowlist, customops, graphbounds
+from torchfarm.fx import customops as fx_customops
 from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
@@ -409,6 +410,14 @@ class _Decoder:
             # Private attribute names: a constant called "training" must not clobber Module state.
             constant_attrs[const.name] = attr = f"_torchfarm_constant_{i}"
             root.register_buffer(attr, _constant_tensor(const))
+        custom = customops.declared_ops(self.pb)
+        if custom:
+            fx_customops.install(
+                self.pb.custom_ops,
+                [pb.custom if pb.HasField("custom") else None for pb in self.pb.nodes],
+                [pb.target for pb in self.pb.nodes],
+                self.size,
+            )
         fx = torch.fx.Graph()
         inputs: list[Any] = []
         for pb in self.pb.nodes:
@@ -423,9 +432,8 @@ class _Decoder:
                     self.tensor(pb.tensor) if pb.HasField("tensor") else self.size(pb.symint)
                 )
             elif pb.op == Node.CALL_FUNCTION:
-                node = fx.create_node(
-                    "call_function", resolve_function(pb.target), args, kwargs, name=pb.name
-                )
+                fn = fx_customops.resolve(custom[pb.target]) if pb.target in custom else resolve_function(pb.target)
+                node = fx.create_node("call_function", fn, args, kwargs, name=pb.name)
             elif pb.op == Node.CALL_METHOD:
                 if not allowlist.is_allowed_method(pb.target):
                     raise DisallowedOp(pb.target, kind="method")

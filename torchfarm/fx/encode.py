@@ -35,7 +35,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from torchfarm import allowlist
+from torchfarm import allowlist, customops
+from torchfarm.fx import customops as fx_customops
 from torchfarm.fx.collectives import UnresolvedGroup, describe_groups
 from torchfarm.fx.noops import droppable_nodes
 from torchfarm.graph_errors import GraphError
@@ -305,6 +306,19 @@ class _Encoder:
             requires_grad=value.requires_grad,
         )
 
+    # -- custom ops (torchfarm/fx/customops.py) -----------------------------
+    def custom_op(self, node: torch.fx.Node, text: str, out: graph_pb2.Node) -> None:
+        try:
+            schema = customops.parse_schema(text)
+            out.target = schema.target  # a packet's call names its overload
+            if all(op.target != out.target for op in self.graph.custom_ops):
+                self.graph.custom_ops.add(target=out.target, schema=text)
+            out.custom.CopyFrom(
+                fx_customops.record_call(node, schema, lambda v: fx_customops.tensor_meta(v, self.size))
+            )
+        except (GraphError, TypeError) as e:
+            raise UnsupportedGraph(str(e)) from e
+
     # -- arguments ---------------------------------------------------------
     def arg(self, value: object, depth: int = 1) -> graph_pb2.Argument:
         if depth > self.limits.max_nesting_depth:
@@ -367,7 +381,10 @@ class _Encoder:
         if node.op == "call_function":
             out.op = Node.CALL_FUNCTION
             out.target = qualified_name(node.target)
-            if not allowlist.is_allowed_function(out.target):
+            schema = fx_customops.describe(node.target)
+            if schema is not None:
+                self.custom_op(node, schema, out)
+            elif not allowlist.is_allowed_function(out.target):
                 raise UnsupportedGraph(f"op {out.target!r} is not on the farm's allow-list")
             if node.target in _INDEXING and len(args) >= 2:
                 args = (args[0], _expand_ellipsis(args[0], args[1]), *args[2:])

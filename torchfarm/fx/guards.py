@@ -21,7 +21,10 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_guards.py):
 - `ShapeEnv.evaluate_expr(expr)` evaluates a boolean over backed symbols with their
   hints and appends the guard that Dynamo turns into guard code for the frame, once
   the backend has returned;
-- `ShapeEnv.backed_var_to_val` maps each backed symbol to its hint.
+- `ShapeEnv.backed_var_to_val` maps each backed symbol to its hint;
+- an expression over unbacked symbols (`.item()` under `capture_scalar_outputs`) is a
+  runtime assert that the compiled code itself checks (`_assert_scalar` nodes that
+  `insert_deferred_runtime_asserts` adds), never a guard on the frame's inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy import functions as sym_functions
 
 Tree = list
@@ -261,14 +265,16 @@ def snapshot(shape_env: Any) -> tuple[int, frozenset]:
 
 def added_since(shape_env: Any, mark: tuple[int, frozenset]) -> list[sympy.Basic]:
     """The guard and runtime-assert expressions added after `snapshot` returned `mark`,
-    without repeats, guards first in the order they were added."""
+    without repeats, guards first in the order they were added. Asserts over unbacked
+    symbols are left out: the compiled code checks them, and the client has no such
+    symbol to guard its frame on."""
     count, asserts_before = mark
     exprs = [g.expr for g in shape_env.guards[count:]]
     exprs += [e for e in _asserts(shape_env) if e not in asserts_before]
     seen: set[sympy.Basic] = set()
     out = []
     for e in exprs:
-        if e not in seen and e is not sympy.true:
+        if e not in seen and e is not sympy.true and not free_unbacked_symbols(e):
             seen.add(e)
             out.append(e)
     return out

@@ -15,18 +15,20 @@ GRAPH_FORMAT_UNSPECIFIED: GraphFormat
 GRAPH_FORMAT_V1: GraphFormat
 
 class Graph(_message.Message):
-    __slots__ = ("format", "nodes", "constants", "symbols", "groups")
+    __slots__ = ("format", "nodes", "constants", "symbols", "groups", "custom_ops")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CONSTANTS_FIELD_NUMBER: _ClassVar[int]
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_OPS_FIELD_NUMBER: _ClassVar[int]
     format: GraphFormat
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     constants: _containers.RepeatedCompositeFieldContainer[Constant]
     symbols: _containers.RepeatedCompositeFieldContainer[Symbol]
     groups: _containers.RepeatedCompositeFieldContainer[ProcessGroup]
-    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ...) -> None: ...
+    custom_ops: _containers.RepeatedCompositeFieldContainer[CustomOp]
+    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[CustomOp, _Mapping]]] = ...) -> None: ...
 
 class ProcessGroup(_message.Message):
     __slots__ = ("name", "size", "ranks")
@@ -38,8 +40,24 @@ class ProcessGroup(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class CustomOp(_message.Message):
+    __slots__ = ("target", "schema")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    schema: str
+    def __init__(self, target: _Optional[str] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class CustomCall(_message.Message):
+    __slots__ = ("inputs", "outputs")
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    outputs: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
 class Node(_message.Message):
-    __slots__ = ("name", "op", "target", "args", "kwargs", "tensor", "symint")
+    __slots__ = ("name", "op", "target", "args", "kwargs", "tensor", "symint", "custom")
     class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OP_UNSPECIFIED: _ClassVar[Node.Op]
@@ -61,6 +79,7 @@ class Node(_message.Message):
     KWARGS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     SYMINT_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_FIELD_NUMBER: _ClassVar[int]
     name: str
     op: Node.Op
     target: str
@@ -68,7 +87,8 @@ class Node(_message.Message):
     kwargs: _containers.RepeatedCompositeFieldContainer[Keyword]
     tensor: TensorMeta
     symint: SymExpr
-    def __init__(self, name: _Optional[str] = ..., op: _Optional[_Union[Node.Op, str]] = ..., target: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., tensor: _Optional[_Union[TensorMeta, _Mapping]] = ..., symint: _Optional[_Union[SymExpr, _Mapping]] = ...) -> None: ...
+    custom: CustomCall
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[_Union[Node.Op, str]] = ..., target: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., tensor: _Optional[_Union[TensorMeta, _Mapping]] = ..., symint: _Optional[_Union[SymExpr, _Mapping]] = ..., custom: _Optional[_Union[CustomCall, _Mapping]] = ...) -> None: ...
 
 class Keyword(_message.Message):
     __slots__ = ("name", "value")

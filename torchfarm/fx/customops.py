@@ -1,0 +1,276 @@
+"""Custom ops (`torch.library`) on both sides: what the client records, what the worker
+registers in their place. The wire format and its checks: torchfarm/customops.py.
+
+The client (`describe`, `record_call`) sends each op's schema and, per call, the
+FakeTensor metadata Dynamo recorded for its tensor arguments and outputs.
+
+The worker (`install`) never runs the client's Python. For an op whose namespace the
+operator did not configure as installed (`use_installed`), it defines a stand-in of the
+same qualified name and schema in a `torch.library.Library` fragment, with:
+
+- a fake implementation that answers a call from the recorded metadata of the call
+  whose tensor arguments have the same dtypes and (symbolic) sizes, so Inductor
+  compiles around the op as an opaque fallback kernel; the generated code calls
+  `torch.ops.<ns>.<name>`, which on the client is the real op;
+- an autograd kernel that refuses a call needing gradients: the backward formula is the
+  client's Python. Training through such an op compiles on the farm only where the op's
+  package is installed on the workers, and then the real op (with its autograd) is used.
+
+A worker process keeps one stand-in per op; a later graph declaring another schema for
+it is refused. Behaviour pinned against torch 2.13.0: `Library(ns, "FRAGMENT").define`,
+`torch.library.register_fake(qualname, fn, lib=...)`, `Library.impl(name, fn, "Autograd")`,
+and `str(OpOverload._schema)` printing `ns::name[.overload](...) -> ...`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from torchfarm import allowlist
+from torchfarm.customops import RefusedCustomOp, Schema, parse_schema
+from torchfarm.v1 import graph_pb2
+
+log = logging.getLogger(__name__)
+
+TensorMeta = graph_pb2.TensorMeta
+
+# ---------------------------------------------------------------------------
+# The client: what a call recorded
+# ---------------------------------------------------------------------------
+
+
+def describe(target: object) -> str | None:
+    """The schema string of a custom op's overload (or of a packet's only overload);
+    None for anything else (torch's own ops, which the allow-list covers, included)."""
+    if isinstance(target, torch._ops.OpOverloadPacket) and target.overloads() == ["default"]:
+        target = target.default  # `torch.ops.ns.name(...)`: its only overload is called
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    if allowlist.is_allowed_function(f"torch.ops.{target}"):
+        return None
+    return str(target._schema)
+
+
+def tensor_args(schema: Schema, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """The tensor-typed arguments of one call, in schema order, lists flattened, None
+    left out: what `CustomCall.inputs` records."""
+    values: list[Any] = list(args)
+    for _, name in schema.args[len(args):]:
+        values.append(kwargs.get(name))
+    out: list[Any] = []
+    for (kind, _), value in zip(schema.args, values, strict=False):
+        if not kind.startswith("Tensor") or value is None:
+            continue
+        out.extend(value if isinstance(value, (list, tuple)) else [value])
+    return out
+
+
+def tensor_meta(value: object, size: Callable[[object], graph_pb2.SymExpr]) -> TensorMeta:
+    """A recorded tensor's metadata, its sizes written by `size` (the encoder's)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"a custom op call recorded a {type(value).__name__}, not a tensor")
+    meta = TensorMeta(dtype=str(value.dtype).removeprefix("torch."))
+    meta.shape.extend(size(s) for s in value.shape)
+    meta.stride.extend(size(s) for s in value.stride())
+    meta.device.type = value.device.type
+    meta.device.index = -1 if value.device.index is None else value.device.index
+    meta.requires_grad = value.requires_grad
+    return meta
+
+
+def resolve(schema: Schema) -> Any:
+    """The op a decoded node calls (after `install`)."""
+    return _existing(schema)
+
+
+def record_call(
+    node: torch.fx.Node, schema: Schema, meta: Callable[[object], TensorMeta]
+) -> graph_pb2.CustomCall:
+    """The CustomCall of one node: `meta` writes a FakeTensor as TensorMeta (the
+    encoder's, so sizes are over the graph's symbols)."""
+
+    def value(v: object) -> object:
+        if isinstance(v, torch.fx.Node):
+            return v.meta.get("example_value", v.meta.get("val"))
+        if isinstance(v, (list, tuple)):
+            return [value(x) for x in v]
+        return v
+
+    args = [value(a) for a in node.args]
+    kwargs = {k: value(v) for k, v in node.kwargs.items()}
+    result = value(node)
+    outputs = list(result) if isinstance(result, (list, tuple)) else [result]
+    call = graph_pb2.CustomCall()
+    call.inputs.extend(meta(t) for t in tensor_args(schema, args, kwargs))
+    call.outputs.extend(meta(t) for t in outputs)
+    return call
+
+
+# ---------------------------------------------------------------------------
+# The worker: stand-ins
+# ---------------------------------------------------------------------------
+
+_installed: set[str] = set()
+"""Namespaces whose packages the operator installed on this worker (`use_installed`)."""
+_libraries: dict[str, torch.library.Library] = {}
+_standins: dict[str, str] = {}
+"""Stand-in op target → the schema it was defined with, in this process."""
+_calls: dict[str, list[_Call]] = {}
+"""Stand-in op target → the recorded calls of the graph being decoded."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    inputs: list[tuple[torch.dtype, tuple[sympy.Expr, ...]]]
+    outputs: list[tuple[list[Any], list[Any], torch.dtype, torch.device]]
+    """(shape, stride, dtype, device), sizes as ints or SymInts of the decoding ShapeEnv."""
+    returns: tuple[str, ...]
+
+
+def use_installed(modules: Iterable[str]) -> None:
+    """Imports each `namespace=module` (an operator's setting, never a client's), whose
+    import registers that namespace's ops; their calls then use the real ops."""
+    for entry in modules:
+        namespace, _, module = entry.partition("=")
+        if namespace in _installed:
+            continue
+        if module:
+            importlib.import_module(module)
+        _installed.add(namespace)
+        log.info("custom ops of namespace %s are installed on this worker (%s)", namespace, module)
+
+
+def _existing(schema: Schema) -> Any:
+    packet = getattr(getattr(torch.ops, schema.namespace), schema.name, None) if hasattr(
+        torch.ops, schema.namespace) else None
+    return getattr(packet, schema.overload or "default", None) if packet is not None else None
+
+
+def _expr(size: object) -> sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))  # type: ignore[call-overload]
+
+
+def _fake(target: str, schema: Schema) -> Callable[..., Any]:
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        tensors = tensor_args(schema, args, kwargs)
+        got = [(t.dtype, tuple(_expr(s) for s in t.shape)) for t in tensors]
+        for call in _calls.get(target, ()):
+            if call.inputs == got:
+                outs = [
+                    torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                    for shape, stride, dtype, device in call.outputs
+                ]
+                if call.returns == ("Tensor",):
+                    return outs[0]
+                return outs if call.returns == ("Tensor[]",) else tuple(outs)
+        raise RuntimeError(
+            f"custom op {target}: no call the client recorded has tensor arguments {got}"
+        )
+
+    return fake
+
+
+def _refuse_grad(target: str, op: Callable[[], Any], schema: Schema) -> Callable[..., Any]:
+    def autograd(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(
+            t.requires_grad for t in tensor_args(schema, args, kwargs)
+        ):
+            raise RefusedCustomOp(
+                schema.target,
+                "needs its backward, which is the client's Python: it compiles on the farm "
+                "with gradients only where its namespace is installed on the workers",
+            )
+        with torch._C._AutoDispatchBelowAutograd():
+            return op()(*args, **kwargs)
+
+    return autograd
+
+
+def _define(schema: Schema, text: str) -> None:
+    lib = _libraries.get(schema.namespace)
+    if lib is None:
+        lib = _libraries[schema.namespace] = torch.library.Library(schema.namespace, "FRAGMENT")
+    lib.define(text.partition("::")[2])
+    name = f"{schema.name}.{schema.overload}" if schema.overload else schema.name
+    torch.library.register_fake(f"{schema.namespace}::{name}", _fake(schema.target, schema), lib=lib)
+    lib.impl(name, _refuse_grad(schema.target, lambda: _existing(schema), schema), "Autograd")
+    _standins[schema.target] = text
+    log.info("defined a stand-in for custom op %s", text)
+
+
+def ensure_op(text: str) -> Schema:
+    """Makes `torch.ops.<ns>.<name>.<overload>` resolvable on this worker: the installed
+    op, or a stand-in (defined once). Raises `RefusedCustomOp` when neither fits."""
+    schema = parse_schema(text)
+    existing = _existing(schema)
+    if schema.namespace in _installed:
+        if existing is None or str(existing._schema) != text:
+            raise RefusedCustomOp(
+                schema.target, "differs from, or is missing in, the package installed on the workers"
+            )
+        return schema
+    if schema.target in _standins:
+        if _standins[schema.target] != text:
+            raise RefusedCustomOp(schema.target, "has another schema than this worker's stand-in")
+        return schema
+    if existing is not None:
+        raise RefusedCustomOp(
+            schema.target, "exists on this worker, but its namespace is not configured as installed"
+        )
+    _define(schema, text)
+    return schema
+
+
+def install(
+    ops: Iterable[graph_pb2.CustomOp],
+    calls: Iterable[graph_pb2.CustomCall | None],
+    targets: Sequence[str],
+    size: Callable[[graph_pb2.SymExpr], Any],
+) -> None:
+    """Readies a decoded graph's custom ops: each op resolvable (`ensure_op`), and each
+    stand-in answering this graph's recorded calls (`targets[i]` is the op of
+    `calls[i]`; `size` decodes a size over this graph's ShapeEnv)."""
+    schemas = {op.target: ensure_op(op.schema) for op in ops}
+    fresh: dict[str, list[_Call]] = {t: [] for t in schemas if t in _standins}
+    for target, call in zip(targets, calls, strict=True):
+        if call is None or target not in fresh:
+            continue
+        inputs = [(_dtype(m), tuple(_expr(size(s)) for s in m.shape)) for m in call.inputs]
+        outputs = [
+            ([size(s) for s in m.shape], [size(s) for s in m.stride], _dtype(m), _device(m))
+            for m in call.outputs
+        ]
+        made = _Call(inputs, outputs, schemas[target].returns)
+        if any(c.inputs == inputs and _layout(c) != _layout(made) for c in fresh[target]):
+            # The fake implementation tells calls apart by their tensor arguments only.
+            raise RefusedCustomOp(
+                target, "has calls with the same tensor arguments and different outputs "
+                "(outputs that depend on non-tensor arguments are not supported)",
+            )
+        fresh[target].append(made)
+    _calls.update(fresh)
+
+
+def _layout(call: _Call) -> list[tuple[Any, ...]]:
+    return [
+        (tuple(map(_expr, shape)), tuple(map(_expr, stride)), dtype, device)
+        for shape, stride, dtype, device in call.outputs
+    ]
+
+
+def _dtype(meta: TensorMeta) -> torch.dtype:
+    dtype = getattr(torch, meta.dtype)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+def _device(meta: TensorMeta) -> torch.device:
+    d = meta.device
+    return torch.device(d.type, d.index) if d.index >= 0 else torch.device(d.type)
