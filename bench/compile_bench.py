@@ -118,6 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="gpt,cnn")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--start-timeout", type=float, default=600.0)
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     results: dict[str, dict] = {}
@@ -126,10 +127,14 @@ def main() -> None:
         pt_port = free_port()
         pt_redis = start_redis_server(pt_port, tmp)
         try:
-            with LocalStack(workers=1, workdir=tmp / "stack") as stack:
+            # The worker warms Inductor before it registers: minutes on a loaded machine.
+            stack = LocalStack(workers=1, workdir=tmp / "stack").start(timeout_s=args.start_timeout)
+            try:
                 for model in args.models.split(","):
                     print(f"benchmarking {model} ...", flush=True)
                     results[model] = bench_model(model, stack, pt_port, tmp, args.repeats)
+            finally:
+                stack.stop()
         finally:
             pt_redis.terminate()
             pt_redis.wait()

@@ -184,8 +184,12 @@ class Gate:
             raise Refused(f"package refused: its payload is a {type(entry).__qualname__}")
         try:
             package = CompilePackage(self.model.forward, entry)
-            package.install(backends)
         except (RuntimeError, KeyError, ValueError) as e:
+            raise Refused(f"package does not fit this model ({e})") from e
+        try:
+            package.install(backends)
+        except (RuntimeError, KeyError, ValueError, AttributeError) as e:
+            package.uninstall()  # no half-installed frames: the normal path traces them all
             raise Refused(f"package does not fit this model ({e})") from e
         return len(entry.codes)
 

@@ -63,10 +63,13 @@ PROCESS = textwrap.dedent(
     model = tfmodel.Net(int(sys.argv[2]))
     eager = copy.deepcopy(model)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    compiled = sdk.compile(model, fallback="error")
+    wait = sys.argv[3] == "wait"
+    compiled = sdk.compile(model, fallback="error", wait=wait)
     loss = compiled(x).pow(2).mean()
     loss.backward()
     frames, graphs = counters["frames"]["total"], counters["stats"]["unique_graphs"]
+    if not wait:
+        assert sdk.wait_ready(compiled, 600)
     ref = eager(x).pow(2).mean()
     ref.backward()
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
@@ -87,7 +90,7 @@ def precompile_keys(tmp_path):
     return tmp_path / "precompile-key.pem", tmp_path / "precompile-trusted.json"
 
 
-def _run(stack, tmp_path, name, width, extra_env=None, model=MODEL):
+def _run(stack, tmp_path, name, width, extra_env=None, model=MODEL, wait=True):
     code_dir = tmp_path / f"code-{name}"
     code_dir.mkdir()
     (code_dir / "tfmodel.py").write_text(model)
@@ -97,17 +100,18 @@ def _run(stack, tmp_path, name, width, extra_env=None, model=MODEL):
         "TORCHFARM_BLOB_CACHE_DIR": "",
         **(extra_env or {}),
     }
-    proc = run_python(f"import sys; sys.argv = ['x', {str(code_dir)!r}, '{width}']\n" + PROCESS, env)
+    mode = "wait" if wait else "nowait"
+    proc = run_python(f"import sys; sys.argv = ['x', {str(code_dir)!r}, '{width}', '{mode}']\n" + PROCESS, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _produce(stack, tmp_path, keys, width):
+def _produce(stack, tmp_path, keys, width, wait=True):
     key_file, trusted = keys
     result = _run(stack, tmp_path, "producer", width, {
         "TORCHFARM_PRECOMPILE_KEY_FILE": str(key_file),
         "TORCHFARM_PRECOMPILE_TRUSTED_KEYS_FILE": str(trusted),
-    })
+    }, wait=wait)
     assert result["frames"] >= 2, result
     [uploaded] = [line for line in result["lines"] if "precompiled package uploaded" in line]
     return uploaded.split("key=")[1].split()[0]
@@ -133,6 +137,16 @@ def test_a_fresh_process_runs_precompiled_frames_without_tracing_or_compiler(
     assert (hit["frames"], hit["graphs"]) == (0, 0), hit
     assert any("precompiled hit" in line for line in hit["lines"]), hit
     assert log_file.read_text().splitlines() == []
+
+
+def test_wait_false_produces_and_loads_a_precompiled_package(stack, tmp_path, precompile_keys):
+    width = WIDTH + 5
+    _produce(stack, tmp_path, precompile_keys, width, wait=False)
+    hit = _run(stack, tmp_path, "consumer", width, {
+        "TORCHFARM_PRECOMPILE_TRUSTED_KEYS_FILE": str(precompile_keys[1]),
+    }, wait=False)
+    assert (hit["frames"], hit["graphs"]) == (0, 0), hit
+    assert any("precompiled hit" in line for line in hit["lines"]), hit
 
 
 def test_a_changed_model_takes_the_normal_path_and_says_why(stack, tmp_path, precompile_keys):
