@@ -139,6 +139,7 @@ def test_a_fresh_process_runs_precompiled_frames_without_tracing_or_compiler(
     assert log_file.read_text().splitlines() == []
 
 
+@pytest.mark.precompiled_full
 def test_wait_false_produces_and_loads_a_precompiled_package(stack, tmp_path, precompile_keys):
     width = WIDTH + 5
     _produce(stack, tmp_path, precompile_keys, width, wait=False)
@@ -149,6 +150,7 @@ def test_wait_false_produces_and_loads_a_precompiled_package(stack, tmp_path, pr
     assert any("precompiled hit" in line for line in hit["lines"]), hit
 
 
+@pytest.mark.precompiled_full
 def test_a_changed_model_takes_the_normal_path_and_says_why(stack, tmp_path, precompile_keys):
     width = WIDTH + 1
     _produce(stack, tmp_path, precompile_keys, width)
@@ -160,6 +162,7 @@ def test_a_changed_model_takes_the_normal_path_and_says_why(stack, tmp_path, pre
         assert any("normal path: precompiled miss" in line for line in changed["lines"]), changed
 
 
+@pytest.mark.precompiled_full
 def test_a_tampered_or_foreign_package_is_refused(stack, tmp_path, precompile_keys):
     width = WIDTH + 3
     produced = _produce(stack, tmp_path, precompile_keys, width)
