@@ -55,6 +55,9 @@ class _QuietDroppedGuards(logging.Filter):
         return _DROPPED not in str(record.msg)
 
 
+_QUIET = _QuietDroppedGuards()
+
+
 def enabled(settings: SDKSettings) -> bool:
     return bool(settings.remote) and bool(
         settings.precompile_key_file or settings.precompile_trusted_keys_file or settings.precompile_trusted_keys
@@ -64,7 +67,7 @@ def enabled(settings: SDKSettings) -> bool:
 def compile_packaged(fn: Any, backend: FarmBackend, kwargs: dict[str, Any]) -> Any:
     """`torch.compile` with Dynamo recording its frames in a package
     (`caching_precompile`): what the normal path uploads."""
-    logging.getLogger("torch._dynamo.guards").addFilter(_QuietDroppedGuards())
+    logging.getLogger("torch._dynamo.guards").addFilter(_QUIET)  # once: the same filter
     with torch._dynamo.config.patch(caching_precompile=True):
         return torch.compile(fn, backend=backend, **kwargs)
 
