@@ -182,13 +182,15 @@ class Gate:
             graph = artifact.verify(graph_bytes, graph_blobs, graph_key, fp, trust)
             backends[backend_id] = _Loaded(artifact.load(graph, graph_blobs))
         # Loaded only now: a pinned key signed these exact bytes for this key and machine.
-        entry = pickle.loads(blobs[manifest.payload.digest])  # noqa: S301
-        if not isinstance(entry, _DynamoCacheEntry):
-            raise Refused(f"package refused: its payload is a {type(entry).__qualname__}")
         try:
+            entry = pickle.loads(blobs[manifest.payload.digest])  # noqa: S301
+            if not isinstance(entry, _DynamoCacheEntry):
+                raise Refused(f"package refused: its payload is a {type(entry).__qualname__}")
             package = CompilePackage(self.model.forward, entry)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise Refused(f"package does not fit this model ({e})") from e
+        except Refused:
+            raise
+        except Exception as e:  # a module or name the package needs that this process lacks
+            raise Refused(f"package does not fit this model ({type(e).__name__}: {e})") from e
         try:
             package.install(backends)
         except (RuntimeError, KeyError, ValueError, AttributeError) as e:
