@@ -139,10 +139,10 @@ def main() -> None:
             pt_redis.terminate()
             pt_redis.wait()
     print()
-    header = f"{'model':6}" + "".join(f"{c:>15}" for c in CASES)
+    header = f"{'model':6}" + "".join(f"{c:>17}" for c in CASES)
     print(header)
     for model, res in results.items():
-        print(f"{model:6}" + "".join(f"{res['median_s'][c]:14.2f}s" for c in CASES))
+        print(f"{model:6}" + "".join(f"{res['median_s'][c]:16.2f}s" for c in CASES))
     print()
     for model, res in results.items():
         print(model + ": " + ", ".join(f"{k} = {v:.2f}" for k, v in res["ratios"].items()))
