@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-models test-distributed bench-ranks test-failover test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,9 +14,13 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover and not distributed"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover and not distributed and not precompiled_full"
 
 # A compile in flight through a Redis Sentinel failover (tests/integration/test_sentinel.py).
+# Precompiled frames: a changed model, a tampered package, wait=False (tests/integration/test_precompiled.py).
+test-precompiled: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m precompiled_full tests/integration/test_precompiled.py
+
 test-failover: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m failover
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sdk import nonblocking, warm_mode
+from sdk import nonblocking, precompile, warm_mode
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
@@ -80,7 +80,12 @@ def compile(
             target=wanted,
             wait=wait or warm_mode.active(),  # `torchfarm warm` reports each compile as it ends
         )
-        compiled = torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
+        if precompile.enabled(settings) and wanted is None:
+            compiled = precompile.attach(
+                precompile.compile_packaged(fn, farm_backend, torch_compile_kwargs), fn, farm_backend
+            )
+        else:
+            compiled = torch.compile(fn, backend=farm_backend, **torch_compile_kwargs)
         if farm_backend.swapper is not None:
             compiled = nonblocking.attach(compiled, farm_backend.swapper)
         return warm_mode.observe(compiled)

@@ -124,6 +124,19 @@ class FarmBackend:
         self.progress = Progress(name, settings, lambda: self._graphs)
         self.swapper: Swapper | None = None if wait else Swapper(name, settings.fallback)
         """Set with wait=False: the graphs handed out, and their switch to compiled code."""
+        self.farm_keys: dict[int, tuple[Callable[..., Any], str]] = {}
+        """id of each callable this backend returned for a farm artifact → (it, its key):
+        what a precompiled package names for each of its frames' backends."""
+
+    def farm_key(self, fn: Any) -> str | None:
+        """The farm key of a graph this backend returned; None for one compiled here."""
+        found = self.farm_keys.get(id(fn))
+        return found[1] if found is not None and found[0] is fn else None
+
+    def _keyed(self, fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        with self._lock:
+            self.farm_keys[id(fn)] = (fn, key)
+        return fn
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         if self._client is not None or self.target is not None:
@@ -181,9 +194,9 @@ class FarmBackend:
             prepared = self._prepare(gm, example_inputs, index)
         except FarmError as e:
             return self.swapper.failed(index, gm.forward, e)
-        return self.swapper.defer(
+        return self._keyed(self.swapper.defer(
             index, prepared.key, gm.forward, lambda: self._complete(prepared)
-        )
+        ), prepared.key)
 
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
         assert self._client is not None and self.trust is not None
@@ -257,7 +270,7 @@ class FarmBackend:
             compile_seconds=sum(t.seconds for t in status.timings) if status is not None else 0.0,
             kernels=len(manifest.kernels), bytes=manifest.total_bytes(),
         )
-        return compiled
+        return self._keyed(compiled, reply.key)
 
     def _shape_guards(
         self, prepared: _Prepared, manifest: Any, key: str, in_backend: bool

@@ -285,6 +285,19 @@ class FarmClient:
                 log.info("torchfarm: the farm lost job %s; submitting again", reply.key[:12])
         raise AssertionError("unreachable")
 
+    def put_precompiled(self, manifest: bytes, blobs: dict[str, bytes]) -> str:
+        """Uploads a precompiled package (sdk/precompile.py); returns its key."""
+        self.connect()
+        upload = farm_pb2.PrecompiledUpload(
+            manifest=manifest,
+            blobs=[farm_pb2.PrecompiledBlob(digest=d, data=b) for d, b in blobs.items()],
+        )
+        try:
+            reply = self.stub.PutPrecompiled(upload, timeout=self.settings.rpc_timeout_s, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise _map_error(e, "upload of a precompiled package", "") from e
+        return cast(str, reply.key)
+
     def fetch(self, key: str) -> tuple[bytes, dict[str, bytes]]:
         """The artifact: the manifest bytes and every blob, by digest. Downloaded from the
         store's pre-signed URLs where the farm offers them, else streamed; a direct

@@ -64,3 +64,13 @@ class SDKSettings:
     cache hits print nothing extra."""
     progress_every_s: float = 5.0
     """Seconds between progress log lines when stderr is not a terminal."""
+    precompile_key_file: str = ""
+    """This client's precompile signing key (Ed25519, PEM; `torchfarm keygen`). Set, a
+    model whose first call took the normal path uploads its precompiled frames, signed
+    with it (sdk/precompile.py; docs/sdk.md)."""
+    precompile_trusted_keys_file: str = ""
+    """Precompile keys whose packages this client loads, JSON {key id: base64 public
+    key}. With any pinned (here or inline), the first call of an `sdk.compile`d module
+    looks for a precompiled package and, on a hit, runs with no Dynamo tracing."""
+    precompile_trusted_keys: str = ""
+    """More pinned precompile keys, inline: "id=base64,id=base64"."""

@@ -30,6 +30,15 @@ COMPILE = "compile"
 EXPORT = "export"
 """Manifest kind: the payload is an AOTInductor .pt2 package (sdk.export)."""
 
+PRECOMPILED = "precompiled"
+"""Manifest kind: the payload is a client's Dynamo package (its frames' bytecode and
+guards, sdk/precompile.py), signed by a client's precompile key, never by the farm;
+`graphs` names the compile artifacts its frames call."""
+
+PRECOMPILED_PREFIX = "pc1-"
+"""How a PRECOMPILED package's key begins; a compile key (hex) never does, so an upload
+cannot take a compile artifact's place."""
+
 
 class ManifestError(ValueError):
     """The manifest is malformed, of an unknown format, or does not match its blobs."""
@@ -90,6 +99,9 @@ class Manifest:
     """A staged compile's stage records (workers/jobs/): each has "stage",
     "seconds" (running), "queued_seconds", "worker", "kernels", "kernels_hit". Empty for
     a whole-graph compile, whose `timings` say it all."""
+    graphs: dict[str, str] = field(default_factory=dict)
+    """A PRECOMPILED package's backends: Dynamo's backend id → the farm's compile
+    artifact key whose graph it calls. Empty for every other kind."""
     toolchain: dict[str, Any] = field(default_factory=dict)
     """What the worker's Inductor probed on its toolchain, so a client need not probe
     again: `vec_isa`, the vector-ISA probe's record (torchfarm/fx/vecisa.py). Empty from older
@@ -126,6 +138,8 @@ class Manifest:
             body["stages"] = [dict(s) for s in self.stages]
         if self.kind == COMPILE:
             del body["kind"]  # compile manifests read (and verify) as they did before exports
+        if not self.graphs:
+            del body["graphs"]  # every kind but PRECOMPILED reads as before
         if not self.toolchain:
             del body["toolchain"]  # manifests of workers that record no probe read as before
         if not self.guards:
@@ -165,6 +179,7 @@ class Manifest:
                 guards=_guards(body.get("guards", [])),
                 stages=_stages(body.get("stages", [])),
                 toolchain=_toolchain(body.get("toolchain", {})),
+                graphs=_graphs(body.get("graphs", {})),
                 signature=_signature(body.get("signature")),
             )
         except ManifestError:
@@ -174,9 +189,17 @@ class Manifest:
 
 
 def _kind(body: Any) -> str:
-    if body not in (COMPILE, EXPORT):
+    if body not in (COMPILE, EXPORT, PRECOMPILED):
         raise ManifestError(f"unknown artifact kind {body!r}")
     return str(body)
+
+
+def _graphs(body: Any) -> dict[str, str]:
+    if not isinstance(body, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in body.items()
+    ):
+        raise ManifestError("malformed graphs")
+    return dict(body)
 
 
 def _guards(body: Any) -> tuple[Any, ...]:

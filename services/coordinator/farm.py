@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 import redis
 from kombu.exceptions import OperationalError
 
-from services.coordinator import metrics
+from services.coordinator import metrics, precompiled
 from services.coordinator.errors import (
     ArtifactCorrupt,
     BackendUnavailable,
@@ -444,6 +444,13 @@ class Farm:
                     f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
                 )
         metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
+
+    async def put_precompiled(self, upload: farm_pb2.PrecompiledUpload, tenant: Tenant = OPEN) -> str:
+        """Stores a client's precompiled package in its namespace, unread
+        (services/coordinator/precompiled.py); returns its key."""
+        manifest, blobs = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
+        await self._io(precompiled.store_upload, self.store.tenant(tenant.namespace), manifest, blobs)
+        return manifest.key
 
     def _links(self, store: Store, manifest: Manifest) -> list[ArtifactPiece] | None:
         """A pre-signed link per blob, or None where the store hands out none."""

@@ -221,6 +221,12 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                 evicted=[e.key for e in evicted], bytes=sum(shared.values())
             )
 
+    async def PutPrecompiled(
+        self, request: farm_pb2.PrecompiledUpload, context: _Context
+    ) -> farm_pb2.PrecompiledReply:
+        async with _ErrorMapping(context):
+            return farm_pb2.PrecompiledReply(key=await self.farm.put_precompiled(request, auth.caller()))
+
     async def CompileKernel(self, request: farm_pb2.KernelRequest, context: _Context) -> farm_pb2.KernelReply:
         async with _ErrorMapping(context):
             k = await self.kernels.compile(request, request.ByteSize(), auth.caller())

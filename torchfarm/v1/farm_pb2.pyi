@@ -644,3 +644,25 @@ class KernelReply(_message.Message):
     worker: str
     compile_seconds: float
     def __init__(self, key: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., kind: _Optional[str] = ..., binary: _Optional[bytes] = ..., assembly: _Optional[str] = ..., metadata_json: _Optional[str] = ..., triton_version: _Optional[str] = ..., worker: _Optional[str] = ..., compile_seconds: _Optional[float] = ...) -> None: ...
+
+class PrecompiledUpload(_message.Message):
+    __slots__ = ("manifest", "blobs")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    manifest: bytes
+    blobs: _containers.RepeatedCompositeFieldContainer[PrecompiledBlob]
+    def __init__(self, manifest: _Optional[bytes] = ..., blobs: _Optional[_Iterable[_Union[PrecompiledBlob, _Mapping]]] = ...) -> None: ...
+
+class PrecompiledBlob(_message.Message):
+    __slots__ = ("digest", "data")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    data: bytes
+    def __init__(self, digest: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PrecompiledReply(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...

@@ -79,6 +79,11 @@ class CompileFarmStub:
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvict.SerializeToString,
                 response_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.FromString,
                 _registered_method=True)
+        self.PutPrecompiled = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/PutPrecompiled',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.FromString,
+                _registered_method=True)
 
 
 class CompileFarmServicer:
@@ -151,6 +156,15 @@ class CompileFarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutPrecompiled(self, request, context):
+        """Stores a precompiled-frame package (docs/sdk.md) in the caller's namespace. The
+        coordinator checks its JSON manifest and blob digests and never reads the blobs;
+        clients fetch it with FetchArtifact and load it only under a pinned precompile key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompileFarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +212,11 @@ def add_CompileFarmServicer_to_server(servicer, server):
                     servicer.EvictArtifacts,
                     request_deserializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvict.FromString,
                     response_serializer=torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.SerializeToString,
+            ),
+            'PutPrecompiled': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPrecompiled,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +462,33 @@ class CompileFarm:
             '/torchfarm.v1.CompileFarm/EvictArtifacts',
             torchfarm_dot_v1_dot_farm__pb2.CacheEvict.SerializeToString,
             torchfarm_dot_v1_dot_farm__pb2.CacheEvictReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPrecompiled(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/PutPrecompiled',
+            torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.FromString,
             options,
             channel_credentials,
             insecure,

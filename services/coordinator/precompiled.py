@@ -1,0 +1,52 @@
+"""`PutPrecompiled`: a client's precompiled-frame package stored in its namespace.
+
+The package's payload is a pickle of Dynamo's state made by the client that ran the
+model (sdk/precompile.py). The coordinator never reads it: it parses the JSON manifest,
+checks the key's prefix, the kind, the namespace, the size and every blob's digest,
+and stores manifest and blobs as it stores a compile artifact, for FetchArtifact.
+Who may load it is the clients' decision: only under a pinned precompile key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.coordinator.errors import InvalidRequest, RequestTooLarge
+from torchfarm import keys
+from torchfarm.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, ManifestError, check_blobs
+from torchfarm.store import Store
+from torchfarm.v1 import farm_pb2
+
+log = logging.getLogger(__name__)
+
+
+def check_upload(upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: int) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest and blobs of a well-formed upload for `namespace`; InvalidRequest
+    (RequestTooLarge over `max_bytes`) otherwise."""
+    if upload.ByteSize() > max_bytes:
+        raise RequestTooLarge(f"precompiled package of {upload.ByteSize()} bytes is over the limit of {max_bytes}")
+    try:
+        manifest = Manifest.from_json(upload.manifest)
+    except ManifestError as e:
+        raise InvalidRequest(f"precompiled package refused: {e}") from e
+    if manifest.kind != PRECOMPILED:
+        raise InvalidRequest(f"precompiled package refused: its kind is {manifest.kind!r}")
+    if not manifest.key.startswith(PRECOMPILED_PREFIX) or len(manifest.key) > 128:
+        raise InvalidRequest(f"precompiled package refused: key {manifest.key[:20]!r} is not a precompiled key")
+    if manifest.tenant != namespace:
+        raise InvalidRequest("precompiled package refused: it names another namespace")
+    if manifest.kernels:
+        raise InvalidRequest("precompiled package refused: it carries kernels")
+    blobs = {b.digest: b.data for b in upload.blobs}
+    try:
+        check_blobs(manifest, blobs)
+    except ManifestError as e:
+        raise InvalidRequest(f"precompiled package refused: {e}") from e
+    return manifest, blobs
+
+
+def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes]) -> None:
+    for ref in manifest.blobs():
+        store.put_blob(ref.digest, blobs[ref.digest])
+    store.put_manifest(manifest)
+    log.info("key=%s precompiled package stored (%d frames' backends)", keys.short(manifest.key), len(manifest.graphs))
