@@ -33,6 +33,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy import functions as sym_functions
 
 Tree = list
@@ -261,13 +262,19 @@ def snapshot(shape_env: Any) -> tuple[int, frozenset]:
 
 def added_since(shape_env: Any, mark: tuple[int, frozenset]) -> list[sympy.Basic]:
     """The guard and runtime-assert expressions added after `snapshot` returned `mark`,
-    without repeats, guards first in the order they were added."""
+    without repeats, guards first in the order they were added.
+
+    Those over an unbacked symbol (a while_loop's trip count, say) are left out: no
+    input's size gives its value, so Dynamo cannot check them before a call either; the
+    compiled code asserts them at run time, as in a local compile."""
     count, asserts_before = mark
     exprs = [g.expr for g in shape_env.guards[count:]]
     exprs += [e for e in _asserts(shape_env) if e not in asserts_before]
     seen: set[sympy.Basic] = set()
     out = []
     for e in exprs:
+        if free_unbacked_symbols(e):
+            continue
         if e not in seen and e is not sympy.true:
             seen.add(e)
             out.append(e)
