@@ -602,6 +602,12 @@ class _Checker:
         if meta.storage_offset < 0:
             raise MalformedGraph(f"{where}: negative storage offset")
 
+    def reference(self, name: str, where: str) -> None:
+        if name not in self.defined:
+            raise MalformedGraph(f"{where}: reference to {name!r}, not an earlier node")
+        if name in self.subgraph_nodes and not self.takes_subgraphs:
+            raise MalformedGraph(f"{where}: subgraph {name!r} given to a node that is no higher-order op")
+
     def argument(self, arg: graph_pb2.Argument, where: str, depth: int) -> None:
         self.totals.arguments += 1
         if self.totals.arguments > self.limits.max_arguments:
@@ -614,10 +620,7 @@ class _Checker:
         if kind is None:
             raise MalformedGraph(f"{where}: argument without a value")
         if kind == "node":
-            if arg.node not in self.defined:
-                raise MalformedGraph(f"{where}: reference to {arg.node!r}, not an earlier node")
-            if arg.node in self.subgraph_nodes and not self.takes_subgraphs:
-                raise MalformedGraph(f"{where}: subgraph {arg.node!r} given to a node that is no higher-order op")
+            self.reference(arg.node, where)
         elif kind in ("list", "tuple"):
             for item in getattr(arg, kind).items:
                 self.argument(item, where, depth + 1)

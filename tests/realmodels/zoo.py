@@ -225,6 +225,18 @@ ARCHITECTURES: tuple[Arch, ...] = (
 )
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 
+
+def checkpointed(arch: Arch) -> Arch:
+    """`arch` with `gradient_checkpointing_enable()`: its layers run under
+    `torch.utils.checkpoint`, which reaches the farm as a subgraph (graph.proto V2)."""
+
+    def build() -> tuple[Any, dict]:
+        model, inputs = arch.build()
+        model.gradient_checkpointing_enable()
+        return model, inputs
+
+    return Arch(f"{arch.name} + checkpointing", arch.family, build)
+
 KNOWN_GAPS = {
     "mixtral": "torch.ops.transformers.grouped_mm_fallback",
 }
