@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -14,7 +14,7 @@ lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
 test: setup lint proto-check
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover and not distributed and not precompiled_full"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not models_full and not failover and not distributed and not precompiled_full and not higher_order_full"
 
 # A compile in flight through a Redis Sentinel failover (tests/integration/test_sentinel.py).
 # Precompiled frames: a changed model, a tampered package, wait=False (tests/integration/test_precompiled.py).
@@ -35,6 +35,11 @@ bench-ranks: setup
 # The whole real-model suite (tests/integration/test_real_models.py), about 25 minutes.
 test-models: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m models
+
+# Every higher-order op through the farm (tests/integration/test_higher_order.py);
+# `make test` runs checkpointing and autograd.Function.
+test-higher-order: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_higher_order.py
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"

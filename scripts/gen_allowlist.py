@@ -129,6 +129,18 @@ HELPERS = (
     "builtins.getattr",
 )
 
+# Higher-order ops Dynamo emits for activation checkpointing, autograd.Function, torch.cond,
+# while_loop, flex_attention and nested_compile_region (`wrap`: a plain inlined body). Their
+# callables are subgraphs of the same graph (graph.proto V2), which graphcheck validates
+# with the same allow-list; every other `torch.ops.higher_order` op is refused by name.
+HIGHER_ORDER_OPS = tuple(
+    f"torch.ops.higher_order.{name}"
+    for name in (
+        "autograd_function_apply cond flex_attention invoke_subgraph tag_activation_checkpoint "
+        "while_loop wrap"
+    ).split()
+)
+
 # Tensor attributes `builtins.getattr` may read: the public data descriptors of
 # torch.Tensor, less these, which lead to autograd state or leave the tensor world.
 DENIED_ATTRIBUTES = {"data", "grad", "grad_fn", "grad_dtype", "name", "output_nr", "retains_grad", "volatile"}
@@ -290,6 +302,7 @@ def functions() -> list[str]:
     # Functional collectives name their group by a string; torchfarm/collectives.py
     # checks it against the graph's declared groups.
     names.update(collectives.allowed_targets())
+    names.update(HIGHER_ORDER_OPS)
     return sorted(names)
 
 

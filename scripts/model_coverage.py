@@ -28,21 +28,12 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tests.realmodels.step import StepResult, train_step  # noqa: E402
-from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, Arch  # noqa: E402
+from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, checkpointed  # noqa: E402
 from torchfarm.testing.stack import LocalStack  # noqa: E402
 
 log = logging.getLogger("model_coverage")
 
 OUTPUT = ROOT / "docs" / "model-coverage.md"
-
-
-def _checkpointed(arch: Arch) -> Arch:
-    def build():
-        model, inputs = arch.build()
-        model.gradient_checkpointing_enable()
-        return model, inputs
-
-    return Arch(f"{arch.name} + checkpointing", arch.family, build)
 
 
 def _reason(line: str) -> str:
@@ -91,7 +82,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("sdk").setLevel(logging.ERROR)
     archs = [BY_NAME[n] for n in args.names] if args.names else list(ARCHITECTURES)
-    archs += [_checkpointed(BY_NAME[n]) for n in filter(None, args.checkpointing.split(","))]
+    archs += [checkpointed(BY_NAME[n]) for n in filter(None, args.checkpointing.split(","))]
     os.environ.setdefault("TORCHFARM_WARMUP", "0")
     results: list[tuple[StepResult, float]] = []
     command = " ".join(["scripts/model_coverage.py", *sys.argv[1:]])

@@ -4,7 +4,11 @@ The coordinator runs `validate_graph` on every request before anything else sees
 the worker runs it again before decoding. It imports no torch. It checks the format's
 rules as written in `proto/torchfarm/v1/graph.proto`:
 
-- a known format version;
+- a known format version (V2 when the graph has subgraphs);
+- subgraphs (a higher-order op's bodies): each checked by the same rules, recursively, up
+  to `GraphLimits.max_subgraph_depth`, with nodes, arguments, elements and constant bytes
+  counted over all of them together; a subgraph is named only by a GET_ATTR of the graph
+  that holds it, and that node only feeds a higher-order op;
 - unique node names that are Python identifiers; placeholders first; exactly one OUTPUT
   node, last; arguments only reference earlier nodes;
 - every call_function / call_method target on the allow-list, every get_attr naming a
@@ -29,7 +33,7 @@ from __future__ import annotations
 import keyword
 import re
 from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm import allowlist, collectives, customops, graphbounds
@@ -42,11 +46,11 @@ class GraphLimits:
     """Bounds on a graph's size. The defaults fit real models with a wide margin."""
 
     max_nodes: int = 50_000
-    """Nodes in the graph, placeholders and output included."""
+    """Nodes in the graph and all its subgraphs, placeholders and output included."""
     max_rank: int = 16
     """Dimensions of any placeholder or constant tensor."""
     max_constant_bytes: int = 1 << 20
-    """Bytes of inline constant data, all constants together."""
+    """Bytes of inline constant data, all constants (of every subgraph) together."""
     max_nesting_depth: int = 32
     """Nesting of argument lists/tuples/slices/dicts, and of symbolic expressions."""
     max_arguments: int = 1_000_000
@@ -63,6 +67,8 @@ class GraphLimits:
     """Elements of all placeholders and constants together, symbols at their hints."""
     max_sequence_length: int = 1 << 16
     """Items in any tuple or list a node can produce (`t + t` doubles at each node)."""
+    max_subgraph_depth: int = 8
+    """Nesting of subgraphs: a checkpointed body inside a cond branch is depth 2."""
 
 
 # The torch.dtype names a graph may use (str(dtype) without "torch."), with their item
@@ -125,6 +131,9 @@ MAX_SYM_EXPONENT = 64
 # so a node with no node operand is not from Dynamo; refusing it keeps arbitrary
 # Python arithmetic (say 10 ** 10 ** 9) off the worker.
 _PURE_PYTHON_PREFIXES = ("_operator.", "math.")
+
+HIGHER_ORDER_PREFIX = "torch.ops.higher_order."
+"""Targets that take subgraphs; which of them a graph may call, the allow-list says."""
 
 GETATTR = "builtins.getattr"
 """The one builtin a graph may call: it reads an allow-listed Tensor attribute."""
@@ -293,16 +302,40 @@ def parse_sym_expr(text: str, symbols: Container[str], limits: GraphLimits) -> S
 # ---------------------------------------------------------------------------
 
 
+@dataclass
+class _Totals:
+    """What the outermost graph and all its subgraphs share: symbols, and the counts
+    bounded over the whole tree."""
+
+    format: int
+    symbols: set[str] = field(default_factory=set)
+    hints: dict[str, int] = field(default_factory=dict)
+    nodes: int = 0
+    arguments: int = 0
+    elements: int = 0
+    constant_bytes: int = 0
+
+
 class _Checker:
-    def __init__(self, graph: graph_pb2.Graph, limits: GraphLimits) -> None:
+    def __init__(
+        self, graph: graph_pb2.Graph, limits: GraphLimits,
+        totals: _Totals | None = None, path: str = "", depth: int = 0,
+    ) -> None:
         self.graph = graph
         self.limits = limits
-        self.symbols: set[str] = set()
+        self.totals = totals or _Totals(format=graph.format)
+        self.symbols = self.totals.symbols
+        self.hints = self.totals.hints
+        self.path = path
+        """"subgraph 'a': subgraph 'b': " for a nested graph, in every error message."""
+        self.depth = depth
         self.constants: set[str] = set()
+        self.subgraphs: set[str] = set()
+        self.referenced: set[str] = set()
+        self.subgraph_nodes: set[str] = set()
+        """GET_ATTR nodes that name a subgraph: only a higher-order op may take them."""
+        self.takes_subgraphs = False
         self.defined: set[str] = set()
-        self.arguments = 0
-        self.hints: dict[str, int] = {}
-        self.elements = 0
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
         self.groups: dict[str, graph_pb2.ProcessGroup] = {}
         self.used_groups: set[str] = set()
@@ -316,10 +349,10 @@ class _Checker:
 
     def run(self) -> None:
         g, lim = self.graph, self.limits
-        if g.format != graph_pb2.GRAPH_FORMAT_V1:
-            raise MalformedGraph(f"unknown graph format {g.format}")
-        if len(g.nodes) > lim.max_nodes:
-            raise GraphTooLarge(f"{len(g.nodes)} nodes, more than {lim.max_nodes}")
+        self.header()
+        self.totals.nodes += len(g.nodes)
+        if self.totals.nodes > lim.max_nodes:
+            raise GraphTooLarge(f"{self.totals.nodes} nodes, more than {lim.max_nodes} (subgraphs included)")
         if len(g.symbols) > lim.max_symbols:
             raise GraphTooLarge(f"{len(g.symbols)} symbols, more than {lim.max_symbols}")
         if len(g.constants) > lim.max_nodes:
@@ -327,13 +360,13 @@ class _Checker:
         for sym in g.symbols:
             self.symbol(sym)
         self.groups = collectives.check_groups(g)
-        total = 0
         for const in g.constants:
-            total += self.constant(const)
-            if total > lim.max_constant_bytes:
+            self.totals.constant_bytes += self.constant(const)
+            if self.totals.constant_bytes > lim.max_constant_bytes:
                 raise GraphTooLarge(f"inline constants exceed {lim.max_constant_bytes} bytes")
+        self.declare_subgraphs()
         if not g.nodes or g.nodes[-1].op != Node.OUTPUT:
-            raise MalformedGraph("the last node must be the OUTPUT node")
+            raise MalformedGraph(f"{self.path}the last node must be the OUTPUT node")
         seen_compute = False
         placeholder_targets: set[str] = set()
         for index, node in enumerate(g.nodes):
@@ -354,6 +387,41 @@ class _Checker:
             self.defined.add(node.name)
         if unused := sorted(set(self.groups) - self.used_groups):
             raise MalformedGraph(f"process groups {unused} are declared but no collective uses them")
+        unused = sorted(self.subgraphs - self.referenced)
+        if unused:
+            raise MalformedGraph(f"{self.path}subgraph {unused[0]!r} is named by no get_attr node")
+
+    def header(self) -> None:
+        """The format version, and what a subgraph may not declare."""
+        g = self.graph
+        if self.depth == 0:
+            if g.format not in (graph_pb2.GRAPH_FORMAT_V1, graph_pb2.GRAPH_FORMAT_V2):
+                raise MalformedGraph(f"unknown graph format {g.format}")
+            if g.subgraphs and g.format == graph_pb2.GRAPH_FORMAT_V1:
+                raise MalformedGraph("a GRAPH_FORMAT_V1 graph has no subgraphs (V2 has)")
+            return
+        if g.format != self.totals.format:
+            raise MalformedGraph(f"{self.path}format {g.format}, not its outer graph's {self.totals.format}")
+        if g.symbols:
+            raise MalformedGraph(f"{self.path}declares symbols; a subgraph uses its outermost graph's")
+
+    def declare_subgraphs(self) -> None:
+        """Checks each subgraph, depth first, before the nodes that name them."""
+        previous = None
+        for sub in self.graph.subgraphs:
+            where = f"{self.path}subgraph {sub.name!r}"
+            self.name("subgraph", sub.name)
+            if previous is not None and sub.name <= previous:
+                raise MalformedGraph(f"{where}: subgraphs must be unique and sorted by name")
+            previous = sub.name
+            if sub.name in self.constants:
+                raise MalformedGraph(f"{where}: a constant has the same name")
+            if self.depth + 1 > self.limits.max_subgraph_depth:
+                raise GraphTooLarge(f"{where}: subgraphs nested deeper than {self.limits.max_subgraph_depth}")
+            if not sub.HasField("graph"):
+                raise MalformedGraph(f"{where}: no graph")
+            self.subgraphs.add(sub.name)
+            _Checker(sub.graph, self.limits, self.totals, f"{where}: ", self.depth + 1).run()
 
     def symbol(self, sym: graph_pb2.Symbol) -> None:
         self.name("symbol", sym.name)
@@ -374,14 +442,14 @@ class _Checker:
 
     def count_elements(self, numel: int, where: str) -> None:
         """Adds a placeholder's or constant's elements to the graph's total."""
-        self.elements += numel
-        if self.elements > self.limits.max_graph_elements:
+        self.totals.elements += numel
+        if self.totals.elements > self.limits.max_graph_elements:
             raise GraphTooLarge(
                 f"{where}: placeholders and constants hold over {self.limits.max_graph_elements} elements"
             )
 
     def constant(self, const: graph_pb2.Constant) -> int:
-        self.name("constant", const.name)
+        self.name(f"{self.path}constant", const.name)
         if const.name in self.constants:
             raise MalformedGraph(f"duplicate constant {const.name!r}")
         self.constants.add(const.name)
@@ -431,7 +499,8 @@ class _Checker:
         return tree
 
     def node(self, node: graph_pb2.Node) -> None:
-        where = f"node {node.name!r}"
+        where = f"{self.path}node {node.name!r}"
+        self.takes_subgraphs = node.op == Node.CALL_FUNCTION and node.target.startswith(HIGHER_ORDER_PREFIX)
         is_placeholder = node.op == Node.PLACEHOLDER
         if not is_placeholder and (node.HasField("tensor") or node.HasField("symint")):
             raise MalformedGraph(f"{where}: only placeholders carry tensor or symint metadata")
@@ -443,7 +512,7 @@ class _Checker:
             if node.target in self.custom_ops:
                 self.custom_call(node, where)
             elif not allowlist.is_allowed_function(node.target):
-                raise DisallowedOp(node.target)
+                raise DisallowedOp(node.target, kind="higher-order op" if self.takes_subgraphs else "op")
             if node.target == GETATTR:
                 _check_getattr(node, where)
             if (group := collectives.check_collective(node, self.groups, where)) is not None:
@@ -458,8 +527,11 @@ class _Checker:
             if not node.args or node.args[0].WhichOneof("kind") != "node":
                 raise MalformedGraph(f"{where}: a method call needs a node as its first argument")
         elif node.op == Node.GET_ATTR:
-            if node.target not in self.constants:
-                raise MalformedGraph(f"{where}: get_attr of undeclared constant {node.target!r}")
+            if node.target in self.subgraphs:
+                self.referenced.add(node.target)
+                self.subgraph_nodes.add(node.name)
+            elif node.target not in self.constants:
+                raise MalformedGraph(f"{where}: get_attr of undeclared constant or subgraph {node.target!r}")
             if node.args or node.kwargs:
                 raise MalformedGraph(f"{where}: get_attr takes no arguments")
         elif node.op == Node.OUTPUT:
@@ -484,7 +556,8 @@ class _Checker:
             self.sequences.placeholder(node.name, node.HasField("tensor"))
             return
         if node.op == Node.GET_ATTR:
-            self.sequences.tensor(node.name)
+            if node.name not in self.subgraph_nodes:
+                self.sequences.tensor(node.name)
             return
         if node.op not in (Node.CALL_FUNCTION, Node.CALL_METHOD):
             return
@@ -556,9 +629,15 @@ class _Checker:
         if meta.storage_offset < 0:
             raise MalformedGraph(f"{where}: negative storage offset")
 
+    def reference(self, name: str, where: str) -> None:
+        if name not in self.defined:
+            raise MalformedGraph(f"{where}: reference to {name!r}, not an earlier node")
+        if name in self.subgraph_nodes and not self.takes_subgraphs:
+            raise MalformedGraph(f"{where}: subgraph {name!r} given to a node that is no higher-order op")
+
     def argument(self, arg: graph_pb2.Argument, where: str, depth: int) -> None:
-        self.arguments += 1
-        if self.arguments > self.limits.max_arguments:
+        self.totals.arguments += 1
+        if self.totals.arguments > self.limits.max_arguments:
             raise GraphTooLarge(f"more than {self.limits.max_arguments} argument values")
         if depth > self.limits.max_nesting_depth:
             raise GraphTooLarge(
@@ -568,8 +647,7 @@ class _Checker:
         if kind is None:
             raise MalformedGraph(f"{where}: argument without a value")
         if kind == "node":
-            if arg.node not in self.defined:
-                raise MalformedGraph(f"{where}: reference to {arg.node!r}, not an earlier node")
+            self.reference(arg.node, where)
         elif kind in ("list", "tuple"):
             for item in getattr(arg, kind).items:
                 self.argument(item, where, depth + 1)

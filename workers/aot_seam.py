@@ -326,6 +326,11 @@ def _encode(gm: torch.fx.GraphModule, names: dict[str, str]) -> graph_pb2.Graph:
         graph = encode_graph(gm, placeholders)
     except UnsupportedGraph as e:
         raise NotDecomposable(f"the decomposed graph does not fit the format: {e}") from e
+    if graph.subgraphs:
+        # A partitioned graph's higher-order ops (cond, invoke_subgraph, flex_attention)
+        # read fake values on their bodies' nodes, which a lowering that decodes only
+        # the placeholders' values does not make.
+        raise NotDecomposable("the decomposed graph has higher-order ops with subgraphs")
     for sym in graph.symbols:
         if sym.name not in names:
             raise NotDecomposable(f"the decomposition made a new symbol {sym.name}")

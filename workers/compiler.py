@@ -324,19 +324,32 @@ def _compile_setup(
     return patch, shapes, fake_mode
 
 
+UNMARKED_CACHEABLE_HOPS = ("torch.ops.higher_order.cond", "torch.ops.higher_order.while_loop")
+"""Higher-order ops the farm allows that torch 2.13 does not mark cacheable; nor is
+`autograd_function_apply` by default. AOTAutograd bypasses its cache for a graph that
+calls one, and a bypassed compile serializes no artifact (`serialize` fails on a None).
+Marking them is sound here: their bodies are subgraphs of the request's graph, so they
+are in the farm's key, and AOTAutograd's key pickles the GraphModule with its
+submodules' code (`FxGraphCachePickler._reduce_graph_module`)."""
+
+
 def _serialized_compile(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], shapes: DynamicShapesType,
     patch: dict[str, Any], fake_mode: Any,
 ) -> bytes:
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
-    artifact = torch._inductor.standalone_compile(
-        gm,
-        list(example_inputs),
-        dynamic_shapes=shapes,
-        options={"config_patches": patch},
-        aot=True,
-        fake_mode=fake_mode,
-    )
+    marked = dict(torch._inductor.config.unsafe_marked_cacheable_functions)
+    marked.update((name, torch.__version__) for name in UNMARKED_CACHEABLE_HOPS)
+    with torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked), \
+            torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
+        artifact = torch._inductor.standalone_compile(
+            gm,
+            list(example_inputs),
+            dynamic_shapes=shapes,
+            options={"config_patches": patch},
+            aot=True,
+            fake_mode=fake_mode,
+        )
     return cast("AOTCompiledArtifact", artifact).serialize()  # what aot=True returns
 
 

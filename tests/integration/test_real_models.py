@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from tests.realmodels.step import TOLERANCE, train_step  # noqa: E402
-from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
+from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, KNOWN_GAPS, checkpointed  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
 
@@ -40,3 +40,20 @@ def test_training_step_on_the_farm(arch, stack, client_cache_dir, capsys):
         assert result.on_farm == result.graphs, result.line()
     else:
         assert result.fell_back and all(gap in line for line in result.fell_back), result.line()
+
+
+CHECKPOINTED_IN_EVERY_RUN = frozenset({"bert"})
+"""Gradient checkpointing (issue 18): bert with `make test`, llama with the full zoo."""
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, id=f"{n}-checkpointing", marks=() if n in CHECKPOINTED_IN_EVERY_RUN else pytest.mark.models_full)
+    for n in ("bert", "llama")
+])
+def test_checkpointed_training_step_on_the_farm(name, stack, client_cache_dir, capsys):
+    result = train_step(checkpointed(BY_NAME[name]), stack.address)
+    with capsys.disabled():
+        print(f"\n{result.line()}")
+    assert not result.error
+    assert result.graphs > 0 and result.on_farm == result.graphs, result.line()
+    assert result.loss_error <= TOLERANCE and result.grad_error <= TOLERANCE, result.line()

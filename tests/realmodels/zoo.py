@@ -225,6 +225,19 @@ ARCHITECTURES: tuple[Arch, ...] = (
 )
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 
+
+def checkpointed(arch: Arch) -> Arch:
+    """`arch` with `gradient_checkpointing_enable()`: its layers run under
+    `torch.utils.checkpoint`, which reaches the farm as a subgraph (graph.proto V2)."""
+
+    def build() -> tuple[Any, dict]:
+        model, inputs = arch.build()
+        model.gradient_checkpointing_enable()
+        return model, inputs
+
+    return Arch(f"{arch.name} + checkpointing", arch.family, build)
+
+
 KNOWN_GAPS: dict[str, str] = {}
 """Architectures with a graph the farm cannot take yet, and the text its reason holds.
 Mixtral's default experts call `torch.ops.transformers.grouped_mm_fallback`, a custom op:

@@ -235,6 +235,8 @@ class _Propagate(FakeTensorProp):
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.fx.GraphModule):
+            return value  # a subgraph: the higher-order op that takes it runs it on fakes
         return self._mode.from_tensor(value, static_shapes=True)
 
     limits = GraphLimits()
@@ -250,6 +252,20 @@ class _Propagate(FakeTensorProp):
         _check_python_method(target, args, self.limits)
         result = super().call_method(target, args, kwargs)
         _check_int_result(result)
+        return result
+
+
+class _BodyPropagate(_Propagate):
+    """Fake values on a subgraph's nodes as Dynamo leaves them: `example_value` only, not
+    detached. FakeTensorProp's `val` is detached (`snapshot_fake`), and invoke_subgraph's
+    autograd, reading `val` first, took every output of its body for one that needs no
+    gradient (a backward with no tangents); with no `val` it runs the body instead."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        n.meta.pop("val", None)
+        if n.op != "output":
+            n.meta["example_value"] = result
         return result
 
 
@@ -323,6 +339,7 @@ class _Decoder:
         """Set when the graph's symbols are an existing ShapeEnv's: name → expression."""
         self.symbols: dict[str, sympy.Expr] = {}
         self.env: dict[str, torch.fx.Node] = {}
+        self.children: list[tuple[torch.fx.GraphModule, list[Any], _Decoder]] = []
 
     def declare(self, sym: graph_pb2.Symbol) -> None:
         if self.bound is not None:
@@ -400,16 +417,39 @@ class _Decoder:
             return dict(zip(items[::2], items[1::2], strict=False))
         raise MalformedGraph(f"unknown argument kind {kind}")
 
+    def subgraph(self, graph: graph_pb2.Graph) -> torch.fx.GraphModule:
+        """A higher-order op's body: the same fake mode and the outermost graph's symbols.
+        Its placeholders' fakes (the body's parameters, not the graph's inputs) are kept
+        for `propagate_subgraphs`."""
+        inner = _Decoder(graph, self.limits, fake_mode=self.fake_mode, bound=self.symbols)
+        inner.symbols = self.symbols
+        gm, inputs = inner.build()
+        self.children.append((gm, inputs, inner))
+        return gm
+
+    def propagate_subgraphs(self) -> None:
+        """Fake values on every subgraph node, as Dynamo left them: higher-order ops read
+        them (invoke_subgraph's autograd takes which outputs need a gradient from its
+        body's output metadata, and without it traced a backward with no tangents)."""
+        for gm, inputs, inner in self.children:
+            propagate = _BodyPropagate(gm, mode=self.fake_mode)
+            propagate.limits = self.limits
+            propagate.propagate_dont_convert_inputs(*inputs)
+            inner.propagate_subgraphs()
+
     def build(self) -> tuple[torch.fx.GraphModule, list[Any]]:
         """The GraphModule and its fake example inputs, one per placeholder."""
         for sym in self.pb.symbols:
             self.declare(sym)
         root = torch.nn.Module()
-        constant_attrs: dict[str, str] = {}
+        attrs: dict[str, str] = {}
         for i, const in enumerate(self.pb.constants):
             # Private attribute names: a constant called "training" must not clobber Module state.
-            constant_attrs[const.name] = attr = f"_torchfarm_constant_{i}"
+            attrs[const.name] = attr = f"_torchfarm_constant_{i}"
             root.register_buffer(attr, _constant_tensor(const))
+        for i, sub in enumerate(self.pb.subgraphs):
+            attrs[sub.name] = attr = f"_torchfarm_subgraph_{i}"
+            root.add_module(attr, self.subgraph(sub.graph))
         custom = customops.declared_ops(self.pb)
         if custom:
             fx_customops.install(
@@ -439,7 +479,7 @@ class _Decoder:
                     raise DisallowedOp(pb.target, kind="method")
                 node = fx.create_node("call_method", pb.target, args, kwargs, name=pb.name)
             elif pb.op == Node.GET_ATTR:
-                node = fx.create_node("get_attr", constant_attrs[pb.target], name=pb.name)
+                node = fx.create_node("get_attr", attrs[pb.target], name=pb.name)
             else:
                 node = fx.output(args[0])
             self.env[pb.name] = node
@@ -451,9 +491,8 @@ class _Decoder:
             propagate = _Propagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
             propagate.propagate_dont_convert_inputs(*inputs)
-        for node in gm.graph.nodes:
-            if "val" in node.meta:
-                node.meta["example_value"] = node.meta["val"]
+            self.propagate_subgraphs()
+        _mark_example_values(gm)
         return DecodedGraph(
             gm=gm,
             example_inputs=inputs,
@@ -461,6 +500,12 @@ class _Decoder:
             shape_env=self.shape_env,
             symbols=dict(self.symbols),
         )
+
+
+def _mark_example_values(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
 
 
 def decode_graph(graph: graph_pb2.Graph, limits: GraphLimits = GraphLimits()) -> DecodedGraph:
@@ -490,6 +535,7 @@ def decode_graph_into(
         if propagate:
             with _preserve_global_state():
                 _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
+                decoder.propagate_subgraphs()
         else:
             for node, value in zip(gm.graph.find_nodes(op="placeholder"), values, strict=True):
                 node.meta["val"] = value

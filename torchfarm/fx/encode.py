@@ -103,6 +103,8 @@ def qualified_name(target: object) -> str:
     """
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         name = f"torch.ops.{target}"
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        name = f"torch.ops.{target.namespace}.{target.name()}"
     else:
         module = getattr(target, "__module__", None)
         qualname = getattr(target, "__qualname__", None)
@@ -192,12 +194,19 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 
 
 class _Encoder:
-    def __init__(self, gm: torch.fx.GraphModule, limits: GraphLimits) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, limits: GraphLimits,
+        outer: _Encoder | None = None, depth: int = 0,
+    ) -> None:
         self.gm = gm
         self.limits = limits
         self.graph = graph_pb2.Graph(format=graph_pb2.GRAPH_FORMAT_V1)
+        self.root: _Encoder = outer.root if outer is not None else self
+        """The outermost graph's encoder: it holds the symbols and the constant budget."""
+        self.depth = depth
         self.symbols: set[str] = set()
         self.constants: set[str] = set()
+        self.subgraphs: dict[str, graph_pb2.Graph] = {}
         self.constant_bytes = 0
 
     # -- symbolic sizes ----------------------------------------------------
@@ -218,6 +227,9 @@ class _Encoder:
         return graph_pb2.SymExpr(expr=str(expr), hint=hint)
 
     def declare(self, symbol: sympy.Symbol, shape_env: Any) -> None:
+        if self.root is not self:
+            self.root.declare(symbol, shape_env)  # a subgraph uses the outermost graph's symbols
+            return
         name = str(symbol)
         if name in self.symbols:
             return
@@ -237,7 +249,8 @@ class _Encoder:
 
     # -- placeholders ------------------------------------------------------
     def placeholder(self, node: torch.fx.Node, example: object, out: graph_pb2.Node) -> None:
-        value = node.meta.get("example_value", example)
+        # A decomposed graph's nodes (workers/aot_seam.py) carry "val", Dynamo's "example_value".
+        value = node.meta.get("example_value", node.meta.get("val", example))
         if isinstance(value, torch.SymInt):
             out.symint.CopyFrom(self.size(value))
             return
@@ -274,12 +287,11 @@ class _Encoder:
         value: object = self.gm
         for part in target.split("."):
             value = getattr(value, part)
+        if isinstance(value, torch.fx.GraphModule):
+            self.subgraph(target, value)
+            return
         if isinstance(value, torch.nn.Module):
-            # Activation checkpointing, autograd.Function and control flow put their
-            # bodies in submodules for higher-order ops; the format has no subgraphs.
-            raise UnsupportedGraph(
-                f"get_attr {target} is a submodule (a higher-order op's subgraph)"
-            )
+            raise UnsupportedGraph(f"get_attr {target} is a {type(value).__name__}, not a graph")
         if not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(
                 f"get_attr {target} is a {type(value).__name__}, not a tensor constant"
@@ -292,8 +304,8 @@ class _Encoder:
         dtype = dtype_name(value.dtype)
         if dtype not in DTYPE_ITEMSIZE:
             raise UnsupportedGraph(f"constant {target} has dtype {dtype}")
-        self.constant_bytes += value.numel() * value.element_size()
-        if self.constant_bytes > self.limits.max_constant_bytes:
+        self.root.constant_bytes += value.numel() * value.element_size()
+        if self.root.constant_bytes > self.limits.max_constant_bytes:
             raise UnsupportedGraph(
                 f"inline constants exceed {self.limits.max_constant_bytes} bytes"
             )
@@ -318,6 +330,19 @@ class _Encoder:
             )
         except (GraphError, TypeError) as e:
             raise UnsupportedGraph(str(e)) from e
+    # -- subgraphs ---------------------------------------------------------
+    def subgraph(self, target: str, gm: torch.fx.GraphModule) -> None:
+        """A higher-order op's body (checkpoint's, cond's branches, ...): encoded as a graph
+        of its own, named by `target` (two get_attr nodes may name one body)."""
+        if target in self.subgraphs:
+            return
+        if not target.isidentifier():
+            raise UnsupportedGraph(f"subgraph name {target!r} is not an identifier")
+        if self.depth + 1 > self.limits.max_subgraph_depth:
+            raise UnsupportedGraph(f"subgraphs nested deeper than {self.limits.max_subgraph_depth}")
+        inner = _Encoder(gm, self.limits, outer=self, depth=self.depth + 1)
+        inner.encode_nodes([])
+        self.subgraphs[target] = inner.graph
 
     # -- arguments ---------------------------------------------------------
     def arg(self, value: object, depth: int = 1) -> graph_pb2.Argument:
@@ -407,6 +432,22 @@ class _Encoder:
             out.kwargs.add(name=key, value=self.arg(node.kwargs[key]))
 
 
+    def encode_nodes(self, example_inputs: Sequence[object]) -> None:
+        """Every node but the droppable ones; then the subgraphs they named, sorted."""
+        placeholders = iter(example_inputs)
+        dropped = droppable_nodes(self.gm)
+        for node in self.gm.graph.nodes:
+            example = next(placeholders, None) if node.op == "placeholder" else None
+            if node not in dropped:
+                self.node(node, example)
+        for name in sorted(self.subgraphs):
+            self.graph.subgraphs.add(name=name, graph=self.subgraphs[name])
+        if self.depth > 0 or self.subgraphs:
+            # V2 only where a graph has subgraphs: every other graph keeps its V1 bytes, so
+            # its cache key does not change.
+            self.graph.format = graph_pb2.GRAPH_FORMAT_V2
+
+
 def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMeta.Kind:
     if isinstance(value, torch.nn.Parameter) or isinstance(example, torch.nn.Parameter):
         return TensorMeta.PARAMETER
@@ -431,12 +472,7 @@ def encode_graph(
     result has passed `validate_graph`, so the coordinator will not reject it.
     """
     encoder = _Encoder(gm, limits)
-    placeholders = iter(example_inputs)
-    dropped = droppable_nodes(gm)
-    for node in gm.graph.nodes:
-        example = next(placeholders, None) if node.op == "placeholder" else None
-        if node not in dropped:
-            encoder.node(node, example)
+    encoder.encode_nodes(example_inputs)
     graph = encoder.graph
     try:
         graph.groups.extend(describe_groups(gm))

@@ -265,16 +265,20 @@ def snapshot(shape_env: Any) -> tuple[int, frozenset]:
 
 def added_since(shape_env: Any, mark: tuple[int, frozenset]) -> list[sympy.Basic]:
     """The guard and runtime-assert expressions added after `snapshot` returned `mark`,
-    without repeats, guards first in the order they were added. Asserts over unbacked
-    symbols are left out: the compiled code checks them, and the client has no such
-    symbol to guard its frame on."""
+    without repeats, guards first in the order they were added.
+
+    Those over an unbacked symbol (a while_loop's trip count, say) are left out: no
+    input's size gives its value, so Dynamo cannot check them before a call either; the
+    compiled code asserts them at run time, as in a local compile."""
     count, asserts_before = mark
     exprs = [g.expr for g in shape_env.guards[count:]]
     exprs += [e for e in _asserts(shape_env) if e not in asserts_before]
     seen: set[sympy.Basic] = set()
     out = []
     for e in exprs:
-        if e not in seen and e is not sympy.true and not free_unbacked_symbols(e):
+        if free_unbacked_symbols(e):
+            continue
+        if e not in seen and e is not sympy.true:
             seen.add(e)
             out.append(e)
     return out

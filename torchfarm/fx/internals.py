@@ -84,6 +84,12 @@ INTERNALS: dict[str, Internal] = {
                             "sdk/exports.py: load an export"),
     "inductor_config": _i("torch._inductor.config", used_by="sdk/loader.py, workers/priming.py, "
                           "workers/gpuless.py: config.patch"),
+    "unsafe_marked_cacheable_functions": _i(
+        "torch._inductor.config", "unsafe_marked_cacheable_functions",
+        used_by="workers/compiler.py: cond and while_loop cacheable"),
+    "autograd_cache_allow_custom_autograd_functions": _i(
+        "torch._functorch.config", "autograd_cache_allow_custom_autograd_functions",
+        used_by="workers/compiler.py: autograd_function_apply cacheable"),
     # The C++ kernels: how they are built, keyed and found (torchfarm/fx/kernelspec.py).
     "get_cpp_compiler": _i("torch._inductor.cpp_builder", "get_cpp_compiler", (),
                            "torchfarm/fx/fingerprint.py: the compiler in the build"),

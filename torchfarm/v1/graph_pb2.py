@@ -24,47 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18torchfarm/v1/graph.proto\x12\x0ctorchfarm.v1\"\xff\x01\n\x05Graph\x12)\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x19.torchfarm.v1.GraphFormat\x12!\n\x05nodes\x18\x02 \x03(\x0b\x32\x12.torchfarm.v1.Node\x12)\n\tconstants\x18\x03 \x03(\x0b\x32\x16.torchfarm.v1.Constant\x12%\n\x07symbols\x18\x04 \x03(\x0b\x32\x14.torchfarm.v1.Symbol\x12*\n\x06groups\x18\x05 \x03(\x0b\x32\x1a.torchfarm.v1.ProcessGroup\x12*\n\ncustom_ops\x18\x14 \x03(\x0b\x32\x16.torchfarm.v1.CustomOp\"9\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x05\x12\r\n\x05ranks\x18\x03 \x03(\x05\"*\n\x08\x43ustomOp\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"a\n\nCustomCall\x12(\n\x06inputs\x18\x01 \x03(\x0b\x32\x18.torchfarm.v1.TensorMeta\x12)\n\x07outputs\x18\x02 \x03(\x0b\x32\x18.torchfarm.v1.TensorMeta\"\xf8\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.torchfarm.v1.Node.Op\x12\x0e\n\x06target\x18\x03 \x01(\t\x12$\n\x04\x61rgs\x18\x04 \x03(\x0b\x32\x16.torchfarm.v1.Argument\x12%\n\x06kwargs\x18\x05 \x03(\x0b\x32\x15.torchfarm.v1.Keyword\x12(\n\x06tensor\x18\x06 \x01(\x0b\x32\x18.torchfarm.v1.TensorMeta\x12%\n\x06symint\x18\x07 \x01(\x0b\x32\x15.torchfarm.v1.SymExpr\x12(\n\x06\x63ustom\x18\x14 \x01(\x0b\x32\x18.torchfarm.v1.CustomCall\"g\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\x0f\n\x0bPLACEHOLDER\x10\x01\x12\x11\n\rCALL_FUNCTION\x10\x02\x12\x0f\n\x0b\x43\x41LL_METHOD\x10\x03\x12\x0c\n\x08GET_ATTR\x10\x04\x12\n\n\x06OUTPUT\x10\x05\">\n\x07Keyword\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.torchfarm.v1.Argument\"\xe1\x03\n\x08\x41rgument\x12\x0e\n\x04node\x18\x01 \x01(\tH\x00\x12\'\n\x04none\x18\x02 \x01(\x0b\x32\x17.torchfarm.v1.NoneValueH\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x04 \x01(\x12H\x00\x12\x15\n\x0b\x66loat_value\x18\x05 \x01(\x01H\x00\x12\x13\n\tstr_value\x18\x06 \x01(\tH\x00\x12*\n\x04list\x18\x07 \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x12+\n\x05tuple\x18\x08 \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x12$\n\x05slice\x18\t \x01(\x0b\x32\x13.torchfarm.v1.SliceH\x00\x12\x0f\n\x05\x64type\x18\n \x01(\tH\x00\x12&\n\x06\x64\x65vice\x18\x0b \x01(\x0b\x32\x14.torchfarm.v1.DeviceH\x00\x12\x10\n\x06layout\x18\x0c \x01(\tH\x00\x12\x17\n\rmemory_format\x18\r \x01(\tH\x00\x12$\n\x03sym\x18\x0e \x01(\x0b\x32\x15.torchfarm.v1.SymExprH\x00\x12\x34\n\x0eimmutable_dict\x18\x0f \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x42\x06\n\x04kind\"\x0b\n\tNoneValue\"5\n\x0c\x41rgumentList\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.torchfarm.v1.Argument\"z\n\x05Slice\x12%\n\x05start\x18\x01 \x01(\x0b\x32\x16.torchfarm.v1.Argument\x12$\n\x04stop\x18\x02 \x01(\x0b\x32\x16.torchfarm.v1.Argument\x12$\n\x04step\x18\x03 \x01(\x0b\x32\x16.torchfarm.v1.Argument\"%\n\x06\x44\x65vice\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x11\"%\n\x07SymExpr\x12\x0c\n\x04\x65xpr\x18\x01 \x01(\t\x12\x0c\n\x04hint\x18\x02 \x01(\x12\">\n\x06Symbol\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04hint\x18\x02 \x01(\x12\x12\x0b\n\x03min\x18\x03 \x01(\x12\x12\x0b\n\x03max\x18\x04 \x01(\x12\"\xae\x02\n\nTensorMeta\x12$\n\x05shape\x18\x01 \x03(\x0b\x32\x15.torchfarm.v1.SymExpr\x12%\n\x06stride\x18\x02 \x03(\x0b\x32\x15.torchfarm.v1.SymExpr\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12$\n\x06\x64\x65vice\x18\x04 \x01(\x0b\x32\x14.torchfarm.v1.Device\x12\x15\n\rrequires_grad\x18\x05 \x01(\x08\x12+\n\x04kind\x18\x06 \x01(\x0e\x32\x1d.torchfarm.v1.TensorMeta.Kind\x12\x16\n\x0estorage_offset\x18\x07 \x01(\x12\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\r\n\tPARAMETER\x10\x02\x12\n\n\x06\x42UFFER\x10\x03\"[\n\x08\x43onstant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x12\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x15\n\rrequires_grad\x18\x05 \x01(\x08*@\n\x0bGraphFormat\x12\x1c\n\x18GRAPH_FORMAT_UNSPECIFIED\x10\x00\x12\x13\n\x0fGRAPH_FORMAT_V1\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18torchfarm/v1/graph.proto\x12\x0ctorchfarm.v1\"\xaa\x02\n\x05Graph\x12)\n\x06\x66ormat\x18\x01 \x01(\x0e\x32\x19.torchfarm.v1.GraphFormat\x12!\n\x05nodes\x18\x02 \x03(\x0b\x32\x12.torchfarm.v1.Node\x12)\n\tconstants\x18\x03 \x03(\x0b\x32\x16.torchfarm.v1.Constant\x12%\n\x07symbols\x18\x04 \x03(\x0b\x32\x14.torchfarm.v1.Symbol\x12*\n\x06groups\x18\x05 \x03(\x0b\x32\x1a.torchfarm.v1.ProcessGroup\x12)\n\tsubgraphs\x18\x06 \x03(\x0b\x32\x16.torchfarm.v1.Subgraph\x12*\n\ncustom_ops\x18\x14 \x03(\x0b\x32\x16.torchfarm.v1.CustomOp\"<\n\x08Subgraph\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05graph\x18\x02 \x01(\x0b\x32\x13.torchfarm.v1.Graph\"9\n\x0cProcessGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x05\x12\r\n\x05ranks\x18\x03 \x03(\x05\"*\n\x08\x43ustomOp\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"a\n\nCustomCall\x12(\n\x06inputs\x18\x01 \x03(\x0b\x32\x18.torchfarm.v1.TensorMeta\x12)\n\x07outputs\x18\x02 \x03(\x0b\x32\x18.torchfarm.v1.TensorMeta\"\xf8\x02\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12!\n\x02op\x18\x02 \x01(\x0e\x32\x15.torchfarm.v1.Node.Op\x12\x0e\n\x06target\x18\x03 \x01(\t\x12$\n\x04\x61rgs\x18\x04 \x03(\x0b\x32\x16.torchfarm.v1.Argument\x12%\n\x06kwargs\x18\x05 \x03(\x0b\x32\x15.torchfarm.v1.Keyword\x12(\n\x06tensor\x18\x06 \x01(\x0b\x32\x18.torchfarm.v1.TensorMeta\x12%\n\x06symint\x18\x07 \x01(\x0b\x32\x15.torchfarm.v1.SymExpr\x12(\n\x06\x63ustom\x18\x14 \x01(\x0b\x32\x18.torchfarm.v1.CustomCall\"g\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\x0f\n\x0bPLACEHOLDER\x10\x01\x12\x11\n\rCALL_FUNCTION\x10\x02\x12\x0f\n\x0b\x43\x41LL_METHOD\x10\x03\x12\x0c\n\x08GET_ATTR\x10\x04\x12\n\n\x06OUTPUT\x10\x05\">\n\x07Keyword\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.torchfarm.v1.Argument\"\xe1\x03\n\x08\x41rgument\x12\x0e\n\x04node\x18\x01 \x01(\tH\x00\x12\'\n\x04none\x18\x02 \x01(\x0b\x32\x17.torchfarm.v1.NoneValueH\x00\x12\x14\n\nbool_value\x18\x03 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x04 \x01(\x12H\x00\x12\x15\n\x0b\x66loat_value\x18\x05 \x01(\x01H\x00\x12\x13\n\tstr_value\x18\x06 \x01(\tH\x00\x12*\n\x04list\x18\x07 \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x12+\n\x05tuple\x18\x08 \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x12$\n\x05slice\x18\t \x01(\x0b\x32\x13.torchfarm.v1.SliceH\x00\x12\x0f\n\x05\x64type\x18\n \x01(\tH\x00\x12&\n\x06\x64\x65vice\x18\x0b \x01(\x0b\x32\x14.torchfarm.v1.DeviceH\x00\x12\x10\n\x06layout\x18\x0c \x01(\tH\x00\x12\x17\n\rmemory_format\x18\r \x01(\tH\x00\x12$\n\x03sym\x18\x0e \x01(\x0b\x32\x15.torchfarm.v1.SymExprH\x00\x12\x34\n\x0eimmutable_dict\x18\x0f \x01(\x0b\x32\x1a.torchfarm.v1.ArgumentListH\x00\x42\x06\n\x04kind\"\x0b\n\tNoneValue\"5\n\x0c\x41rgumentList\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.torchfarm.v1.Argument\"z\n\x05Slice\x12%\n\x05start\x18\x01 \x01(\x0b\x32\x16.torchfarm.v1.Argument\x12$\n\x04stop\x18\x02 \x01(\x0b\x32\x16.torchfarm.v1.Argument\x12$\n\x04step\x18\x03 \x01(\x0b\x32\x16.torchfarm.v1.Argument\"%\n\x06\x44\x65vice\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x11\"%\n\x07SymExpr\x12\x0c\n\x04\x65xpr\x18\x01 \x01(\t\x12\x0c\n\x04hint\x18\x02 \x01(\x12\">\n\x06Symbol\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04hint\x18\x02 \x01(\x12\x12\x0b\n\x03min\x18\x03 \x01(\x12\x12\x0b\n\x03max\x18\x04 \x01(\x12\"\xae\x02\n\nTensorMeta\x12$\n\x05shape\x18\x01 \x03(\x0b\x32\x15.torchfarm.v1.SymExpr\x12%\n\x06stride\x18\x02 \x03(\x0b\x32\x15.torchfarm.v1.SymExpr\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12$\n\x06\x64\x65vice\x18\x04 \x01(\x0b\x32\x14.torchfarm.v1.Device\x12\x15\n\rrequires_grad\x18\x05 \x01(\x08\x12+\n\x04kind\x18\x06 \x01(\x0e\x32\x1d.torchfarm.v1.TensorMeta.Kind\x12\x16\n\x0estorage_offset\x18\x07 \x01(\x12\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\r\n\tPARAMETER\x10\x02\x12\n\n\x06\x42UFFER\x10\x03\"[\n\x08\x43onstant\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x12\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x15\n\rrequires_grad\x18\x05 \x01(\x08*U\n\x0bGraphFormat\x12\x1c\n\x18GRAPH_FORMAT_UNSPECIFIED\x10\x00\x12\x13\n\x0fGRAPH_FORMAT_V1\x10\x01\x12\x13\n\x0fGRAPH_FORMAT_V2\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'torchfarm.v1.graph_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRAPHFORMAT']._serialized_start=2161
-  _globals['_GRAPHFORMAT']._serialized_end=2225
+  _globals['_GRAPHFORMAT']._serialized_start=2266
+  _globals['_GRAPHFORMAT']._serialized_end=2351
   _globals['_GRAPH']._serialized_start=43
-  _globals['_GRAPH']._serialized_end=298
-  _globals['_PROCESSGROUP']._serialized_start=300
-  _globals['_PROCESSGROUP']._serialized_end=357
-  _globals['_CUSTOMOP']._serialized_start=359
-  _globals['_CUSTOMOP']._serialized_end=401
-  _globals['_CUSTOMCALL']._serialized_start=403
-  _globals['_CUSTOMCALL']._serialized_end=500
-  _globals['_NODE']._serialized_start=503
-  _globals['_NODE']._serialized_end=879
-  _globals['_NODE_OP']._serialized_start=776
-  _globals['_NODE_OP']._serialized_end=879
-  _globals['_KEYWORD']._serialized_start=881
-  _globals['_KEYWORD']._serialized_end=943
-  _globals['_ARGUMENT']._serialized_start=946
-  _globals['_ARGUMENT']._serialized_end=1427
-  _globals['_NONEVALUE']._serialized_start=1429
-  _globals['_NONEVALUE']._serialized_end=1440
-  _globals['_ARGUMENTLIST']._serialized_start=1442
-  _globals['_ARGUMENTLIST']._serialized_end=1495
-  _globals['_SLICE']._serialized_start=1497
-  _globals['_SLICE']._serialized_end=1619
-  _globals['_DEVICE']._serialized_start=1621
-  _globals['_DEVICE']._serialized_end=1658
-  _globals['_SYMEXPR']._serialized_start=1660
-  _globals['_SYMEXPR']._serialized_end=1697
-  _globals['_SYMBOL']._serialized_start=1699
-  _globals['_SYMBOL']._serialized_end=1761
-  _globals['_TENSORMETA']._serialized_start=1764
-  _globals['_TENSORMETA']._serialized_end=2066
-  _globals['_TENSORMETA_KIND']._serialized_start=2000
-  _globals['_TENSORMETA_KIND']._serialized_end=2066
-  _globals['_CONSTANT']._serialized_start=2068
-  _globals['_CONSTANT']._serialized_end=2159
+  _globals['_GRAPH']._serialized_end=341
+  _globals['_SUBGRAPH']._serialized_start=343
+  _globals['_SUBGRAPH']._serialized_end=403
+  _globals['_PROCESSGROUP']._serialized_start=405
+  _globals['_PROCESSGROUP']._serialized_end=462
+  _globals['_CUSTOMOP']._serialized_start=464
+  _globals['_CUSTOMOP']._serialized_end=506
+  _globals['_CUSTOMCALL']._serialized_start=508
+  _globals['_CUSTOMCALL']._serialized_end=605
+  _globals['_NODE']._serialized_start=608
+  _globals['_NODE']._serialized_end=984
+  _globals['_NODE_OP']._serialized_start=881
+  _globals['_NODE_OP']._serialized_end=984
+  _globals['_KEYWORD']._serialized_start=986
+  _globals['_KEYWORD']._serialized_end=1048
+  _globals['_ARGUMENT']._serialized_start=1051
+  _globals['_ARGUMENT']._serialized_end=1532
+  _globals['_NONEVALUE']._serialized_start=1534
+  _globals['_NONEVALUE']._serialized_end=1545
+  _globals['_ARGUMENTLIST']._serialized_start=1547
+  _globals['_ARGUMENTLIST']._serialized_end=1600
+  _globals['_SLICE']._serialized_start=1602
+  _globals['_SLICE']._serialized_end=1724
+  _globals['_DEVICE']._serialized_start=1726
+  _globals['_DEVICE']._serialized_end=1763
+  _globals['_SYMEXPR']._serialized_start=1765
+  _globals['_SYMEXPR']._serialized_end=1802
+  _globals['_SYMBOL']._serialized_start=1804
+  _globals['_SYMBOL']._serialized_end=1866
+  _globals['_TENSORMETA']._serialized_start=1869
+  _globals['_TENSORMETA']._serialized_end=2171
+  _globals['_TENSORMETA_KIND']._serialized_start=2105
+  _globals['_TENSORMETA_KIND']._serialized_end=2171
+  _globals['_CONSTANT']._serialized_start=2173
+  _globals['_CONSTANT']._serialized_end=2264
 # @@protoc_insertion_point(module_scope)

@@ -11,24 +11,36 @@ class GraphFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GRAPH_FORMAT_UNSPECIFIED: _ClassVar[GraphFormat]
     GRAPH_FORMAT_V1: _ClassVar[GraphFormat]
+    GRAPH_FORMAT_V2: _ClassVar[GraphFormat]
 GRAPH_FORMAT_UNSPECIFIED: GraphFormat
 GRAPH_FORMAT_V1: GraphFormat
+GRAPH_FORMAT_V2: GraphFormat
 
 class Graph(_message.Message):
-    __slots__ = ("format", "nodes", "constants", "symbols", "groups", "custom_ops")
+    __slots__ = ("format", "nodes", "constants", "symbols", "groups", "subgraphs", "custom_ops")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CONSTANTS_FIELD_NUMBER: _ClassVar[int]
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SUBGRAPHS_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_OPS_FIELD_NUMBER: _ClassVar[int]
     format: GraphFormat
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     constants: _containers.RepeatedCompositeFieldContainer[Constant]
     symbols: _containers.RepeatedCompositeFieldContainer[Symbol]
     groups: _containers.RepeatedCompositeFieldContainer[ProcessGroup]
+    subgraphs: _containers.RepeatedCompositeFieldContainer[Subgraph]
     custom_ops: _containers.RepeatedCompositeFieldContainer[CustomOp]
-    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[CustomOp, _Mapping]]] = ...) -> None: ...
+    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., subgraphs: _Optional[_Iterable[_Union[Subgraph, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[CustomOp, _Mapping]]] = ...) -> None: ...
+
+class Subgraph(_message.Message):
+    __slots__ = ("name", "graph")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    graph: Graph
+    def __init__(self, name: _Optional[str] = ..., graph: _Optional[_Union[Graph, _Mapping]] = ...) -> None: ...
 
 class ProcessGroup(_message.Message):
     __slots__ = ("name", "size", "ranks")
