@@ -3,6 +3,9 @@ parameters the code assumes (torchfarm/fx/internals.py)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -41,3 +44,84 @@ def test_an_unsupported_torch_is_refused_by_version():
 
 def test_resolve_gives_the_object_itself():
     assert internals.resolve("standalone_compile") is torch._inductor.standalone_compile
+
+
+# Every use of a torch internal goes through torchfarm/fx/internals.py, so that a torch
+# version that moves one is handled in one place (its SEAM) rather than at call sites.
+_PACKAGES = ("sdk", "workers", "services", "torchfarm")
+_SEAM_MODULE = Path("torchfarm/fx/internals.py")
+
+
+def _private(dotted: str) -> bool:
+    """torch._inductor, torch.utils._sympy, torch._C: a name under torch with a private part."""
+    parts = dotted.split(".")
+    return parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _dotted(node.test).endswith("TYPE_CHECKING"):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def direct_uses(root: Path) -> list[str]:
+    """`path:line: name` of each torch internal imported or reached outside the seam
+    module (imports for type checking only excepted: they never run)."""
+    found: dict[tuple[str, int], str] = {}
+    for package in _PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root)
+            if rel == _SEAM_MODULE or "v1" in rel.parts:
+                continue
+            tree = ast.parse(path.read_text())
+            typing_only = _type_checking_lines(tree)
+            for node in ast.walk(tree):
+                names: list[str] = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.Attribute):
+                    names = [_dotted(node)]
+                elif isinstance(node, ast.Call) and _dotted(node.func).endswith("import_module") and node.args:
+                    arg = node.args[0]
+                    names = [arg.value] if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else []
+                private = [n for n in names if _private(n)]
+                line = getattr(node, "lineno", 0)
+                if private and line not in typing_only:
+                    where = (str(rel), line)
+                    found[where] = min([*private, found.get(where, private[0])], key=len)
+    return sorted(f"{path}:{line}: {name}" for (path, line), name in found.items())
+
+
+def test_no_module_but_the_seam_uses_torch_internals():
+    assert direct_uses(Path(__file__).resolve().parents[2]) == []
+
+
+def test_the_scan_finds_each_kind_of_direct_use(tmp_path):
+    (tmp_path / "sdk").mkdir()
+    (tmp_path / "sdk" / "bad.py").write_text(
+        "import importlib\nfrom typing import TYPE_CHECKING\nimport torch\n"
+        "from torch._inductor import config\n"
+        "if TYPE_CHECKING:\n    from torch._subclasses.fake_tensor import FakeTensor\n"
+        "def f():\n    torch._dynamo.reset()\n"
+        "    importlib.import_module('torch._inductor.codecache')\n"
+        "    return torch.__version__, torch.utils._pytree\n"
+    )
+    assert direct_uses(tmp_path) == [
+        "sdk/bad.py:10: torch.utils._pytree",
+        "sdk/bad.py:4: torch._inductor",
+        "sdk/bad.py:8: torch._dynamo",
+        "sdk/bad.py:9: torch._inductor.codecache",
+    ]

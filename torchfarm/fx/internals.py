@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "INTERNALS", "SEAM", "SUPPORTED", "VERIFIED", "Internal", "InternalMissing",
-    "check", "internal", "resolve", "torch_minor",
+    "check", "internal", "load_async_args", "resolve", "standalone_compile", "torch_minor",
 ]
 
 SUPPORTED = ((2, 11), (2, 12), (2, 13))
 """Torch minor versions the farm supports (pyproject.toml pins 2.13.0 for CPU)."""
 
-VERIFIED = ((2, 13),)
+VERIFIED = ((2, 12), (2, 13))
 """Minor versions whose internals were checked against an installed torch."""
 
 
@@ -68,12 +71,26 @@ def _i(module: str, attr: str = "", params: tuple[str, ...] = (), used_by: str =
 
 INTERNALS: dict[str, Internal] = {
     # Compiling and loading artifacts.
+    "inductor": _i("torch._inductor", used_by="workers/aoti.py, sdk/exports.py"),
     "standalone_compile": _i("torch._inductor", "standalone_compile",
-                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot"),
-                             "workers/compiler.py: the graph compile"),
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot",
+                              "donate_graph_module", "fake_mode"),
+                             "`standalone_compile` below: the graph compile"),
+    "standalone_compile_module": _i("torch._inductor.standalone_compile",
+                                    used_by="workers/gpuless.py: its _standalone_context patched"),
+    "resolve_fake_mode": _i("torch._inductor.standalone_compile", "_resolve_fake_mode",
+                            ("gm", "dynamic_shapes"), "`standalone_compile` below, before 2.13"),
+    "functorch_config": _i("torch._functorch.config", used_by="`standalone_compile` below"),
+    "force_non_lazy_backward_lowering": _i("torch._functorch.config", "force_non_lazy_backward_lowering",
+                                           used_by="`standalone_compile` below, before 2.13"),
+    "TorchCompileInductorWrapper": _i("torch", "_TorchCompileInductorWrapper",
+                                      ("mode", "options", "dynamic"),
+                                      "workers/compiler.py, sdk/backend.py: a mode's options"),
     "AOTCompiledArtifact.deserialize": _i("torch._inductor.standalone_compile",
                                           "AOTCompiledArtifact.deserialize", ("result_bytes",),
                                           "sdk/loader.py, workers/compiler.py: load an artifact"),
+    "AOTCompiledArtifact": _i("torch._inductor.standalone_compile", "AOTCompiledArtifact",
+                              used_by="sdk/loader.py, workers/compiler.py"),
     "standalone_context": _i("torch._inductor.standalone_compile", "_standalone_context",
                              used_by="workers/gpuless.py: patched to skip autotuning"),
     "list_mode_options": _i("torch._inductor", "list_mode_options", ("mode", "dynamic"),
@@ -85,14 +102,25 @@ INTERNALS: dict[str, Internal] = {
     "inductor_config": _i("torch._inductor.config", used_by="sdk/loader.py, workers/priming.py, "
                           "workers/gpuless.py: config.patch"),
     # The C++ kernels: how they are built, keyed and found (torchfarm/fx/kernelspec.py).
+    "cpp_builder": _i("torch._inductor.cpp_builder", used_by="torchfarm/fx/fingerprint.py, toolchain.py"),
+    "codecache": _i("torch._inductor.codecache", used_by="torchfarm/fx/kernelspec.py, workers/deferral.py"),
+    "cpu_vec_isa": _i("torch._inductor.cpu_vec_isa", used_by="torchfarm/fx/vecisa.py, sdk/loader.py"),
+    "CppBuilder": _i("torch._inductor.cpp_builder", "CppBuilder", used_by="torchfarm/fx/hooks.py"),
+    "CppCodeCache": _i("torch._inductor.codecache", "CppCodeCache", used_by="torchfarm/fx/hooks.py"),
     "get_cpp_compiler": _i("torch._inductor.cpp_builder", "get_cpp_compiler", (),
                            "torchfarm/fx/fingerprint.py: the compiler in the build"),
     "cpu_arch_cflags": _i("torch._inductor.cpp_builder", "_get_cpu_arch_cflags", ("cpp_compiler",),
-                          "torchfarm/fx/fingerprint.py: the -march in the build"),
+                          "`cpu_arch_cflags` below: the -march in the build"),
+    "optimization_cflags": _i("torch._inductor.cpp_builder", "_get_optimization_cflags",
+                              ("cpp_compiler", "min_optimize"), "`cpu_arch_cflags` below, before 2.13"),
+    "cpp_march": _i("torch._inductor.config", "cpp.march", used_by="`cpp_march` below"),
+    "is_gcc_version_less_than": _i("torch._inductor.cpp_builder", "_is_gcc_version_less_than",
+                                   ("cpp_compiler", "version"), "torchfarm/fx/toolchain.py (aarch64)"),
     "CppBuilder.build": _i("torch._inductor.cpp_builder", "CppBuilder.build", ("self",),
                            "torchfarm/fx/hooks.py: counts compiler runs"),
     "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
-                                  ("main_code", "device_type", "submit_fn", "extra_flags"),
+                                  ("main_code", "device_type", "submit_fn", "extra_flags",
+                                   "optimized_code", "needs_vec_isa", "kernel_needs_vec_isa"),
                                   "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
     "precompile_header": _i("torch._inductor.codecache", "_precompile_header",
                             ("header", "hashable_cmd_line"),
@@ -109,13 +137,14 @@ INTERNALS: dict[str, Internal] = {
     "fresh_cache": _i("torch._inductor.utils", "fresh_cache", ("cache_entries", "dir", "delete"),
                       "workers/priming.py: warm-up in a throw-away cache"),
     # AOTAutograd's stages: the staged compile's decomposition (workers/aot_seam.py).
+    "graph_compile": _i("torch._functorch._aot_autograd.graph_compile", used_by="workers/aot_seam.py"),
     "aot_dispatch_autograd_graph": _i("torch._functorch._aot_autograd.graph_compile",
                                       "aot_dispatch_autograd_graph", used_by="workers/aot_seam.py"),
     "aot_dispatch_base_graph": _i("torch._functorch._aot_autograd.graph_compile",
                                   "aot_dispatch_base_graph", used_by="workers/aot_seam.py"),
     "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
-                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata"),
-                                "workers/aot_seam.py"),
+                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata",
+                                 "aot_config", "partition_fn"), "workers/aot_seam.py"),
     "aot_stage1_graph_capture": _i("torch._functorch._aot_autograd.graph_compile",
                                    "aot_stage1_graph_capture", ("aot_state", "orig_flat_fn"),
                                    "workers/aot_seam.py"),
@@ -131,6 +160,10 @@ INTERNALS: dict[str, Internal] = {
     "ShapeEnv": _i("torch.fx.experimental.symbolic_shapes", "ShapeEnv", used_by="torchfarm/fx/decode.py"),
     "DimDynamic": _i("torch.fx.experimental.symbolic_shapes", "DimDynamic.DYNAMIC",
                      used_by="torchfarm/fx/decode.py"),
+    "sym_functions": _i("torch.utils._sympy.functions", used_by="torchfarm/fx/decode.py, guards.py: "
+                        "FloorDiv, Mod, Max... in shapes and guards"),
+    "int_oo": _i("torch.utils._sympy.numbers", "int_oo", used_by="torchfarm/fx/decode.py"),
+    "pytree": _i("torch.utils._pytree", used_by="workers/aoti.py, sdk/export_codec.py"),
     "ConstantSource": _i("torch._dynamo.source", "ConstantSource", used_by="torchfarm/fx/decode.py"),
     "GlobalStateGuard": _i("torch._C._dynamo.guards", "GlobalStateGuard", used_by="torchfarm/fx/decode.py"),
     "vmap_decrement_nesting": _i("torch._C._functorch", "_vmap_decrement_nesting",
@@ -139,12 +172,20 @@ INTERNALS: dict[str, Internal] = {
     "set_grad_enabled": _i("torch._C", "_set_grad_enabled", used_by="torchfarm/fx/decode.py"),
     "PreserveDispatchKeyGuard": _i("torch._C", "_PreserveDispatchKeyGuard", used_by="torchfarm/fx/decode.py"),
     # Dynamo.
+    "TensorifyState": _i("torch._dynamo.symbolic_convert", "TensorifyState", used_by="sdk/scalars.py"),
+    "TensorifyScalarRestartAnalysis": _i("torch._dynamo.exc", "TensorifyScalarRestartAnalysis",
+                                         used_by="sdk/scalars.py"),
+    "OpOverload": _i("torch._ops", "OpOverload", used_by="torchfarm/fx/encode.py, noops.py"),
+    "OpOverloadPacket": _i("torch._ops", "OpOverloadPacket", used_by="torchfarm/fx/encode.py, noops.py"),
     "dynamo_reset": _i("torch._dynamo", "reset", (), "workers/priming.py"),
     "compilation_time_metrics": _i("torch._dynamo.utils", "compilation_time_metrics",
                                    used_by="workers/compiler.py: compile timings"),
+    "device_interface": _i("torch._dynamo.device_interface", used_by="workers/gpuless.py"),
     "CudaInterface": _i("torch._dynamo.device_interface", "CudaInterface",
                         used_by="workers/gpuless.py: faked device properties"),
     # Triton runtime, patched by --lower-without-gpu (workers/gpuless.py).
+    "triton_helpers": _i("torch._inductor.runtime.triton_helpers", used_by="workers/gpuless.py"),
+    "triton_heuristics": _i("torch._inductor.runtime.triton_heuristics", used_by="workers/gpuless.py"),
     "set_driver_to_gpu": _i("torch._inductor.runtime.triton_helpers", "set_driver_to_gpu", (),
                             "workers/gpuless.py"),
     "CachingAutotuner._make_launchers": _i("torch._inductor.runtime.triton_heuristics",
@@ -152,10 +193,31 @@ INTERNALS: dict[str, Internal] = {
                                            "workers/gpuless.py"),
 }
 
+_BEFORE_2_13: dict[str, Internal | None] = {
+    # No fake_mode (`standalone_compile` below patches it in).
+    "standalone_compile": _i("torch._inductor", "standalone_compile",
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot",
+                              "donate_graph_module"), "`standalone_compile` below"),
+    # No needs_vec_isa/kernel_needs_vec_isa: every kernel gets pick_vec_isa() (`load_async_args`).
+    "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
+                                  ("main_code", "device_type", "submit_fn", "extra_flags", "optimized_code"),
+                                  "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
+    # -march is inlined in _get_optimization_cflags (`cpu_arch_cflags` below); no cpp.march.
+    "cpu_arch_cflags": None,
+    "cpp_march": None,
+    "is_gcc_version_less_than": None,  # 2.13's aarch64 -march choice; 2.12 uses -march=native
+    # AOTAutograd partitions with the aot_config's partition_fn, passed none.
+    "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
+                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata", "aot_config"),
+                                "workers/aot_seam.py"),
+    # codecache.triton_key is 2.13's; before, Inductor imports Triton's through triton_compat.
+    "triton_key": _i("torch._inductor.runtime.triton_compat", "triton_key", (), "workers/priming.py: warm-up"),
+}
+
 SEAM: dict[tuple[int, int], dict[str, Internal | None]] = {
     (2, 13): {},
-    (2, 12): {},  # assumed as 2.13; unverified (VERIFIED)
-    (2, 11): {},  # assumed as 2.13; unverified (VERIFIED)
+    (2, 12): dict(_BEFORE_2_13),  # read from 2.12.1's source and run (VERIFIED)
+    (2, 11): dict(_BEFORE_2_13),  # assumed as 2.12; unverified (VERIFIED)
 }
 """Per torch minor version: the entries of `INTERNALS` that differ there (None: absent)."""
 
@@ -180,13 +242,13 @@ def internal(name: str, version: tuple[int, int] | None = None) -> Internal | No
     return SEAM[version].get(name, INTERNALS[name])
 
 
-def resolve(name: str) -> object:
+def resolve(name: str) -> Any:
     """The object `name` names in the running torch; InternalMissing, naming it, if absent."""
     where = internal(name)
     if where is None:
         raise InternalMissing(f"{name} does not exist in this torch ({'.'.join(map(str, torch_minor()))})")
     try:
-        obj: object = importlib.import_module(where.module)
+        obj: Any = importlib.import_module(where.module)
         for part in filter(None, where.attr.split(".")):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
@@ -206,7 +268,7 @@ def check(name: str) -> str | None:
     if not where.params:
         return None
     try:
-        params = [p for p in inspect.signature(obj).parameters if p != "cls"]  # type: ignore[arg-type]
+        params = [p for p in inspect.signature(obj).parameters if p != "cls"]
     except (TypeError, ValueError):
         return None  # a builtin without a signature: existence is what can be pinned
     want = list(where.params)
@@ -215,3 +277,68 @@ def check(name: str) -> str | None:
     if params[: len(want)] != want:
         return f"{where.qualname}: parameters {params[: len(want) + 2]}, the farm assumes {want}"
     return None
+
+
+def standalone_compile(
+    gm: Any, example_inputs: Sequence[Any], *, dynamic_shapes: str, options: dict[str, Any],
+    aot: bool, fake_mode: Any,
+) -> Any:
+    """`torch._inductor.standalone_compile` as torch 2.13 runs it, on every supported torch.
+
+    2.13 takes a `fake_mode` (the decoded graph's, whose ShapeEnv holds its symbols) and
+    lowers a training graph's backward before the artifact is saved. Before 2.13 it has no
+    `fake_mode`: "from_example_inputs" made a fresh FakeTensorMode of its own, which
+    re-fakes the inputs without their symbols; and the backward was lowered lazily, on
+    the first backward(), after the artifact was saved. Both are patched in there."""
+    compile_fn = resolve("standalone_compile")
+    kwargs = {"dynamic_shapes": dynamic_shapes, "options": options, "aot": aot}
+    if "fake_mode" in _params("standalone_compile"):
+        return compile_fn(gm, list(example_inputs), **kwargs, fake_mode=fake_mode)
+    with _given_fake_mode(fake_mode), resolve("functorch_config").patch(force_non_lazy_backward_lowering=True):
+        return compile_fn(gm, list(example_inputs), **kwargs)
+
+
+@contextmanager
+def _given_fake_mode(fake_mode: Any) -> Iterator[None]:
+    if fake_mode is None:
+        yield
+        return
+    module = resolve("standalone_compile_module")
+    real = resolve("resolve_fake_mode")
+    module._resolve_fake_mode = lambda gm, dynamic_shapes, *a, **kw: (
+        fake_mode if dynamic_shapes == "from_example_inputs" else real(gm, dynamic_shapes, *a, **kw)
+    )
+    try:
+        yield
+    finally:
+        module._resolve_fake_mode = real
+
+
+def load_async_args(args: dict[str, Any]) -> dict[str, Any]:
+    """`args` (keyword arguments of `CppCodeCache.load_async`) less those the running
+    torch's lacks: 2.12 has no `needs_vec_isa` and `kernel_needs_vec_isa` (it picks the
+    ISA for every kernel). A dropped argument must be None (what a spec recorded on such
+    a torch holds); anything else is a kernel this torch cannot key: ValueError."""
+    accepted = set(_params("CppCodeCache.load_async"))
+    dropped = {k: v for k, v in args.items() if k not in accepted}
+    if any(v is not None for v in dropped.values()):
+        raise ValueError(f"this torch's CppCodeCache.load_async takes no {sorted(dropped)}: {dropped}")
+    return {k: v for k, v in args.items() if k in accepted}
+
+
+def _params(name: str) -> tuple[str, ...]:
+    where = internal(name)
+    return where.params if where is not None else ()
+
+
+def cpu_arch_cflags(compiler: str) -> list[str]:
+    """The -march (or -mcpu) flags Inductor gives `compiler` for every C++ kernel."""
+    if internal("cpu_arch_cflags") is not None:
+        return list(resolve("cpu_arch_cflags")(compiler))
+    cflags, _ = resolve("optimization_cflags")(compiler)
+    return [f for f in cflags if f.startswith(("march=", "mcpu="))]
+
+
+def cpp_march() -> str | None:
+    """Inductor's `config.cpp.march` (None: the default, -march=native); None where absent."""
+    return resolve("cpp_march") if internal("cpp_march") is not None else None
