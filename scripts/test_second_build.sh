@@ -9,6 +9,7 @@
 #   TORCHFARM_SECOND_BUILD_INDEX   pip --index-url for torch    (default: pip's own, PyPI;
 #                                  https://download.pytorch.org/whl/cpu is far smaller)
 #   PYTHON                         interpreter the venv is made from (3.11 or 3.12)
+# `scripts/test_second_build.sh --venv-only` makes the venv and runs no test.
 # Torch brings the Triton it was built with; the farm's other dependencies come from
 # pyproject.toml, less its torch and triton pins.
 set -euo pipefail
@@ -72,6 +73,8 @@ PY
   have_build || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
   echo "made $VENV in $(( $(date +%s) - start )) s" >&2
 fi
+
+[ "${1:-}" = "--venv-only" ] && exit 0  # make (or check) the cached venv, run nothing
 
 "$VENV/bin/python" -c 'import sys, torch; print("second build: torch", torch.__version__, "python", sys.version.split()[0])'
 export PYTHONPATH="$PWD" TORCHFARM_WARMUP=0

@@ -125,3 +125,51 @@ def test_the_scan_finds_each_kind_of_direct_use(tmp_path):
         "sdk/bad.py:8: torch._dynamo",
         "sdk/bad.py:9: torch._inductor.codecache",
     ]
+
+
+def _as_before(monkeypatch, version):
+    """Makes the running torch's seam row that of `version`, for the names that matter
+    to `internals.standalone_compile`."""
+    row = internals.SEAM[version]
+    for name in ("standalone_compile", "resolve_fake_mode"):
+        monkeypatch.setitem(internals.SEAM[internals.torch_minor()], name, row.get(name, internals.INTERNALS[name]))
+
+
+@pytest.mark.parametrize("version", [(2, 12), (2, 11)])
+def test_standalone_compile_gets_the_given_fake_mode_and_an_eager_backward_before_2_13(monkeypatch, version):
+    # Without fake_mode (2.11, 2.12), standalone_compile makes a FakeTensorMode of its own:
+    # 2.12 in _resolve_fake_mode, 2.11 inline. The seam must hand it ours, and force the
+    # backward's lowering, as 2.13 does; both are read here from inside the call.
+    module = internals.resolve("standalone_compile_module")
+    seen = {}
+
+    def fake_compile(gm, example_inputs, *, dynamic_shapes, options, aot):
+        if version == (2, 12):
+            seen["mode"] = module._resolve_fake_mode(gm, dynamic_shapes)
+        else:
+            seen["mode"] = module.FakeTensorMode(shape_env=None)
+        seen["eager_backward"] = torch._functorch.config.force_non_lazy_backward_lowering
+        return "artifact"
+
+    _as_before(monkeypatch, version)
+    monkeypatch.setattr(torch._inductor, "standalone_compile", fake_compile)
+    ours = object()
+    real_resolve, real_class = module._resolve_fake_mode, module.FakeTensorMode
+    got = internals.standalone_compile(
+        None, [], dynamic_shapes="from_example_inputs", options={}, aot=True, fake_mode=ours
+    )
+    assert got == "artifact" and seen == {"mode": ours, "eager_backward": True}
+    assert (module._resolve_fake_mode, module.FakeTensorMode) == (real_resolve, real_class)
+    assert torch._functorch.config.force_non_lazy_backward_lowering is False
+
+
+def test_kernel_spec_arguments_a_torch_lacks_are_dropped_only_when_none(monkeypatch):
+    monkeypatch.setitem(internals.SEAM[internals.torch_minor()], "CppCodeCache.load_async",
+                        internals.SEAM[(2, 12)]["CppCodeCache.load_async"])
+    args = {"main_code": "x", "device_type": "cpu", "extra_flags": (), "optimized_code": None,
+            "needs_vec_isa": None, "kernel_needs_vec_isa": None}
+    assert internals.load_async_args(args) == {
+        "main_code": "x", "device_type": "cpu", "extra_flags": (), "optimized_code": None
+    }
+    with pytest.raises(ValueError, match="needs_vec_isa"):
+        internals.load_async_args({**args, "needs_vec_isa": True})

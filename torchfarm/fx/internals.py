@@ -2,26 +2,24 @@
 
 The farm supports torch 2.11, 2.12 and 2.13 on Python 3.11 and 3.12 (docs/targets.md).
 Public torch APIs are not listed here; these are the names under `torch._inductor`,
-`torch._functorch`, `torch._dynamo`, `torch._guards`, `torch._subclasses`, `torch._C`
-and `torch.fx.experimental` that the SDK and the workers import, patch or call, each
-with the parameters the code assumes, and the module that uses it.
+`torch._functorch`, `torch._dynamo`, `torch._guards`, `torch._subclasses`, `torch._C`,
+`torch._ops`, `torch.utils._sympy`, `torch.utils._pytree` and `torch.fx.experimental`
+that the SDK and the workers import, patch or call, each with the parameters the code
+assumes, and the module that uses it. No other module reaches one:
+tests/unit/test_internals.py fails on any other module's use (type-only imports aside).
 
 `SEAM` maps a torch (major, minor) to what differs from 2.13, the baseline: an internal
-that lives elsewhere (another `Internal`) or is absent (None; its user must then fall
-back or refuse, by name). `resolve(name)` gives the object for the running torch.
-tests/unit/test_internals.py pins every entry (it exists, and its leading parameters
-are as assumed), so a torch upgrade that moves one fails there, named, before any
-compile does.
+that lives elsewhere or takes other parameters (another `Internal`) or is absent (None;
+its user falls back: `cpu_arch_cflags`, `cpp_march`). `resolve(name)` gives the object
+for the running torch. Where the difference is behaviour, not a name, a function here
+gives 2.13's behaviour on every torch (`standalone_compile`, `load_async_args`). The
+test pins every entry (it exists, and its leading parameters are as assumed), so a
+torch upgrade that moves one fails there, named, before any compile does.
 
-What is verified, and what is not: only torch 2.13.0 is installed here, and every entry
-was read from its source. The 2.11 and 2.12 rows of `SEAM` are empty because no
-difference is *known*, not because one was checked: `VERIFIED` says which versions were
-run. `make test-second-build` (scripts/second_build.sh) runs the unit tests, this
-module's pins included, and one end-to-end compile on torch 2.12; it has not been run.
-
-The call sites still import these names directly (moving each import here is a change
-to a dozen modules that other work is editing); this module is their inventory, their
-seam, and the test that pins them.
+What is verified: 2.13.0 (the default install) and 2.12.1 (`make test-second-build`,
+scripts/test_second_build.sh: its unit tests, these pins included, and one end-to-end
+compile passed; the 2.12 row was read from its source). 2.11 is assumed to be as 2.12
+and has not been installed or run: `VERIFIED` says which versions were.
 """
 
 from __future__ import annotations
@@ -79,7 +77,9 @@ INTERNALS: dict[str, Internal] = {
     "standalone_compile_module": _i("torch._inductor.standalone_compile",
                                     used_by="workers/gpuless.py: its _standalone_context patched"),
     "resolve_fake_mode": _i("torch._inductor.standalone_compile", "_resolve_fake_mode",
-                            ("gm", "dynamic_shapes"), "`standalone_compile` below, before 2.13"),
+                            ("gm", "dynamic_shapes"), "`standalone_compile` below, in 2.12"),
+    "standalone_fake_mode_class": _i("torch._inductor.standalone_compile", "FakeTensorMode",
+                                     used_by="`standalone_compile` below, in 2.11"),
     "functorch_config": _i("torch._functorch.config", used_by="`standalone_compile` below"),
     "force_non_lazy_backward_lowering": _i("torch._functorch.config", "force_non_lazy_backward_lowering",
                                            used_by="`standalone_compile` below, before 2.13"),
@@ -115,7 +115,7 @@ INTERNALS: dict[str, Internal] = {
                               ("cpp_compiler", "min_optimize"), "`cpu_arch_cflags` below, before 2.13"),
     "cpp_march": _i("torch._inductor.config", "cpp.march", used_by="`cpp_march` below"),
     "is_gcc_version_less_than": _i("torch._inductor.cpp_builder", "_is_gcc_version_less_than",
-                                   ("cpp_compiler", "version"), "torchfarm/fx/toolchain.py (aarch64)"),
+                                   ("cpp_compiler", "major"), "torchfarm/fx/toolchain.py (aarch64)"),
     "CppBuilder.build": _i("torch._inductor.cpp_builder", "CppBuilder.build", ("self",),
                            "torchfarm/fx/hooks.py: counts compiler runs"),
     "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
@@ -214,10 +214,21 @@ _BEFORE_2_13: dict[str, Internal | None] = {
     "triton_key": _i("torch._inductor.runtime.triton_compat", "triton_key", (), "workers/priming.py: warm-up"),
 }
 
+_BEFORE_2_12: dict[str, Internal | None] = {
+    **_BEFORE_2_13,
+    # No donate_graph_module; one function, its fake mode made inline by the module's
+    # FakeTensorMode (`standalone_compile` below patches that name).
+    "standalone_compile": _i("torch._inductor", "standalone_compile",
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot"),
+                             "`standalone_compile` below"),
+    "resolve_fake_mode": None,
+    "standalone_context": None,  # --lower-without-gpu refuses, by name (workers/gpuless.py)
+}
+
 SEAM: dict[tuple[int, int], dict[str, Internal | None]] = {
     (2, 13): {},
-    (2, 12): dict(_BEFORE_2_13),  # read from 2.12.1's source and run (VERIFIED)
-    (2, 11): dict(_BEFORE_2_13),  # assumed as 2.12; unverified (VERIFIED)
+    (2, 12): _BEFORE_2_13,  # read from 2.12.1's source, and run (VERIFIED)
+    (2, 11): _BEFORE_2_12,  # read from 2.11.0's source; not run (VERIFIED)
 }
 """Per torch minor version: the entries of `INTERNALS` that differ there (None: absent)."""
 
@@ -304,14 +315,19 @@ def _given_fake_mode(fake_mode: Any) -> Iterator[None]:
         yield
         return
     module = resolve("standalone_compile_module")
-    real = resolve("resolve_fake_mode")
-    module._resolve_fake_mode = lambda gm, dynamic_shapes, *a, **kw: (
-        fake_mode if dynamic_shapes == "from_example_inputs" else real(gm, dynamic_shapes, *a, **kw)
-    )
+    inline = internal("resolve_fake_mode") is None  # 2.11: FakeTensorMode(shape_env=ShapeEnv()) inline
+    name = "FakeTensorMode" if inline else "_resolve_fake_mode"
+    real = resolve("standalone_fake_mode_class" if inline else "resolve_fake_mode")
+
+    def given(*args: Any, **kwargs: Any) -> Any:
+        shapes = kwargs.get("dynamic_shapes", args[1] if len(args) > 1 else None)
+        return fake_mode if inline or shapes == "from_example_inputs" else real(*args, **kwargs)
+
+    setattr(module, name, given)
     try:
         yield
     finally:
-        module._resolve_fake_mode = real
+        setattr(module, name, real)
 
 
 def load_async_args(args: dict[str, Any]) -> dict[str, Any]:
