@@ -44,8 +44,8 @@ test-higher-order: setup
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"
 
-# Unit tests and one end-to-end compile on torch 2.12, in a venv made once (a download of
-# several GB the first time; scripts/test_second_build.sh). Not in .ci/run.
+# Unit tests and one end-to-end compile on torch 2.12, in a venv made once outside the
+# checkout (2.7 GB of CUDA wheels the first time; scripts/test_second_build.sh). In .ci/run.
 test-second-build:
 	./scripts/test_second_build.sh
 

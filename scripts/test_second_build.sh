@@ -9,6 +9,7 @@
 #   TORCHFARM_SECOND_BUILD_INDEX   pip --index-url for torch    (default: pip's own, PyPI;
 #                                  https://download.pytorch.org/whl/cpu is far smaller)
 #   PYTHON                         interpreter the venv is made from (3.11 or 3.12)
+# `scripts/test_second_build.sh --venv-only` makes the venv and runs no test.
 # Torch brings the Triton it was built with; the farm's other dependencies come from
 # pyproject.toml, less its torch and triton pins.
 set -euo pipefail
@@ -20,16 +21,17 @@ INDEX="${TORCHFARM_SECOND_BUILD_INDEX:-}"
 PYTHON="${PYTHON:-python3}"
 WANT_MINOR="$(echo "$TORCH_SPEC" | sed -n 's/^torch[=<>~!]*\([0-9]*\.[0-9]*\).*/\1/p')"
 
-have_torch() {
-  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$WANT_MINOR" <<'PY'
+have_build() {
+  [ -f "$VENV/.torchfarm-complete" ] && "$VENV/bin/python" - "$WANT_MINOR" <<'PY'
 import sys
 import torch
 sys.exit(0 if torch.__version__.startswith(sys.argv[1] + ".") else 1)
 PY
 }
 
-if ! have_torch; then
+if ! have_build; then
   echo "making $VENV with $TORCH_SPEC (once; a large download)" >&2
+  start=$(date +%s)
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
   "$PYTHON" -m venv "$VENV"
@@ -39,17 +41,40 @@ if ! have_torch; then
   else
     "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
   fi
-  # The project's dependencies and dev extras, less the pins torch decides.
-  "$VENV/bin/python" - <<'PY' > "$VENV/farm-requirements.txt"
-import re, tomllib
+  # The project's dependencies and dev extras (its own extras expanded), less the pins
+  # torch decides; the other pins of constraints.txt hold, as in the main venv.
+  "$VENV/bin/python" - "$VENV" <<'PY'
+import re, sys, tomllib
+venv = sys.argv[1]
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for req in project["dependencies"] + project["optional-dependencies"]["dev"]:
-    if not re.match(r"(torch|triton)\b", req):
-        print(req)
+extras = project["optional-dependencies"]
+seen, reqs = set(), list(project["dependencies"])
+todo = ["dev"]
+while todo:
+    extra = todo.pop()
+    if extra in seen:
+        continue
+    seen.add(extra)
+    for req in extras[extra]:
+        own = re.match(r"torchfarm\[([^\]]+)\]", req)
+        if own:
+            todo += [e.strip() for e in own.group(1).split(",")]
+        else:
+            reqs.append(req)
+keep = [r for r in dict.fromkeys(reqs) if not re.match(r"(torch|triton)\b", r)]
+open(f"{venv}/farm-requirements.txt", "w").write("\n".join(keep) + "\n")
+pins = [line for line in open("constraints.txt").read().splitlines()
+        if line and not re.match(r"(torch|triton)\b", line, re.I)]
+open(f"{venv}/farm-constraints.txt", "w").write("\n".join(pins) + "\n")
 PY
-  "$VENV/bin/python" -m pip install -q -r "$VENV/farm-requirements.txt"
-  have_torch || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
+  "$VENV/bin/python" -m pip install -q -c "$VENV/farm-constraints.txt" -r "$VENV/farm-requirements.txt"
+  "$VENV/bin/python" -c 'import torch' || { echo "the venv's torch does not import" >&2; exit 1; }
+  touch "$VENV/.torchfarm-complete"
+  have_build || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
+  echo "made $VENV in $(( $(date +%s) - start )) s" >&2
 fi
+
+[ "${1:-}" = "--venv-only" ] && exit 0  # make (or check) the cached venv, run nothing
 
 "$VENV/bin/python" -c 'import sys, torch; print("second build: torch", torch.__version__, "python", sys.version.split()[0])'
 export PYTHONPATH="$PWD" TORCHFARM_WARMUP=0

@@ -34,6 +34,7 @@ from torchfarm.codes import Rejection
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from torchfarm.fx.guards import CaptureShapes, GuardError
+from torchfarm.fx.internals import resolve
 from torchfarm.tables import stage_timings
 from torchfarm.targets import Target
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -112,7 +113,7 @@ class FarmBackend:
         """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
         # The same wrapper torch.compile builds: it turns mode and options into the
         # Inductor config patch, and it is the local fallback compiler.
-        self.local = torch._TorchCompileInductorWrapper(mode, options, dynamic)  # type: ignore[no-untyped-call]
+        self.local = resolve("TorchCompileInductorWrapper")(mode, options, dynamic)
         self.name = name
         self._client: FarmClient | None = FarmClient(settings.remote, settings) if settings.remote else None
         self.trust = Trust.from_settings(settings, parse_address(settings.remote)) if settings.remote else None

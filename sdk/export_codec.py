@@ -28,13 +28,15 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils import _pytree as pytree
 
 from torchfarm import exportcheck
 from torchfarm.fx.encode import UnsupportedGraph, dtype_name, encode_graph
+from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits
 from torchfarm.v1 import farm_pb2, graph_pb2
+
+pytree = resolve("pytree")
 
 Weight = farm_pb2.ExportWeight
 _KINDS = {

@@ -42,6 +42,7 @@ from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm.codes import Reason, Rejection
+from torchfarm.fx import internals
 from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
 from torchfarm.manifest import EXPORT
@@ -75,7 +76,7 @@ class ExportedPackage:
                 f"the package at {self.path} is built for {self.target}; this machine is "
                 f"{here if here is not None else why}: load it on a {self.target} machine"
             )
-        return torch._inductor.aoti_load_package(str(self.path))
+        return internals.resolve("aoti_load_package")(str(self.path))
 
 
 def export(

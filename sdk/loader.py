@@ -18,11 +18,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from sdk.errors import ArtifactRejected
 from torchfarm.codes import Rejection
 from torchfarm.fx.hooks import count_kernel_builds
+from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, local_outputs
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,7 @@ def _skip_isa_probe() -> None:
     probe, so we answer it with `config.cpp.vec_isa_ok=True` ("use the ISAs the CPU
     reports, untested"). Once per process, and only when the user set nothing.
     """
-    from torch._inductor import config
-    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+    config, valid_vec_isa_list = resolve("inductor_config"), resolve("valid_vec_isa_list")
 
     if config.cpp.vec_isa_ok is None:
         with config.patch({"cpp.vec_isa_ok": True}):
@@ -121,7 +121,7 @@ def load_compiled(payload: bytes) -> Callable[..., Any]:
     """Deserializes an `AOTCompiledArtifact`; the result can be returned from a Dynamo
     backend and runs forward and backward. Install the kernels first, or every C++
     kernel is rebuilt here (logged as a warning)."""
-    from torch._inductor.standalone_compile import AOTCompiledArtifact
+    AOTCompiledArtifact = resolve("AOTCompiledArtifact")
 
     t0 = time.perf_counter()
     with count_kernel_builds() as builds:
@@ -136,6 +136,6 @@ def load_compiled(payload: bytes) -> Callable[..., Any]:
             len(builds.kernels),
         )
     log.debug("artifact deserialized in %.3fs", time.perf_counter() - t0)
-    return artifact
+    return cast("Callable[..., Any]", artifact)
 
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters
 
 from sdk import artifact, precompile_key
 from sdk.backend import FarmBackend
@@ -39,6 +38,7 @@ from sdk.errors import ArtifactRejected, ConfigError, FarmError
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint
+from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
 from torchfarm.signing import Signer, TrustedKeys
 
@@ -68,7 +68,7 @@ def compile_packaged(fn: Any, backend: FarmBackend, kwargs: dict[str, Any]) -> A
     """`torch.compile` with Dynamo recording its frames in a package
     (`caching_precompile`): what the normal path uploads."""
     logging.getLogger("torch._dynamo.guards").addFilter(_QUIET)  # once: the same filter
-    with torch._dynamo.config.patch(caching_precompile=True):
+    with resolve("dynamo_config").patch(caching_precompile=True):
         return torch.compile(fn, backend=backend, **kwargs)
 
 
@@ -140,10 +140,11 @@ class Gate:
 
     def _normal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo records the frames it traces in the package only with this set.
-        with torch._dynamo.config.patch(caching_precompile=True):
+        with resolve("dynamo_config").patch(caching_precompile=True):
             return self.forward(*args, **kwargs)
 
     def _run_hit(self, key: str, frames: int, load_s: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        counters = resolve("frame_counters")
         before = counters["frames"]["total"]
         result = self.forward(*args, **kwargs)
         traced = counters["frames"]["total"] - before
@@ -162,7 +163,7 @@ class Gate:
     def _install(self, key: str, fp: Fingerprint) -> int:
         """Fetches and verifies the package and its graphs, then installs its frames;
         Refused or FarmError when it cannot serve."""
-        from torch._dynamo.package import CompilePackage, _DynamoCacheEntry
+        CompilePackage, _DynamoCacheEntry = resolve("CompilePackage"), resolve("DynamoCacheEntry")
 
         client, trust = self.backend._client, self.backend.trust
         assert client is not None and trust is not None

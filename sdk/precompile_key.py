@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
+from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED_PREFIX
+
+pytree = resolve("pytree")
 
 
 class Ineligible(Exception):

@@ -27,9 +27,12 @@ import operator
 
 import torch
 import torch.fx
-from torch._dynamo.exc import TensorifyScalarRestartAnalysis
-from torch._dynamo.symbolic_convert import TensorifyState
-from torch._subclasses.fake_tensor import FakeTensor
+
+from torchfarm.fx.internals import resolve
+
+TensorifyScalarRestartAnalysis = resolve("TensorifyScalarRestartAnalysis")
+TensorifyState = resolve("TensorifyState")
+FakeTensor = resolve("FakeTensor")
 
 log = logging.getLogger(__name__)
 

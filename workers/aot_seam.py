@@ -46,6 +46,7 @@ import torch
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.decode import DecodedGraph, decode_graph_into
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
+from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import compiler
@@ -140,7 +141,7 @@ def decompose_graph(
 ) -> Decomposition:
     """AOTAutograd's decomposed graphs of `decoded`, encoded. Raises `NotDecomposable`,
     or `compiler.CompileFailed` when AOTAutograd itself fails."""
-    from torch._functorch._aot_autograd import graph_compile
+    graph_compile = resolve("graph_compile")
 
     names = {str(expr): name for name, expr in decoded.symbols.items() if expr.is_Symbol}
     example_inputs = decoded.example_inputs
@@ -158,7 +159,7 @@ def decompose_graph(
 
     def partition(*args: Any) -> Any:
         out = real_partition(*args)
-        _, _, maybe_subclass_meta, fw_metadata, _, _ = args
+        maybe_subclass_meta, fw_metadata = args[2], args[3]  # 2.13 passes a partition_fn after
         _check_plain(maybe_subclass_meta, fw_metadata)
         got.update(kind=JOINT, out=out, meta=fw_metadata)
         raise _Captured
@@ -229,7 +230,7 @@ def using_decomposition(
     can tell a compile that never reached AOTAutograd's tracing (a cache hit) from one
     that used the decomposition. Raises `NotDecomposable` from inside the compile
     when `dec` does not fit it."""
-    from torch._functorch._aot_autograd import graph_compile
+    graph_compile = resolve("graph_compile")
 
     missing = sorted(set(dec.symbols.values()) - set(decoded.symbols))
     if missing:
@@ -254,7 +255,7 @@ def using_decomposition(
 
     def partition(
         fx_g: Any, joint_inputs: Any, maybe_subclass_meta: Any, fw_metadata: Any,
-        aot_config: Any, partition_fn: Any,
+        aot_config: Any, partition_fn: Any = None,  # torch 2.12 passes none
     ) -> Any:
         _check_plain(maybe_subclass_meta, fw_metadata)
         primals = list(joint_inputs[0])
@@ -348,9 +349,7 @@ def _decode(
 
 
 def _fake_mode(values: Sequence[Any]) -> Any:
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode(list(values))
+    mode = resolve("detect_fake_mode")(list(values))
     if mode is None:
         raise NotDecomposable("AOTAutograd's inputs are not fake tensors")
     return mode

@@ -29,14 +29,19 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from torchfarm import exportcheck
 from torchfarm.fx.decode import decode_graph
+from torchfarm.fx.internals import resolve
 from torchfarm.v1 import farm_pb2, graph_pb2
+
+if TYPE_CHECKING:
+    from torch.utils._pytree import TreeSpec
+
+pytree = resolve("pytree")
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +79,7 @@ class ExportedModule(torch.nn.Module):
         graph_module: torch.fx.GraphModule,
         placeholders: list[str],
         weights: dict[str, tuple[farm_pb2.ExportWeight, torch.Tensor]],
-        out_spec: pytree.TreeSpec,
+        out_spec: TreeSpec,
     ):
         super().__init__()
         for w, tensor in weights.values():
@@ -176,7 +181,7 @@ def build_package(
     with tempfile.TemporaryDirectory(prefix="torchfarm-export-") as tmp:
         path = os.path.join(tmp, "model.pt2")
         try:
-            torch._inductor.aoti_compile_and_package(
+            resolve("aoti_compile_and_package")(
                 program, package_path=path, inductor_configs=dict(inductor_options or {})
             )
         except Exception as e:  # noqa: BLE001 - Inductor's errors have no common base

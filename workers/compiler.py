@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from torchfarm.fx import internals
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
+from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name, load_fn_outputs, local_outputs
 
 if TYPE_CHECKING:
@@ -85,7 +87,7 @@ def inductor_config_patch(
     `_TorchCompileInductorWrapper.apply_mode`/`apply_options`: mode presets from
     `torch._inductor.list_mode_options`, then options, names and types validated).
     """
-    wrapper = torch._TorchCompileInductorWrapper(mode or None, options or None, dynamic)
+    wrapper = resolve("TorchCompileInductorWrapper")(mode or None, options or None, dynamic)
     return dict(wrapper.config)
 
 
@@ -105,7 +107,7 @@ def compile_graph(
     from a Dynamo backend) specialize to their sizes unless `dynamic`, in which case the
     symbolic sizes come from the graph's own fake values.
     """
-    from torch._inductor.standalone_compile import AOTCompiledArtifact
+    AOTCompiledArtifact = resolve("AOTCompiledArtifact")
 
     patch, shapes, fake_mode = _compile_setup(example_inputs, fake_mode, dynamic, mode, inductor_options)
 
@@ -191,7 +193,7 @@ def lower_graph(
     decomposition stage's stand-in for AOTAutograd's tracing
     (`workers.aot_seam.using_decomposition`). A `WrongPath` it raises comes out as
     itself."""
-    from torch._inductor.standalone_compile import AOTCompiledArtifact
+    AOTCompiledArtifact = resolve("AOTCompiledArtifact")
 
     from workers.deferral import defer_kernel_builds, forgetting_new_loaders
 
@@ -338,11 +340,12 @@ def _serialized_compile(
     patch: dict[str, Any], fake_mode: Any,
 ) -> bytes:
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
-    marked = dict(torch._inductor.config.unsafe_marked_cacheable_functions)
+    inductor_config, functorch_config = internals.resolve("inductor_config"), internals.resolve("functorch_config")
+    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
     marked.update((name, torch.__version__) for name in UNMARKED_CACHEABLE_HOPS)
-    with torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked), \
-            torch._functorch.config.patch(autograd_cache_allow_custom_autograd_functions=True):
-        artifact = torch._inductor.standalone_compile(
+    with inductor_config.patch(unsafe_marked_cacheable_functions=marked), \
+            functorch_config.patch(autograd_cache_allow_custom_autograd_functions=True):
+        artifact = internals.standalone_compile(
             gm,
             list(example_inputs),
             dynamic_shapes=shapes,
@@ -362,8 +365,7 @@ def _shape_source(
     given real tensors (Dynamo passes real ones; their symbolic fakes sit in each
     placeholder's `example_value`) must use "from_graph", which takes no `fake_mode`.
     """
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensor
+    detect_fake_mode, FakeTensor = resolve("detect_fake_mode"), resolve("FakeTensor")
 
     real = any(isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) for x in example_inputs)
     if dynamic and real:
@@ -416,7 +418,7 @@ def _kernel_specs(loads: Sequence[Any]) -> list[tuple[bytes, str]]:
 
 
 def _metric_totals() -> dict[str, float]:
-    from torch._dynamo.utils import compilation_time_metrics
+    compilation_time_metrics = resolve("compilation_time_metrics")
 
     return {k: sum(compilation_time_metrics.get(k, ())) for k in (_AOT_METRIC, _INDUCTOR_METRIC)}
 

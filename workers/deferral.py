@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm.fx.hooks import KernelLoad
+from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import load_fn_outputs, spec_args
 
 _DEFER_LOCK = threading.Lock()
@@ -106,7 +107,7 @@ def defer_kernel_builds(
 ) -> Iterator[DeferredLoads]:
     """Inside the block no C++ kernel is built; every one asked for is recorded, and
     passed to `on_load` as it is asked for (the staged path sends its build then)."""
-    from torch._inductor import codecache
+    codecache = resolve("codecache")
 
     owner: Any = codecache.CppCodeCache  # its load_async is swapped for the block
     loads = DeferredLoads()
@@ -117,7 +118,7 @@ def defer_kernel_builds(
         memo_before = set(py.modules_no_attr)
         modules_before = len(py.modules)
         owner.load_async = _deferring(original.__func__, loads, on_load)
-        codecache._precompile_header = _no_precompiled_header  # type: ignore[assignment]
+        codecache._precompile_header = _no_precompiled_header
         try:
             with forgetting_new_loaders():
                 yield loads
@@ -134,7 +135,7 @@ def forgetting_new_loaders() -> Iterator[None]:
     Loaders registered while the precompiled header is stubbed out (here, and in
     `torchfarm.fx.kernelspec.local_outputs`) carry builders without it; a kernel job in this process
     that reused one would build without the header."""
-    from torch._inductor import codecache
+    codecache = resolve("codecache")
 
     caches = _code_caches(codecache)
     before = [set(c) for c in caches]

@@ -28,9 +28,9 @@ import logging
 from collections.abc import Iterator, Sequence
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
 from torch.distributed.distributed_c10d import GroupName
 
+from torchfarm.fx import internals
 from torchfarm.v1 import graph_pb2
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def fake_groups(groups: Sequence[graph_pb2.ProcessGroup]) -> Iterator[None]:
         return
     if dist.is_initialized():
         raise NotFakeable("this worker process already has a process group")
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+    FakeStore = internals.resolve("fake_pg").FakeStore  # importing it registers "fake"
 
     world = max(max(g.ranks) + 1 for g in groups)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
@@ -66,12 +66,12 @@ def fake_groups(groups: Sequence[graph_pb2.ProcessGroup]) -> Iterator[None]:
             if group.name == default_name:
                 if group.size == world:
                     continue
-                _unregister_process_group(GroupName(default_name))
-            _register_process_group(GroupName(group.name), by_size[group.size])
+                internals.resolve("unregister_process_group")(GroupName(default_name))
+            internals.resolve("register_process_group")(GroupName(group.name), by_size[group.size])
         log.debug("fake process groups: %s", {g.name: g.size for g in groups})
         yield
     finally:
         for group in groups:
             with contextlib.suppress(Exception):
-                _unregister_process_group(GroupName(group.name))
+                internals.resolve("unregister_process_group")(GroupName(group.name))
         dist.destroy_process_group()

@@ -42,6 +42,7 @@ import types
 from typing import Any
 
 from torchfarm import targets
+from torchfarm.fx.internals import resolve
 from torchfarm.targets import Target
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def install(target: Target, properties_file: str = "") -> None:
 
 def _patch_torch_cuda(props: types.SimpleNamespace, cap: tuple[int, int]) -> None:
     import torch
-    from torch._dynamo import device_interface
+    device_interface = resolve("device_interface")
 
     def get_props(device: Any = None) -> Any:  # stands in for torch's _CudaDeviceProperties
         return props
@@ -181,20 +182,16 @@ def _patch_triton_driver(target: Target) -> None:
 
 
 def _patch_inductor() -> None:
-    import importlib
-
-    import torch
-    from torch._inductor.runtime import triton_helpers, triton_heuristics
-
+    triton_helpers, triton_heuristics = resolve("triton_helpers"), resolve("triton_heuristics")
     triton_helpers.set_driver_to_gpu = lambda: None
-    triton_heuristics.CachingAutotuner._make_launchers = lambda self: None  # type: ignore[method-assign]
-    standalone: Any = importlib.import_module("torch._inductor.standalone_compile")
-    original = standalone._standalone_context
+    triton_heuristics.CachingAutotuner._make_launchers = lambda self: None
+    standalone = resolve("standalone_compile_module")
+    original = resolve("standalone_context")  # InternalMissing, by name, on torch 2.11
 
     @contextlib.contextmanager
     def without_autotune(*args: Any, **kwargs: Any):
         with original(*args, **kwargs):
-            with torch._inductor.config.patch("triton.autotune_at_compile_time", False):
+            with resolve("inductor_config").patch("triton.autotune_at_compile_time", False):
                 yield
 
     standalone._standalone_context = without_autotune

@@ -42,6 +42,7 @@ import time
 
 import torch
 
+from torchfarm.fx.internals import resolve
 from workers.stackroom import in_stack_room
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,8 @@ log = logging.getLogger(__name__)
 def warm_inductor(compile: bool = True) -> dict[str, float]:
     """Runs the ISA probe, the build hashes and, with `compile`, a small staged compile;
     returns the seconds each took."""
-    from torch._inductor.codecache import torch_key, triton_key
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    torch_key, triton_key = resolve("torch_key"), resolve("triton_key")
+    pick_vec_isa = resolve("pick_vec_isa")
 
     t0 = time.perf_counter()
     isa = pick_vec_isa()
@@ -99,7 +100,7 @@ def _staged_lowering() -> None:
     """`_Block`'s training graph, captured by Dynamo and compiled as a staged job
     compiles one: decomposed, then lowered from its stored decomposition, its kernels
     deferred. Raises if the lowering did not take the decomposition."""
-    from torch._inductor.utils import fresh_cache
+    fresh_cache = resolve("fresh_cache")
 
     from torchfarm.fx.decode import decode_graph
     from torchfarm.fx.encode import encode_graph
@@ -117,10 +118,10 @@ def _staged_lowering() -> None:
     try:
         torch.compile(_Block(), backend=capture, dynamic=False)(idx, targets)
     finally:
-        torch._dynamo.reset()
+        resolve("dynamo_reset")()
     # In a cache dir of its own, deleted after: a restarted worker would find this graph
     # in its Inductor cache dir and skip the very work the warm-up is for.
-    with fresh_cache(), torch._inductor.config.patch(compile_threads=1):
+    with fresh_cache(), resolve("inductor_config").patch(compile_threads=1):
         fields = decompose_graph(decode_graph(graphs[0])).to_fields()
         dec = Decomposition.from_fields({k.encode(): v for k, v in fields.items()})
         used: list[str] = []

@@ -20,6 +20,7 @@ import logging
 import torch.fx
 
 from torchfarm import collectives
+from torchfarm.fx.internals import resolve
 from torchfarm.v1 import graph_pb2
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def group_names(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function":
             continue
         target = f"torch.ops.{node.target}" if isinstance(
-            node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+            node.target, (resolve("OpOverload"), resolve("OpOverloadPacket"))
         ) else ""
         op = collectives.collective_name(target)
         if op is None or op == collectives.WAIT:
@@ -55,7 +56,7 @@ def describe_groups(gm: torch.fx.GraphModule) -> list[graph_pb2.ProcessGroup]:
     if not names:
         return []
     import torch.distributed as dist
-    from torch._C._distributed_c10d import _resolve_process_group
+    _resolve_process_group = resolve("resolve_process_group")
     from torch.distributed.distributed_c10d import GroupName
 
     described = []

@@ -35,6 +35,7 @@ import torch
 
 from torchfarm import allowlist
 from torchfarm.customops import RefusedCustomOp, Schema, parse_schema
+from torchfarm.fx.internals import resolve as internal
 from torchfarm.v1 import graph_pb2
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,9 @@ TensorMeta = graph_pb2.TensorMeta
 def describe(target: object) -> str | None:
     """The schema string of a custom op's overload (or of a packet's only overload);
     None for anything else (torch's own ops, which the allow-list covers, included)."""
-    if isinstance(target, torch._ops.OpOverloadPacket) and target.overloads() == ["default"]:
+    if isinstance(target, internal("OpOverloadPacket")) and target.overloads() == ["default"]:
         target = target.default  # `torch.ops.ns.name(...)`: its only overload is called
-    if not isinstance(target, torch._ops.OpOverload):
+    if not isinstance(target, internal("OpOverload")):
         return None
     if allowlist.is_allowed_function(f"torch.ops.{target}"):
         return None
@@ -187,7 +188,7 @@ def _refuse_grad(target: str, op: Callable[[], Any], schema: Schema) -> Callable
                 "needs its backward, which is the client's Python: it compiles on the farm "
                 "with gradients only where its namespace is installed on the workers",
             )
-        with torch._C._AutoDispatchBelowAutograd():
+        with internal("AutoDispatchBelowAutograd")():
             return op()(*args, **kwargs)
 
     return autograd

@@ -30,24 +30,26 @@ import operator
 import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import sympy
 import torch
 import torch.fx
-from torch._C._dynamo.guards import GlobalStateGuard
-from torch._dynamo.source import ConstantSource
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-from torch.utils._sympy import functions as sym_functions
-from torch.utils._sympy.numbers import int_oo
 
 from torchfarm import allowlist, customops, graphbounds
 from torchfarm.fx import customops as fx_customops
+from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+sym_functions = resolve("sym_functions")
+int_oo = resolve("int_oo")
 
 log = logging.getLogger(__name__)
 
@@ -209,17 +211,16 @@ def _preserve_global_state() -> Iterator[None]:
     ]
     autocast_cache = torch.is_autocast_cache_enabled()
     autocast_nesting = _autocast_nesting()
-    vmap_level = torch._C._functorch.maybe_current_level()
-    guard = GlobalStateGuard()
+    current_level = resolve("vmap_current_level")
+    vmap_level = current_level()
+    guard = resolve("GlobalStateGuard")()
     try:
-        with torch._C._PreserveDispatchKeyGuard():
+        with resolve("PreserveDispatchKeyGuard")():
             yield
     finally:
-        while (level := torch._C._functorch.maybe_current_level()) is not None and (
-            vmap_level is None or level > vmap_level
-        ):
-            torch._C._functorch._vmap_decrement_nesting()
-        torch._C._set_grad_enabled(grad)
+        while (level := current_level()) is not None and (vmap_level is None or level > vmap_level):
+            resolve("vmap_decrement_nesting")()
+        resolve("set_grad_enabled")(grad)
         for device, enabled, dtype in autocast:
             torch.set_autocast_enabled(device, enabled)
             torch.set_autocast_dtype(device, dtype)
@@ -332,9 +333,9 @@ class _Decoder:
     ) -> None:
         self.pb = graph
         self.limits = limits
-        self.fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv())
+        self.fake_mode = fake_mode or resolve("FakeTensorMode")(shape_env=resolve("ShapeEnv")())
         # Every fake mode here has a ShapeEnv: made above, or the decoded request's own.
-        self.shape_env = cast(ShapeEnv, self.fake_mode.shape_env)
+        self.shape_env = cast("ShapeEnv", self.fake_mode.shape_env)
         self.bound = bound
         """Set when the graph's symbols are an existing ShapeEnv's: name → expression."""
         self.symbols: dict[str, sympy.Expr] = {}
@@ -349,8 +350,8 @@ class _Decoder:
             return
         expr = self.shape_env.create_symbol(
             sym.hint,
-            source=ConstantSource(f"torchfarm_{sym.name}"),
-            dynamic_dim=DimDynamic.DYNAMIC,
+            source=resolve("ConstantSource")(f"torchfarm_{sym.name}"),
+            dynamic_dim=resolve("DimDynamic"),
             do_not_specialize_zero_one=sym.min < 2,
         )
         if isinstance(expr, sympy.Symbol):

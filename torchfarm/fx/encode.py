@@ -33,11 +33,11 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from torchfarm import allowlist, customops
 from torchfarm.fx import customops as fx_customops
 from torchfarm.fx.collectives import UnresolvedGroup, describe_groups
+from torchfarm.fx.internals import resolve
 from torchfarm.fx.noops import droppable_nodes
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
@@ -101,9 +101,9 @@ def qualified_name(target: object) -> str:
     `operator.getitem` -> "_operator.getitem", `aten.add.Tensor` ->
     "torch.ops.aten.add.Tensor". Raises `UnsupportedGraph` if no name leads back to it.
     """
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, (resolve("OpOverload"), resolve("OpOverloadPacket"))):
         name = f"torch.ops.{target}"
-    elif isinstance(target, torch._ops.HigherOrderOperator):
+    elif isinstance(target, resolve("HigherOrderOperator")):
         name = f"torch.ops.{target.namespace}.{target.name()}"
     else:
         module = getattr(target, "__module__", None)
@@ -190,7 +190,7 @@ def _expand_ellipsis(tensor: object, index: object) -> object:
 _INDEXING = (operator.getitem, operator.setitem)
 # Dynamo's example values are FakeTensors (Parameters keep their class and pass
 # isinstance(.., Parameter)); DTensor and other wrapper subclasses cannot be described.
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, FakeTensor)
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter, resolve("FakeTensor"))
 
 
 class _Encoder:

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 
 from torchfarm import targets
+from torchfarm.fx import internals
 from torchfarm.targets import Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -178,12 +179,11 @@ def _distribution_version(name: str) -> str:
 
 def _compiler_identity() -> str:
     """`<version line>; -march=<flag> (<resolved>)`, or "" when Inductor finds no compiler."""
-    # torch 2.13: cpp_builder.get_cpp_compiler() is what CppBuilder invokes for every
-    # kernel; _get_cpu_arch_cflags() is where its -march flag comes from.
-    from torch._inductor import cpp_builder
-
+    # cpp_builder.get_cpp_compiler() is what CppBuilder invokes for every kernel;
+    # internals.cpu_arch_cflags is where its -march flag comes from.
     from torchfarm.fx import toolchain
 
+    cpp_builder = internals.resolve("cpp_builder")
     toolchain.seed_inductor()  # so that a machine's second process asks the compiler nothing
     try:
         compiler = cpp_builder.get_cpp_compiler()
@@ -192,7 +192,7 @@ def _compiler_identity() -> str:
         return ""
     version = _run([compiler, "--version"]).splitlines()
     identity = version[0].strip() if version else compiler
-    arch_flags = cpp_builder._get_cpu_arch_cflags(compiler)
+    arch_flags = internals.cpu_arch_cflags(compiler)
     for flag in arch_flags:
         resolved = _resolve_native(compiler, flag) if flag.endswith("=native") else ""
         identity += f"; -{flag}" + (f" ({resolved})" if resolved else "")

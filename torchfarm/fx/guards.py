@@ -36,8 +36,11 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.utils._sympy import functions as sym_functions
+
+from torchfarm.fx.internals import resolve
+
+sym_functions = resolve("sym_functions")
+free_unbacked_symbols = resolve("free_unbacked_symbols")
 
 Tree = list
 """`[kind, *operands]`, JSON-serializable."""
@@ -328,7 +331,7 @@ class CaptureShapes:
 
 
 def _find_shape_env(gm: torch.fx.GraphModule) -> Any:
-    context = torch._guards.TracingContext.try_get()
+    context = resolve("TracingContext.try_get")()
     if context is not None and context.fake_mode is not None and context.fake_mode.shape_env is not None:
         return context.fake_mode.shape_env
     for node in gm.graph.find_nodes(op="placeholder"):

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import load_fn_outputs, spec_args
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,7 @@ def _wrap_build(original: Callable[..., Any], hook: _ClassHook) -> Callable[...,
 
 
 def _cpp_builder() -> type:
-    from torch._inductor.cpp_builder import CppBuilder
-
-    return CppBuilder
+    return resolve("CppBuilder")
 
 
 _BUILD_HOOK = _ClassHook(_cpp_builder, "build", _wrap_build)
@@ -142,9 +141,7 @@ def _wrap_load_async(original: classmethod, hook: _ClassHook) -> classmethod:
 
 
 def _cpp_code_cache() -> type:
-    from torch._inductor.codecache import CppCodeCache
-
-    return CppCodeCache
+    return resolve("CppCodeCache")
 
 
 _LOAD_HOOK = _ClassHook(_cpp_code_cache, "load_async", _wrap_load_async)

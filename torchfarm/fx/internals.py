@@ -2,43 +2,44 @@
 
 The farm supports torch 2.11, 2.12 and 2.13 on Python 3.11 and 3.12 (docs/targets.md).
 Public torch APIs are not listed here; these are the names under `torch._inductor`,
-`torch._functorch`, `torch._dynamo`, `torch._guards`, `torch._subclasses`, `torch._C`
-and `torch.fx.experimental` that the SDK and the workers import, patch or call, each
-with the parameters the code assumes, and the module that uses it.
+`torch._functorch`, `torch._dynamo`, `torch._guards`, `torch._subclasses`, `torch._C`,
+`torch._ops`, `torch.utils._sympy`, `torch.utils._pytree` and `torch.fx.experimental`
+that the SDK and the workers import, patch or call, each with the parameters the code
+assumes, and the module that uses it. No other module reaches one:
+tests/unit/test_internals.py fails on any other module's use (type-only imports aside).
 
 `SEAM` maps a torch (major, minor) to what differs from 2.13, the baseline: an internal
-that lives elsewhere (another `Internal`) or is absent (None; its user must then fall
-back or refuse, by name). `resolve(name)` gives the object for the running torch.
-tests/unit/test_internals.py pins every entry (it exists, and its leading parameters
-are as assumed), so a torch upgrade that moves one fails there, named, before any
-compile does.
+that lives elsewhere or takes other parameters (another `Internal`) or is absent (None;
+its user falls back: `cpu_arch_cflags`, `cpp_march`). `resolve(name)` gives the object
+for the running torch. Where the difference is behaviour, not a name, a function here
+gives 2.13's behaviour on every torch (`standalone_compile`, `load_async_args`). The
+test pins every entry (it exists, and its leading parameters are as assumed), so a
+torch upgrade that moves one fails there, named, before any compile does.
 
-What is verified, and what is not: only torch 2.13.0 is installed here, and every entry
-was read from its source. The 2.11 and 2.12 rows of `SEAM` are empty because no
-difference is *known*, not because one was checked: `VERIFIED` says which versions were
-run. `make test-second-build` (scripts/second_build.sh) runs the unit tests, this
-module's pins included, and one end-to-end compile on torch 2.12; it has not been run.
-
-The call sites still import these names directly (moving each import here is a change
-to a dozen modules that other work is editing); this module is their inventory, their
-seam, and the test that pins them.
+What is verified: 2.13.0 (the default install) and 2.12.1 (`make test-second-build`,
+scripts/test_second_build.sh: its unit tests, these pins included, and one end-to-end
+compile passed; the 2.12 row was read from its source) and 2.11.0 (its row read from its
+source; these pins and one end-to-end compile passed, not the whole unit suite).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "INTERNALS", "SEAM", "SUPPORTED", "VERIFIED", "Internal", "InternalMissing",
-    "check", "internal", "resolve", "torch_minor",
+    "check", "internal", "load_async_args", "resolve", "standalone_compile", "torch_minor",
 ]
 
 SUPPORTED = ((2, 11), (2, 12), (2, 13))
 """Torch minor versions the farm supports (pyproject.toml pins 2.13.0 for CPU)."""
 
-VERIFIED = ((2, 13),)
+VERIFIED = ((2, 11), (2, 12), (2, 13))
 """Minor versions whose internals were checked against an installed torch."""
 
 
@@ -68,12 +69,28 @@ def _i(module: str, attr: str = "", params: tuple[str, ...] = (), used_by: str =
 
 INTERNALS: dict[str, Internal] = {
     # Compiling and loading artifacts.
+    "inductor": _i("torch._inductor", used_by="workers/aoti.py, sdk/exports.py"),
     "standalone_compile": _i("torch._inductor", "standalone_compile",
-                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot"),
-                             "workers/compiler.py: the graph compile"),
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot",
+                              "donate_graph_module", "fake_mode"),
+                             "`standalone_compile` below: the graph compile"),
+    "standalone_compile_module": _i("torch._inductor.standalone_compile",
+                                    used_by="workers/gpuless.py: its _standalone_context patched"),
+    "resolve_fake_mode": _i("torch._inductor.standalone_compile", "_resolve_fake_mode",
+                            ("gm", "dynamic_shapes"), "`standalone_compile` below, in 2.12"),
+    "standalone_fake_mode_class": _i("torch._inductor.standalone_compile", "FakeTensorMode",
+                                     used_by="`standalone_compile` below, in 2.11"),
+    "functorch_config": _i("torch._functorch.config", used_by="`standalone_compile` below"),
+    "force_non_lazy_backward_lowering": _i("torch._functorch.config", "force_non_lazy_backward_lowering",
+                                           used_by="`standalone_compile` below, before 2.13"),
+    "TorchCompileInductorWrapper": _i("torch", "_TorchCompileInductorWrapper",
+                                      ("mode", "options", "dynamic"),
+                                      "workers/compiler.py, sdk/backend.py: a mode's options"),
     "AOTCompiledArtifact.deserialize": _i("torch._inductor.standalone_compile",
                                           "AOTCompiledArtifact.deserialize", ("result_bytes",),
                                           "sdk/loader.py, workers/compiler.py: load an artifact"),
+    "AOTCompiledArtifact": _i("torch._inductor.standalone_compile", "AOTCompiledArtifact",
+                              used_by="sdk/loader.py, workers/compiler.py"),
     "standalone_context": _i("torch._inductor.standalone_compile", "_standalone_context",
                              used_by="workers/gpuless.py: patched to skip autotuning"),
     "list_mode_options": _i("torch._inductor", "list_mode_options", ("mode", "dynamic"),
@@ -91,14 +108,25 @@ INTERNALS: dict[str, Internal] = {
         "torch._functorch.config", "autograd_cache_allow_custom_autograd_functions",
         used_by="workers/compiler.py: autograd_function_apply cacheable"),
     # The C++ kernels: how they are built, keyed and found (torchfarm/fx/kernelspec.py).
+    "cpp_builder": _i("torch._inductor.cpp_builder", used_by="torchfarm/fx/fingerprint.py, toolchain.py"),
+    "codecache": _i("torch._inductor.codecache", used_by="torchfarm/fx/kernelspec.py, workers/deferral.py"),
+    "cpu_vec_isa": _i("torch._inductor.cpu_vec_isa", used_by="torchfarm/fx/vecisa.py, sdk/loader.py"),
+    "CppBuilder": _i("torch._inductor.cpp_builder", "CppBuilder", used_by="torchfarm/fx/hooks.py"),
+    "CppCodeCache": _i("torch._inductor.codecache", "CppCodeCache", used_by="torchfarm/fx/hooks.py"),
     "get_cpp_compiler": _i("torch._inductor.cpp_builder", "get_cpp_compiler", (),
                            "torchfarm/fx/fingerprint.py: the compiler in the build"),
     "cpu_arch_cflags": _i("torch._inductor.cpp_builder", "_get_cpu_arch_cflags", ("cpp_compiler",),
-                          "torchfarm/fx/fingerprint.py: the -march in the build"),
+                          "`cpu_arch_cflags` below: the -march in the build"),
+    "optimization_cflags": _i("torch._inductor.cpp_builder", "_get_optimization_cflags",
+                              ("cpp_compiler", "min_optimize"), "`cpu_arch_cflags` below, before 2.13"),
+    "cpp_march": _i("torch._inductor.config", "cpp.march", used_by="`cpp_march` below"),
+    "is_gcc_version_less_than": _i("torch._inductor.cpp_builder", "_is_gcc_version_less_than",
+                                   ("cpp_compiler", "major"), "torchfarm/fx/toolchain.py (aarch64)"),
     "CppBuilder.build": _i("torch._inductor.cpp_builder", "CppBuilder.build", ("self",),
                            "torchfarm/fx/hooks.py: counts compiler runs"),
     "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
-                                  ("main_code", "device_type", "submit_fn", "extra_flags"),
+                                  ("main_code", "device_type", "submit_fn", "extra_flags",
+                                   "optimized_code", "needs_vec_isa", "kernel_needs_vec_isa"),
                                   "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
     "precompile_header": _i("torch._inductor.codecache", "_precompile_header",
                             ("header", "hashable_cmd_line"),
@@ -115,13 +143,14 @@ INTERNALS: dict[str, Internal] = {
     "fresh_cache": _i("torch._inductor.utils", "fresh_cache", ("cache_entries", "dir", "delete"),
                       "workers/priming.py: warm-up in a throw-away cache"),
     # AOTAutograd's stages: the staged compile's decomposition (workers/aot_seam.py).
+    "graph_compile": _i("torch._functorch._aot_autograd.graph_compile", used_by="workers/aot_seam.py"),
     "aot_dispatch_autograd_graph": _i("torch._functorch._aot_autograd.graph_compile",
                                       "aot_dispatch_autograd_graph", used_by="workers/aot_seam.py"),
     "aot_dispatch_base_graph": _i("torch._functorch._aot_autograd.graph_compile",
                                   "aot_dispatch_base_graph", used_by="workers/aot_seam.py"),
     "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
-                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata"),
-                                "workers/aot_seam.py"),
+                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata",
+                                 "aot_config", "partition_fn"), "workers/aot_seam.py"),
     "aot_stage1_graph_capture": _i("torch._functorch._aot_autograd.graph_compile",
                                    "aot_stage1_graph_capture", ("aot_state", "orig_flat_fn"),
                                    "workers/aot_seam.py"),
@@ -134,9 +163,15 @@ INTERNALS: dict[str, Internal] = {
     "FakeTensorMode": _i("torch._subclasses.fake_tensor", "FakeTensorMode", used_by="torchfarm/fx/decode.py"),
     "FakeTensor": _i("torch._subclasses.fake_tensor", "FakeTensor",
                      used_by="torchfarm/fx/encode.py, workers/compiler.py"),
+    "free_unbacked_symbols": _i("torch.fx.experimental.symbolic_shapes", "free_unbacked_symbols",
+                                used_by="torchfarm/fx/guards.py: guards over unbacked symbols left out"),
     "ShapeEnv": _i("torch.fx.experimental.symbolic_shapes", "ShapeEnv", used_by="torchfarm/fx/decode.py"),
     "DimDynamic": _i("torch.fx.experimental.symbolic_shapes", "DimDynamic.DYNAMIC",
                      used_by="torchfarm/fx/decode.py"),
+    "sym_functions": _i("torch.utils._sympy.functions", used_by="torchfarm/fx/decode.py, guards.py: "
+                        "FloorDiv, Mod, Max... in shapes and guards"),
+    "int_oo": _i("torch.utils._sympy.numbers", "int_oo", used_by="torchfarm/fx/decode.py"),
+    "pytree": _i("torch.utils._pytree", used_by="workers/aoti.py, sdk/export_codec.py"),
     "ConstantSource": _i("torch._dynamo.source", "ConstantSource", used_by="torchfarm/fx/decode.py"),
     "GlobalStateGuard": _i("torch._C._dynamo.guards", "GlobalStateGuard", used_by="torchfarm/fx/decode.py"),
     "vmap_decrement_nesting": _i("torch._C._functorch", "_vmap_decrement_nesting",
@@ -145,9 +180,26 @@ INTERNALS: dict[str, Internal] = {
     "set_grad_enabled": _i("torch._C", "_set_grad_enabled", used_by="torchfarm/fx/decode.py"),
     "PreserveDispatchKeyGuard": _i("torch._C", "_PreserveDispatchKeyGuard", used_by="torchfarm/fx/decode.py"),
     # Dynamo.
+    "TensorifyState": _i("torch._dynamo.symbolic_convert", "TensorifyState", used_by="sdk/scalars.py"),
+    "TensorifyScalarRestartAnalysis": _i("torch._dynamo.exc", "TensorifyScalarRestartAnalysis",
+                                         used_by="sdk/scalars.py"),
+    "OpOverload": _i("torch._ops", "OpOverload", used_by="torchfarm/fx/encode.py, noops.py"),
+    "OpOverloadPacket": _i("torch._ops", "OpOverloadPacket", used_by="torchfarm/fx/encode.py, noops.py"),
     "dynamo_reset": _i("torch._dynamo", "reset", (), "workers/priming.py"),
     "compilation_time_metrics": _i("torch._dynamo.utils", "compilation_time_metrics",
                                    used_by="workers/compiler.py: compile timings"),
+    "HigherOrderOperator": _i("torch._ops", "HigherOrderOperator", used_by="torchfarm/fx/encode.py"),
+    "dynamo_config": _i("torch._dynamo.config", used_by="sdk/precompile.py: caching_precompile patched"),
+    "AutoDispatchBelowAutograd": _i("torch._C", "_AutoDispatchBelowAutograd",
+                                    used_by="torchfarm/fx/customops.py: a stand-in's call"),
+    "resolve_process_group": _i("torch._C._distributed_c10d", "_resolve_process_group",
+                                used_by="torchfarm/fx/collectives.py: a group's name to its members"),
+    "register_process_group": _i("torch._C._distributed_c10d", "_register_process_group",
+                                 used_by="workers/fakepg.py"),
+    "unregister_process_group": _i("torch._C._distributed_c10d", "_unregister_process_group",
+                                   used_by="workers/fakepg.py"),
+    "fake_pg": _i("torch.testing._internal.distributed.fake_pg",
+                  used_by="workers/fakepg.py: importing it registers the \"fake\" backend"),
     "CompilePackage": _i("torch._dynamo.package", "CompilePackage",
                          ("self", "fn", "dynamo", "ignore_inlined_sources"),
                          "sdk/precompile.py: install a precompiled package"),
@@ -160,9 +212,12 @@ INTERNALS: dict[str, Internal] = {
                              used_by="sdk/precompile.py: Dynamo records its frames in a package"),
     "frame_counters": _i("torch._dynamo.utils", "counters",
                          used_by="sdk/precompile.py: frames traced on a precompiled hit"),
+    "device_interface": _i("torch._dynamo.device_interface", used_by="workers/gpuless.py"),
     "CudaInterface": _i("torch._dynamo.device_interface", "CudaInterface",
                         used_by="workers/gpuless.py: faked device properties"),
     # Triton runtime, patched by --lower-without-gpu (workers/gpuless.py).
+    "triton_helpers": _i("torch._inductor.runtime.triton_helpers", used_by="workers/gpuless.py"),
+    "triton_heuristics": _i("torch._inductor.runtime.triton_heuristics", used_by="workers/gpuless.py"),
     "set_driver_to_gpu": _i("torch._inductor.runtime.triton_helpers", "set_driver_to_gpu", (),
                             "workers/gpuless.py"),
     "CachingAutotuner._make_launchers": _i("torch._inductor.runtime.triton_heuristics",
@@ -170,10 +225,42 @@ INTERNALS: dict[str, Internal] = {
                                            "workers/gpuless.py"),
 }
 
+_BEFORE_2_13: dict[str, Internal | None] = {
+    # No fake_mode (`standalone_compile` below patches it in).
+    "standalone_compile": _i("torch._inductor", "standalone_compile",
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot",
+                              "donate_graph_module"), "`standalone_compile` below"),
+    # No needs_vec_isa/kernel_needs_vec_isa: every kernel gets pick_vec_isa() (`load_async_args`).
+    "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
+                                  ("main_code", "device_type", "submit_fn", "extra_flags", "optimized_code"),
+                                  "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
+    # -march is inlined in _get_optimization_cflags (`cpu_arch_cflags` below); no cpp.march.
+    "cpu_arch_cflags": None,
+    "cpp_march": None,
+    "is_gcc_version_less_than": None,  # 2.13's aarch64 -march choice; 2.12 uses -march=native
+    # AOTAutograd partitions with the aot_config's partition_fn, passed none.
+    "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
+                                ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata", "aot_config"),
+                                "workers/aot_seam.py"),
+    # codecache.triton_key is 2.13's; before, Inductor imports Triton's through triton_compat.
+    "triton_key": _i("torch._inductor.runtime.triton_compat", "triton_key", (), "workers/priming.py: warm-up"),
+}
+
+_BEFORE_2_12: dict[str, Internal | None] = {
+    **_BEFORE_2_13,
+    # No donate_graph_module; one function, its fake mode made inline by the module's
+    # FakeTensorMode (`standalone_compile` below patches that name).
+    "standalone_compile": _i("torch._inductor", "standalone_compile",
+                             ("gm", "example_inputs", "dynamic_shapes", "options", "aot"),
+                             "`standalone_compile` below"),
+    "resolve_fake_mode": None,
+    "standalone_context": None,  # --lower-without-gpu refuses, by name (workers/gpuless.py)
+}
+
 SEAM: dict[tuple[int, int], dict[str, Internal | None]] = {
     (2, 13): {},
-    (2, 12): {},  # assumed as 2.13; unverified (VERIFIED)
-    (2, 11): {},  # assumed as 2.13; unverified (VERIFIED)
+    (2, 12): _BEFORE_2_13,  # read from 2.12.1's source, and run (VERIFIED)
+    (2, 11): _BEFORE_2_12,  # read from 2.11.0's source; pins and one e2e compile run
 }
 """Per torch minor version: the entries of `INTERNALS` that differ there (None: absent)."""
 
@@ -198,13 +285,13 @@ def internal(name: str, version: tuple[int, int] | None = None) -> Internal | No
     return SEAM[version].get(name, INTERNALS[name])
 
 
-def resolve(name: str) -> object:
+def resolve(name: str) -> Any:
     """The object `name` names in the running torch; InternalMissing, naming it, if absent."""
     where = internal(name)
     if where is None:
         raise InternalMissing(f"{name} does not exist in this torch ({'.'.join(map(str, torch_minor()))})")
     try:
-        obj: object = importlib.import_module(where.module)
+        obj: Any = importlib.import_module(where.module)
         for part in filter(None, where.attr.split(".")):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
@@ -224,7 +311,7 @@ def check(name: str) -> str | None:
     if not where.params:
         return None
     try:
-        params = [p for p in inspect.signature(obj).parameters if p != "cls"]  # type: ignore[arg-type]
+        params = [p for p in inspect.signature(obj).parameters if p != "cls"]
     except (TypeError, ValueError):
         return None  # a builtin without a signature: existence is what can be pinned
     want = list(where.params)
@@ -233,3 +320,73 @@ def check(name: str) -> str | None:
     if params[: len(want)] != want:
         return f"{where.qualname}: parameters {params[: len(want) + 2]}, the farm assumes {want}"
     return None
+
+
+def standalone_compile(
+    gm: Any, example_inputs: Sequence[Any], *, dynamic_shapes: str, options: dict[str, Any],
+    aot: bool, fake_mode: Any,
+) -> Any:
+    """`torch._inductor.standalone_compile` as torch 2.13 runs it, on every supported torch.
+
+    2.13 takes a `fake_mode` (the decoded graph's, whose ShapeEnv holds its symbols) and
+    lowers a training graph's backward before the artifact is saved. Before 2.13 it has no
+    `fake_mode`: "from_example_inputs" made a fresh FakeTensorMode of its own, which
+    re-fakes the inputs without their symbols; and the backward was lowered lazily, on
+    the first backward(), after the artifact was saved. Both are patched in there."""
+    compile_fn = resolve("standalone_compile")
+    kwargs = {"dynamic_shapes": dynamic_shapes, "options": options, "aot": aot}
+    if "fake_mode" in _params("standalone_compile"):
+        return compile_fn(gm, list(example_inputs), **kwargs, fake_mode=fake_mode)
+    with _given_fake_mode(fake_mode), resolve("functorch_config").patch(force_non_lazy_backward_lowering=True):
+        return compile_fn(gm, list(example_inputs), **kwargs)
+
+
+@contextmanager
+def _given_fake_mode(fake_mode: Any) -> Iterator[None]:
+    if fake_mode is None:
+        yield
+        return
+    module = resolve("standalone_compile_module")
+    inline = internal("resolve_fake_mode") is None  # 2.11: FakeTensorMode(shape_env=ShapeEnv()) inline
+    name = "FakeTensorMode" if inline else "_resolve_fake_mode"
+    real = resolve("standalone_fake_mode_class" if inline else "resolve_fake_mode")
+
+    def given(*args: Any, **kwargs: Any) -> Any:
+        shapes = kwargs.get("dynamic_shapes", args[1] if len(args) > 1 else None)
+        return fake_mode if inline or shapes == "from_example_inputs" else real(*args, **kwargs)
+
+    setattr(module, name, given)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
+
+
+def load_async_args(args: dict[str, Any]) -> dict[str, Any]:
+    """`args` (keyword arguments of `CppCodeCache.load_async`) less those the running
+    torch's lacks: 2.12 has no `needs_vec_isa` and `kernel_needs_vec_isa` (it picks the
+    ISA for every kernel). A dropped argument must be None (what a spec recorded on such
+    a torch holds); anything else is a kernel this torch cannot key: ValueError."""
+    accepted = set(_params("CppCodeCache.load_async"))
+    dropped = {k: v for k, v in args.items() if k not in accepted}
+    if any(v is not None for v in dropped.values()):
+        raise ValueError(f"this torch's CppCodeCache.load_async takes no {sorted(dropped)}: {dropped}")
+    return {k: v for k, v in args.items() if k in accepted}
+
+
+def _params(name: str) -> tuple[str, ...]:
+    where = internal(name)
+    return where.params if where is not None else ()
+
+
+def cpu_arch_cflags(compiler: str) -> list[str]:
+    """The -march (or -mcpu) flags Inductor gives `compiler` for every C++ kernel."""
+    if internal("cpu_arch_cflags") is not None:
+        return list(resolve("cpu_arch_cflags")(compiler))
+    cflags, _ = resolve("optimization_cflags")(compiler)
+    return [f for f in cflags if f.startswith(("march=", "mcpu="))]
+
+
+def cpp_march() -> str | None:
+    """Inductor's `config.cpp.march` (None: the default, -march=native); None where absent."""
+    return resolve("cpp_march") if internal("cpp_march") is not None else None

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchfarm.fx.internals import load_async_args, resolve
+
 
 class KernelSpecError(ValueError):
     """A kernel spec that is malformed, names an unknown code cache, or that the local
@@ -124,12 +126,16 @@ def spec_args(bound: dict[str, Any]) -> dict[str, Any]:
 
 def call_args(args: dict[str, Any]) -> dict[str, Any]:
     # The command line renders extra_flags by iteration, so list or tuple hash alike;
-    # a tuple is what Inductor's default passes.
-    return {**args, "extra_flags": tuple(args["extra_flags"])}
+    # a tuple is what Inductor's default passes. A torch without some argument (2.12's
+    # has no needs_vec_isa) gets it only when None: internals.load_async_args.
+    try:
+        return load_async_args({**args, "extra_flags": tuple(args["extra_flags"])})
+    except ValueError as e:
+        raise KernelSpecError(str(e)) from e
 
 
 def code_cache(name: str) -> type[Any]:
-    from torch._inductor import codecache
+    codecache = resolve("codecache")
 
     if name not in CODE_CACHES:
         raise KernelSpecError(f"unknown code cache {name!r}")
@@ -160,12 +166,12 @@ def local_outputs(spec: KernelSpec) -> tuple[str, list[str]]:
     Switching `config.cpp_cache_precompile_headers` off instead would change the key:
     it adds `-D TORCH_INDUCTOR_PRECOMPILE_HEADERS` to the command line.
     """
-    from torch._inductor import codecache
+    codecache = resolve("codecache")
 
     cache_cls = code_cache(spec.cache)
     with _PRECOMPILE_LOCK:
         real = codecache._precompile_header
-        codecache._precompile_header = _no_precompiled_header  # type: ignore[assignment]
+        codecache._precompile_header = _no_precompiled_header
         try:
             load_fn = cache_cls.load_async(**call_args(spec.args))
         finally:

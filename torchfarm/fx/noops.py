@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from torchfarm.fx.internals import resolve
+
 NO_OP_TARGETS = frozenset(
     {
         "torch._C._log_api_usage_once",
@@ -43,7 +45,7 @@ PROFILER_EXIT = frozenset(
 
 def _target_name(node: torch.fx.Node) -> str:
     target = node.target
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if isinstance(target, (resolve("OpOverload"), resolve("OpOverloadPacket"))):
         return f"torch.ops.{target}"
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)

@@ -39,6 +39,9 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from torchfarm.fx import internals
+from torchfarm.fx.internals import resolve
+
 log = logging.getLogger(__name__)
 
 RECORD_FORMAT = "torchfarm.toolchain/1"
@@ -60,7 +63,7 @@ def cache_dir() -> str:
 def candidates() -> list[str]:
     """The compiler names Inductor searches, in its order (`config.cpp.cxx`; None, which
     means "install one with conda", is skipped here as Inductor skips it by default)."""
-    from torch._inductor import config
+    config = resolve("inductor_config")
 
     cxx = config.cpp.cxx
     names = cxx if isinstance(cxx, (list, tuple)) else (cxx,)
@@ -97,12 +100,11 @@ def _cpu_identity() -> list[str]:
 def identity() -> str:
     """Digest of everything the compiler's answers depend on."""
     import torch
-    from torch._inductor import config
 
     body = {
         "compilers": [_binary_identity(n) for n in candidates()],
         "cpu": _cpu_identity(),
-        "march": config.cpp.march,
+        "march": internals.cpp_march(),
         "machine": platform.machine(),
         "torch": torch.__version__,
     }
@@ -200,7 +202,7 @@ def seed_inductor() -> None:
     Each cached function is called while cpp_builder's `subprocess` answers from the
     record, so its cache holds exactly what it would have computed by asking."""
     global _seeded
-    from torch._inductor import cpp_builder
+    cpp_builder = resolve("cpp_builder")
 
     with _lock:
         if _seeded:
@@ -216,7 +218,7 @@ def seed_inductor() -> None:
                 return
             cpp_builder.get_compiler_version_info(compiler)
             cpp_builder._is_intel_compiler(compiler)
-            if platform.machine() in ("aarch64", "arm64"):
+            if platform.machine() in ("aarch64", "arm64") and internals.internal("is_gcc_version_less_than"):
                 cpp_builder._is_gcc_version_less_than(compiler, 13)
         finally:
             cpp_builder.subprocess = real

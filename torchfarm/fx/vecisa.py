@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from torchfarm.fx.internals import resolve
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +47,7 @@ _lock = threading.Lock()
 def probe_record() -> dict[str, Any]:
     """What this process's Inductor concluded about the CPU's vector ISAs (running the
     probe if it has not yet): the record a worker puts in its manifests."""
-    from torch._inductor import cpu_vec_isa as v
+    v = resolve("cpu_vec_isa")
 
     valid = v.valid_vec_isa_list()
     picked = v.pick_vec_isa()
@@ -67,7 +69,7 @@ def probe_record() -> dict[str, Any]:
 
 def picked() -> tuple[str, str]:
     """(ISA, its compiler flags) this process's Inductor builds kernels with."""
-    from torch._inductor import cpu_vec_isa as v
+    v = resolve("cpu_vec_isa")
 
     isa = v.pick_vec_isa()
     return str(isa), "" if isa is v.invalid_vec_isa else isa.build_arch_flags()
@@ -76,7 +78,7 @@ def picked() -> tuple[str, str]:
 def seed(record: dict[str, Any]) -> None:
     """Fills Inductor's ISA probe caches from a worker's record without building anything,
     then refuses the artifact unless this process picks the worker's ISA and flags."""
-    from torch._inductor import cpu_vec_isa as v
+    v = resolve("cpu_vec_isa")
 
     if not isinstance(record, dict) or record.get("format") != PROBE_FORMAT:
         raise ToolchainMismatch(f"unknown vector-ISA record {str(record)[:80]!r}")
@@ -86,11 +88,11 @@ def seed(record: dict[str, Any]) -> None:
     with _lock:
         if v.valid_vec_isa_list.cache_info().currsize == 0:
             real = v.VecISA.check_build
-            v.VecISA.check_build = _replay(isas, real)  # type: ignore[method-assign]
+            v.VecISA.check_build = _replay(isas, real)
             try:
                 v.valid_vec_isa_list()
             finally:
-                v.VecISA.check_build = real  # type: ignore[method-assign]
+                v.VecISA.check_build = real
     mine = picked()
     theirs = (str(record.get("picked")), str(record.get("arch_flags")))
     if mine != theirs:
@@ -101,7 +103,7 @@ def seed(record: dict[str, Any]) -> None:
 
 
 def _replay(isas: dict[str, Any], real: Callable[..., bool]) -> Callable[..., bool]:
-    from torch._inductor import cpu_vec_isa as v
+    v = resolve("cpu_vec_isa")
 
     answers = {
         v.VecISA._avx_code: "valid",
