@@ -68,8 +68,8 @@ class WorkerContext:
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
     sandbox: Sandbox | None = None
-    """Where C++ kernel builds run (workers/sandbox.py): a child without secrets; None
-    builds in this process (TORCHFARM_SANDBOX=off, the in-process fakes)."""
+    """Where C++ kernel builds and whole-graph compiles run (workers/sandbox.py): a child
+    without secrets; None runs them in this process (TORCHFARM_SANDBOX=off, the fakes)."""
 
 
 class Outcome(Protocol):

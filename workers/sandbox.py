@@ -2,8 +2,9 @@
 no secrets, and this (trusted) process only checks what comes back.
 
 The Celery pool process holds the signing key, the record key and the Redis
-credentials. Running g++ on tenant-derived source in that process gives the source (and
-any compiler bug it reaches) all three. So the build runs in a child:
+credentials. Running Inductor and g++ on a tenant's graph in that process gives the
+graph (and any compiler bug it reaches) all three. So C++ kernel builds
+(`build_kernels`) and whole-graph compiles (`compile_whole`) run in a child:
 
 - "bwrap": under bubblewrap, with a read-only view of the system, no network
   (`--unshare-net`: not even the loopback Redis), its own PID namespace (the parent's
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from workers.compiler import CompileResult
     from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,8 @@ class SandboxUnavailable(RuntimeError):
 
 class SandboxFailed(Exception):
     """The sandboxed child failed: `kind` is "compile" (the compiler's own error, the
-    tenant's fault), "memory" (past the memory limit), "cpu" (past the CPU limit) or
+    tenant's fault), "graph" (the graph did not decode), "guard" (a guard the farm
+    cannot ship), "memory" (past the memory limit), "cpu" (past the CPU limit) or
     "crash" (anything else: killed, no result, a malformed result)."""
 
     def __init__(self, kind: str, message: str):
@@ -198,7 +201,7 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     if error is not None:
         kind = error.get("kind") if isinstance(error, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
-        if kind not in ("compile", "memory") or not isinstance(message, str):
+        if kind not in ("compile", "memory", "graph", "guard") or not isinstance(message, str):
             raise SandboxFailed("crash", "the sandboxed compile's error is malformed")
         raise SandboxFailed(kind, message[:64 * 1024])
     names = result.get("files", [])
@@ -335,3 +338,34 @@ def build_kernels(sandbox: Sandbox, specs: list[bytes], threads: int, max_bytes:
             raise SandboxFailed("crash", f"the sandboxed build's {name} is not an ELF binary")
         out.append((files[name], float(s)))
     return out
+
+
+def compile_whole(sandbox: Sandbox, request: bytes, max_bytes: int) -> tuple[CompileResult, tuple[list, ...]]:
+    """The whole-graph compile of a `CompileRequest` in the sandbox: its result and the
+    guards it added. Each kernel's spec must parse and its binary be an ELF file; names
+    and kinds are computed here, from the specs, not taken from the child."""
+    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
+    from torchfarm.fx.vecisa import probe_record
+    from workers.compiler import CompileResult, Kernel
+
+    result, files = sandbox.run("whole", {"vec_isa": probe_record()}, {"request.pb": request}, max_bytes)
+    count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
+    if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):
+        raise SandboxFailed("crash", "the sandboxed compile's result is malformed")
+    if set(files) != {"payload.bin", *(f"k{i}.{e}" for i in range(count) for e in ("src", "bin"))}:
+        raise SandboxFailed("crash", "the sandboxed compile's files are not the ones it declared")
+    kernels = []
+    for i in range(count):
+        source, binary = files[f"k{i}.src"], files[f"k{i}.bin"]
+        try:
+            spec = KernelSpec.from_bytes(source)
+        except KernelSpecError as e:
+            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i}: {e}") from e
+        if not binary.startswith(_ELF_MAGIC):
+            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i} is not an ELF binary")
+        kind = "cpp" if spec.is_library() else "cpp-object"
+        kernels.append(Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary))
+    if not all(isinstance(g, list) for g in guards):
+        raise SandboxFailed("crash", "the sandboxed compile's guards are malformed")
+    clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=clean), tuple(guards)

@@ -87,7 +87,8 @@ class WorkerSettings:
     """CPU seconds one compile may use in the pool process (RLIMIT_CPU) before the kernel
     kills it; the job is redelivered up to max_attempts. 0: no limit."""
     sandbox: str = "auto"
-    """Where tenant-driven compiler runs (the C++ kernel builds) happen (workers/sandbox.py):
+    """Where tenant-driven compiler runs (C++ kernel builds, whole-graph compiles) happen
+    (workers/sandbox.py):
     "bwrap" (a bubblewrap child: no network, a read-only system, no secrets; the worker
     will not start without it), "process" (a child with a scrubbed environment and
     rlimits only: degraded), "off" (in the process that holds the keys; development

@@ -12,6 +12,7 @@ test proves the probe can fail the others.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -249,3 +250,53 @@ def test_the_registration_says_where_compiles_run():
     store = memory_store()
     store.heartbeat("w0", ["cpu"], "b", 30, sandbox="process")
     assert store.live_workers()["w0"]["sandbox"] == "process"
+
+
+def test_the_stack_workers_build_in_the_sandbox(stack):
+    """The local stack's workers (which the end-to-end tests compile through) run with
+    the sandbox on: TORCHFARM_SANDBOX=auto picks bubblewrap where it runs."""
+    from torchfarm.store import Store
+
+    registered = Store.from_url(stack.cache_url).live_workers()
+    assert registered
+    assert {w.get("sandbox") for w in registered.values()} == {"bwrap" if BWRAP_OK else "process"}
+
+
+def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_path):
+    """TORCHFARM_PIPELINE=whole (and max-autotune's fallback to it): the child decodes
+    and compiles the request; the pool process signs what it returned, and the artifact
+    loads and computes what eager does."""
+    import torch
+
+    from sdk import artifact
+    from torchfarm.signing import Signer, TrustedKeys
+    from workers import runtime
+    from workers.jobs.graph import run_job
+
+    monkeypatch.setattr(runtime, "check_build", lambda request, local: None)
+    signer = Signer.generate()
+    box = sandbox.for_worker(WorkerSettings(), "bwrap" if BWRAP_OK else "process")
+    ctx = dataclasses.replace(
+        _ctx(box), settings=WorkerSettings(pipeline="whole"), signer=signer, send=None,
+    )
+    request = relu_request()
+    key = keys.compute_key(request, "")
+    ctx.store.put_request(key, request.SerializeToString(), 60)
+    ctx.store.create_job(key, "cpu", "test", 60)
+    run_job(key, ctx, "")
+    job = ctx.store.get_job(key)
+    assert job.state == JobState.SUCCEEDED, job.message
+    manifest = ctx.store.get_manifest(key)
+    assert manifest is not None and manifest.kernels
+    TrustedKeys.parse(signer.trusted_entry()).verify(
+        manifest, key=key, tenant="", fingerprint=ctx.fingerprint.to_dict()
+    )
+    refs = [manifest.payload, *(r for k in manifest.kernels for r in (k.source, k.binary))]
+    blobs = {r.digest: ctx.store.get_blob(r.digest) for r in refs}
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache(dir=str(tmp_path)):
+        compiled = artifact.load(manifest, blobs)
+        x = torch.randn(4)
+        out = compiled(x)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, torch.relu(x))
