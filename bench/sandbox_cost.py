@@ -40,7 +40,7 @@ def one(mode: str) -> dict:
     from torchfarm.testing.stack import LocalStack
 
     with tempfile.TemporaryDirectory(prefix="tf-sandbox-bench-") as tmp, LocalStack(
-        workers=1, workdir=Path(tmp), warmup=True, extra_env={"TORCHFARM_SANDBOX": mode}
+        workers=1, workdir=Path(tmp), warmup=False, extra_env={"TORCHFARM_SANDBOX": mode}
     ) as stack:
         env = {
             "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/client-inductor",

@@ -29,6 +29,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,8 @@ class Limits:
     """RLIMIT_CPU of the child, per process; 0: none."""
     wall_s: float = 0.0
     """Wall seconds before the child is killed; 0: none (Celery's limits still apply)."""
+    file_bytes: int = 0
+    """RLIMIT_FSIZE: the largest file the child (or a compiler) may write; 0: none."""
 
 
 @dataclass(frozen=True)
@@ -128,18 +131,22 @@ class Sandbox:
         argv = [self.python, "-m", "workers.sandboxed", scratch]
         if self.mode == "bwrap":
             argv = bwrap_argv(scratch, self.hidden) + argv
-        proc = subprocess.Popen(
-            argv, env=child_env(os.environ, scratch), cwd=scratch, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_limiter(self.limits),
-        )
-        try:
-            _, err = proc.communicate(timeout=self.limits.wall_s or None)
-        except BaseException:  # a timeout, or Celery's soft limit raised while waiting
-            _kill(proc)
-            raise
+        log_path = os.path.join(scratch, "stderr.log")  # a file: the child may say a lot
+        with open(log_path, "wb") as err:
+            proc = subprocess.Popen(
+                argv, env=child_env(os.environ, scratch), cwd=scratch, stdin=subprocess.DEVNULL,
+                stdout=err, stderr=err, start_new_session=True, preexec_fn=_limiter(self.limits),
+            )
+            try:
+                proc.wait(timeout=self.limits.wall_s or None)
+            except subprocess.TimeoutExpired as e:
+                _kill(proc)
+                raise SandboxFailed("cpu", f"the compile ran past its wall limit ({self.limits.wall_s:.0f}s)") from e
+            except BaseException:  # Celery's soft limit, raised while waiting
+                _kill(proc)
+                raise
         if proc.returncode != 0 and not os.path.exists(os.path.join(scratch, RESULT_FILE)):
-            raise _crash(proc.returncode, err.decode(errors="replace"), self.limits)
+            raise _crash(proc.returncode, _tail(log_path), self.limits)
 
 
 def _limiter(limits: Limits):  # noqa: ANN202  (a preexec_fn)
@@ -149,8 +156,16 @@ def _limiter(limits: Limits):  # noqa: ANN202  (a preexec_fn)
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
         if limits.cpu_s:
             resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        if limits.file_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
+
+
+def _tail(path: str, size: int = 16 * 1024) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - size))
+        return f.read().decode(errors="replace")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -185,8 +200,7 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     """The child's result and the files it names, checked before anything trusts them."""
     path = os.path.join(scratch, RESULT_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RESULT_JSON + 1)
+        raw = _read_plain(path, MAX_RESULT_JSON + 1)
     except OSError as e:
         raise SandboxFailed("crash", f"the sandboxed compile left no result: {e}") from e
     if len(raw) > MAX_RESULT_JSON:
@@ -207,7 +221,10 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     names = result.get("files", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SandboxFailed("crash", "the sandboxed compile's file list is malformed")
-    return result, _read_files(os.path.join(scratch, "out"), names, max_output_bytes)
+    out = os.path.join(scratch, "out")
+    if os.path.islink(out) or not os.path.isdir(out):
+        raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory")
+    return result, _read_files(out, names, max_output_bytes)
 
 
 def _read_files(out: str, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
@@ -221,9 +238,18 @@ def _read_files(out: str, names: Iterable[str], max_bytes: int) -> dict[str, byt
         total += os.path.getsize(path)
         if total > max_bytes:
             raise SandboxFailed("crash", f"the sandboxed compile's outputs exceed {max_bytes} bytes")
-        with open(path, "rb") as f:
-            files[name] = f.read()
+        files[name] = _read_plain(path, max_bytes + 1)
     return files
+
+
+def _read_plain(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`, never through a link (the
+    child wrote it, and could have made it point at a file only this process can read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SandboxFailed("crash", f"the sandboxed compile's {os.path.basename(path)} is not a plain file")
+        return f.read(limit)
 
 
 def _check_name(name: str) -> None:
@@ -310,6 +336,7 @@ def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
             memory_bytes=settings.sandbox_memory_mb << 20,
             cpu_s=settings.sandbox_cpu_s,
             wall_s=float(settings.hard_time_limit_s),
+            file_bytes=settings.max_artifact_bytes + (64 << 20),
         ),
         hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
         scratch_root=settings.sandbox_dir,

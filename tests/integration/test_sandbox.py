@@ -133,6 +133,7 @@ def _assert_sees_no_secret(report: str) -> None:
     assert "TORCHFARM_CACHE_URL" not in report and "TORCHFARM_SIGNING_KEY_FILE" not in report
 
 
+@pytest.mark.slow
 def test_the_probe_sees_every_secret_in_the_worker_process(secrets, tmp_path):
     """The tree before the sandbox (and TORCHFARM_SANDBOX=off): g++ runs in the process
     holding the keys, and sees them all."""
@@ -147,6 +148,7 @@ def test_the_probe_sees_every_secret_in_the_worker_process(secrets, tmp_path):
     assert "net 0" in report  # the loopback port (a Redis, in a worker) answered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["bwrap", "process"])
 def test_a_sandboxed_build_sees_no_secret(mode, secrets):
     if mode == "bwrap" and not BWRAP_OK:
@@ -163,6 +165,7 @@ def test_a_sandboxed_build_sees_no_secret(mode, secrets):
         assert "TORCHFARM_" not in report  # the worker's /proc environ is out of sight
 
 
+@pytest.mark.slow
 def test_a_sandboxed_build_returns_the_binary(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
     box = sandbox.for_worker(WorkerSettings(), "bwrap" if BWRAP_OK else "process")
@@ -182,6 +185,7 @@ def _ctx(box: sandbox.Sandbox) -> WorkerContext:
     )
 
 
+@pytest.mark.slow
 def test_a_build_past_the_memory_limit_fails_its_job_clearly(outside_tmp, monkeypatch):
     """A compiler that allocates 3 GiB under a 2 GiB limit: the child survives it, the
     job ends FAILED with what happened, and the worker process is untouched."""
@@ -262,6 +266,7 @@ def test_the_stack_workers_build_in_the_sandbox(stack):
     assert {w.get("sandbox") for w in registered.values()} == {"bwrap" if BWRAP_OK else "process"}
 
 
+@pytest.mark.slow
 def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_path):
     """TORCHFARM_PIPELINE=whole (and max-autotune's fallback to it): the child decodes
     and compiles the request; the pool process signs what it returned, and the artifact
