@@ -1,7 +1,7 @@
 # torchfarm: `make demo` runs the end-to-end demo; `make test` runs the tests.
 PY := .venv/bin/python
 
-.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -67,6 +67,10 @@ bench-scaling: setup
 # Per-step time of the first 20 GPT training steps: farm wait=False, farm blocking, local.
 bench-steps: setup
 	$(PY) bench/steps.py $(STEPS_ARGS)
+
+# A cold compile with the compile sandbox off and on, side by side (bench/sandbox_cost.py).
+bench-sandbox: setup
+	$(PY) bench/sandbox_cost.py $(SANDBOX_ARGS)
 
 # N client processes against a local farm with tokens and signed artifacts (bench/load.py).
 bench-load: setup

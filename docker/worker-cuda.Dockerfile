@@ -35,8 +35,10 @@ ENV PYTHONUNBUFFERED=1 \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     PATH=/opt/torchfarm/bin:$PATH
 # gcc for Triton's launcher stubs, g++ for Inductor's host code.
+# bubblewrap runs each C++ build in a child with no network, no secrets and a
+# read-only system (workers/sandbox.py, TORCHFARM_SANDBOX; docs/security.md).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc g++ \
+    && apt-get install -y --no-install-recommends gcc g++ bubblewrap \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --create-home torchfarm \
     && install -d -o 10001 -g 10001 /var/cache/torchfarm /var/cache/torchfarm/tmp

@@ -450,19 +450,23 @@ class Store:
         ttl_s: int,
         targets: dict[str, list[str]] | None = None,
         fingerprint: dict[str, str] | None = None,
+        sandbox: str | None = None,
     ) -> None:
         """Registers (or renews) a worker until `ttl_s` passes without another beat.
 
         `targets` maps each target it serves ("cuda:sm_90") to the job kinds it takes
         there ("graph", "kernel"); `fingerprint` is its build (torch, Triton, Python,
         platform, ISA, compiler), so a client compiling for a fleet it is not on can
-        ask for exactly what that fleet's workers build (docs/targets.md).
+        ask for exactly what that fleet's workers build (docs/targets.md). `sandbox` is
+        where its compiles run (workers/sandbox.py): anything but "bwrap" is degraded.
         """
         record: dict[str, object] = {"queues": queues, "build": build, "seen": time.time()}
         if targets is not None:
             record["targets"] = targets
         if fingerprint is not None:
             record["fingerprint"] = fingerprint
+        if sandbox is not None:
+            record["sandbox"] = sandbox
         self.r.set(self._k("worker", name), json.dumps(record), ex=ttl_s)
         # When each queue last had a live worker: a pool scaled to zero stays known.
         self.r.zadd(self._k("queues-seen"), {q: cast(float, record["seen"]) for q in queues})

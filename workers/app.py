@@ -20,7 +20,7 @@ from torchfarm.celeryconf import make_celery
 from torchfarm.settings import from_env
 from torchfarm.store import Store
 from workers import metrics as worker_metrics
-from workers import serving
+from workers import sandbox, serving
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ if not settings.signing_key_file:
         "no TORCHFARM_SIGNING_KEY_FILE: this worker's artifacts are UNSIGNED, and clients "
         "that pin the farm's keys will refuse them"
     )
+sandbox_mode = sandbox.resolve(settings.sandbox)
+"""Where C++ kernel builds run (workers/sandbox.py), decided once at start-up: an explicit
+TORCHFARM_SANDBOX=bwrap that cannot run stops the worker here."""
 app.conf.include = ["workers.tasks"]
 app.conf.task_queues = None
 app.conf.task_create_missing_queues = True
@@ -68,7 +71,7 @@ def _heartbeat(store: Store, name: str, build: str) -> None:
         try:
             store.heartbeat(
                 name, plan.queues, build, settings.worker_ttl_s,
-                targets=plan.registration(), fingerprint=fingerprint,
+                targets=plan.registration(), fingerprint=fingerprint, sandbox=sandbox_mode,
             )
         except Exception as e:  # keep beating through a Redis restart
             log.warning("heartbeat failed: %s", e)
@@ -97,9 +100,9 @@ def _register(sender, **_: object) -> None:
         target=_heartbeat, args=(store, name, _build_label()), name="heartbeat", daemon=True
     ).start()
     log.info(
-        "worker %s registered: %s (queues %s)", name,
+        "worker %s registered: %s (queues %s; sandbox %s%s)", name,
         ", ".join(f"{t} [{'+'.join(k)}]" for t, k in plan.registration().items()),
-        ",".join(plan.queues),
+        ",".join(plan.queues), sandbox_mode, "" if sandbox_mode == "bwrap" else ", DEGRADED",
     )
 
 

@@ -33,6 +33,7 @@ from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
 from workers.compiler import CompileFailed, cause_of
+from workers.sandbox import Sandbox
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class WorkerContext:
     send: Callable[[str, list[Any], str], None] | None = None
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
+    sandbox: Sandbox | None = None
+    """Where C++ kernel builds and whole-graph compiles run (workers/sandbox.py): a child
+    without secrets; None runs them in this process (TORCHFARM_SANDBOX=off, the fakes)."""
 
     def __post_init__(self) -> None:
         # Operator-configured packages register their ops before any graph decodes.

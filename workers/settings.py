@@ -97,6 +97,24 @@ class WorkerSettings:
     compile_cpu_limit_s: int = 0
     """CPU seconds one compile may use in the pool process (RLIMIT_CPU) before the kernel
     kills it; the job is redelivered up to max_attempts. 0: no limit."""
+    sandbox: str = "auto"
+    """Where tenant-driven compiler runs (C++ kernel builds, whole-graph compiles) happen
+    (workers/sandbox.py):
+    "bwrap" (a bubblewrap child: no network, a read-only system, no secrets; the worker
+    will not start without it), "process" (a child with a scrubbed environment and
+    rlimits only: degraded), "off" (in the process that holds the keys; development
+    only), "auto": bwrap where it runs, else process, with a warning."""
+    sandbox_memory_mb: int = 4096
+    """RLIMIT_AS of each sandboxed process (the child and each compiler it starts);
+    past it the build fails COMPILE_ERROR. 0: no limit (a GPU child may need that: CUDA
+    reserves address space far beyond what it uses)."""
+    sandbox_cpu_s: int = 900
+    """RLIMIT_CPU of each sandboxed process. 0: no limit."""
+    sandbox_hidden: tuple[str, ...] = ()
+    """More files or directories the bwrap child must not see, besides the key files and
+    /run/secrets, /var/run/secrets, /etc/torchfarm."""
+    sandbox_dir: str = ""
+    """Where per-job scratch directories are made; empty: the system's temp dir."""
     soft_time_limit_s: int = celeryconf.SOFT_TIME_LIMIT_S
     """Wall seconds before a compile fails with COMPILE_TIMEOUT."""
     hard_time_limit_s: int = celeryconf.HARD_TIME_LIMIT_S
@@ -118,6 +136,8 @@ class WorkerSettings:
             raise ValueError(
                 f"TORCHFARM_KERNEL_CACHE_SCOPE={self.kernel_cache_scope!r}: want 'fleet' or 'tenant'"
             )
+        if self.sandbox not in ("auto", "bwrap", "process", "off"):
+            raise ValueError(f"TORCHFARM_SANDBOX={self.sandbox!r}: want auto, bwrap, process or off")
         if self.kernel_batch < 0:
             raise ValueError(f"TORCHFARM_KERNEL_BATCH={self.kernel_batch}: want 0 (auto) or more")
 

@@ -34,9 +34,9 @@ from torchfarm.routing import (
 from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
-from workers import identity
+from workers import identity, sandbox
 from workers import metrics as worker_metrics
-from workers.app import app, plan, settings
+from workers.app import app, plan, sandbox_mode, settings
 from workers.board import StageBoard
 from workers.hard_limits import on_task_failure
 from workers.jobs.assemble import run_assembly
@@ -70,6 +70,7 @@ def _context() -> WorkerContext:
         seal=_seal(signer),
         timeout_errors=(SoftTimeLimitExceeded,),
         send=_send,
+        sandbox=None if sandbox_mode == "off" else sandbox.for_worker(settings, sandbox_mode),
     )
 
 

@@ -14,26 +14,31 @@ from workers.compiler import CompileFailed, CompileResult, compile_graph
 from workers.fakepg import fake_groups
 from workers.limits import cpu_time_limit
 from workers.runtime import JobFailed, Prepared, WorkerContext, added_guards, as_job_failure, put_blob
+from workers.sandbox import Sandbox, SandboxFailed
+from workers.sandbox import compile_whole as compile_in_sandbox
 
 
 def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     """The whole-graph compile, in this job, to the stored and signed manifest."""
     request, decoded = job.request, job.decoded
     ctx.store.update_job(key, stage=Stage.COMPILE)
-    mark = shape_guards.snapshot(decoded.shape_env)
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
-            result = compile_graph(
-                decoded.gm,
-                decoded.example_inputs,
-                fake_mode=decoded.fake_mode,
-                dynamic=request.options.dynamic,
-                mode=request.options.mode,
-                inductor_options=job.inductor_options,
-            )
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e
-    guards = added_guards(decoded, mark)
+    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+        result, guards = _compile_sandboxed(ctx, ctx.sandbox, job)
+    else:
+        mark = shape_guards.snapshot(decoded.shape_env)
+        try:
+            with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
+                result = compile_graph(
+                    decoded.gm,
+                    decoded.example_inputs,
+                    fake_mode=decoded.fake_mode,
+                    dynamic=request.options.dynamic,
+                    mode=request.options.mode,
+                    inductor_options=job.inductor_options,
+                )
+        except CompileFailed as e:
+            raise as_job_failure(e, ctx) from e
+        guards = added_guards(decoded, mark)
     size = len(result.payload) + sum(len(k.source) + len(k.binary) for k in result.kernels)
     if size > ctx.settings.max_artifact_bytes:
         raise JobFailed(
@@ -54,6 +59,23 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds every blob
     return manifest
+
+
+_SANDBOX_CODES = {
+    "graph": JobError.INVALID_GRAPH, "guard": JobError.UNSHIPPABLE_GUARD, "cpu": JobError.COMPILE_TIMEOUT,
+}
+
+
+def _compile_sandboxed(ctx: WorkerContext, box: Sandbox, job: Prepared) -> tuple[CompileResult, tuple[list, ...]]:
+    """The compile in the sandbox's child, which decodes the request again and holds no
+    key; what it returns is checked there (workers/sandbox.py) before it is stored."""
+    try:
+        return compile_in_sandbox(
+            box, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
+            ctx.settings.installed_op_modules,
+        )
+    except SandboxFailed as e:
+        raise JobFailed(_SANDBOX_CODES.get(e.kind, JobError.COMPILE_ERROR), str(e)) from e
 
 
 def _store(

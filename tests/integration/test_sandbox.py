@@ -1,0 +1,307 @@
+"""The compile sandbox (workers/sandbox.py): a C++ kernel build, driven by a tenant's
+graph, runs in a child that holds no secrets, and whatever it does there is bounded.
+
+The probe is a planted compiler: `CXX` names a wrapper that answers Inductor's version
+queries with the real g++, and on a real build reports what it could see (the worker's
+environment, the signing key file, the record key file, a listening loopback socket,
+the worker's /proc environ) and fails the build, so the report comes back in the
+compiler's error. The same probe run in the worker's own process (what the tree did
+before the sandbox, and what TORCHFARM_SANDBOX=off still does) sees all of it: that
+test proves the probe can fail the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.requests import relu_request
+from torchfarm import keys
+from torchfarm.codes import JobError
+from torchfarm.fx.fingerprint import local_fingerprint
+from torchfarm.fx.kernelspec import KernelSpec, spec_args
+from torchfarm.manifest import blob_digest
+from torchfarm.store import JobState
+from torchfarm.testing.memory_store import memory_store
+from workers import sandbox
+from workers.compiler import CompileFailed, build_kernel
+from workers.jobs import build
+from workers.jobs.sending import kernel_key
+from workers.runtime import WorkerContext
+from workers.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "hunter2-redis-password"
+SIGNING_KEY = "-----BEGIN PRIVATE KEY----- SIGNING-SECRET"
+RECORD_KEY = "RECORD-SEAL-SECRET-0123456789abcdef"
+SOURCE = 'extern "C" int torchfarm_sandbox_probe() { return 11; }\n'
+BWRAP_OK, BWRAP_WHY = sandbox.bwrap_works()
+
+
+def _spec(source: str = SOURCE) -> bytes:
+    args = spec_args({"main_code": source, "device_type": "cpu", "extra_flags": ()})
+    return KernelSpec("CppCodeCache", args, output=0, outputs=1).to_bytes()
+
+
+def _wrapper(path, body: str) -> str:
+    """A `g++` that passes Inductor's queries to the real one and runs `body` on a build."""
+    real = shutil.which("g++")
+    assert real, "the tests need g++"
+    script = textwrap.dedent(f"""\
+        #!/bin/sh
+        for a in "$@"; do
+          case "$a" in --version|-v|-Q|-E|-dumpversion|-dumpfullversion) exec {real} "$@";; esac
+        done
+        """) + body
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.fixture
+def outside_tmp():
+    """A directory off /tmp (which the bwrap child sees as an empty tmpfs): files here are
+    hidden only by what the sandbox hides on purpose."""
+    path = Path(tempfile.mkdtemp(prefix="tf-sandbox-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def secrets(outside_tmp, monkeypatch):
+    """A worker's secrets, where a real one keeps them: key files, and a Redis URL with
+    its password in the environment; plus a loopback port that accepts connections."""
+    tmp_path = outside_tmp
+    keydir = tmp_path / "keys"
+    keydir.mkdir()
+    signing, record = keydir / "signing-key.pem", keydir / "record.key"
+    signing.write_text(SIGNING_KEY)
+    record.write_text(RECORD_KEY)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    monkeypatch.setenv("TORCHFARM_CACHE_URL", f"redis://:{PASSWORD}@127.0.0.1:{port}/1")
+    monkeypatch.setenv("TORCHFARM_SIGNING_KEY_FILE", str(signing))
+    monkeypatch.setenv("TORCHFARM_RECORD_KEY_FILE", str(record))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PASSWORD)
+    probe = _wrapper(tmp_path / "bin" / "g++", textwrap.dedent(f"""\
+        echo PROBE-BEGIN
+        echo ENV-BEGIN
+        env
+        echo ENV-END
+        cat {signing} 2>&1
+        cat {record} 2>&1
+        cat /proc/{os.getpid()}/environ 2>&1 | tr '\\0' '\\n'
+        {sys.executable} -c "import socket; s = socket.socket(); print('net', s.connect_ex(('127.0.0.1', {port})))"
+        echo PROBE-END
+        exit 1
+        """))
+    monkeypatch.setenv("CXX", probe)
+    yield {"signing": str(signing), "record": str(record), "probe": probe}
+    listener.close()
+
+
+def _box(mode: str, secrets: dict, **limits) -> sandbox.Sandbox:
+    settings = WorkerSettings(
+        signing_key_file=secrets["signing"], record_key_file=secrets["record"], sandbox=mode,
+        sandbox_memory_mb=limits.get("memory_mb", 4096),
+    )
+    return sandbox.for_worker(settings, mode)
+
+
+def _probe_report(message: str) -> str:
+    assert "PROBE-BEGIN" in message and "PROBE-END" in message, message[-2000:]
+    return message[message.index("PROBE-BEGIN"):message.index("PROBE-END")]
+
+
+def _assert_sees_no_secret(report: str) -> None:
+    assert PASSWORD not in report
+    assert SIGNING_KEY not in report
+    assert RECORD_KEY not in report
+    assert "TORCHFARM_CACHE_URL" not in report and "TORCHFARM_SIGNING_KEY_FILE" not in report
+
+
+@pytest.mark.slow
+def test_the_probe_sees_every_secret_in_the_worker_process(secrets, tmp_path):
+    """The tree before the sandbox (and TORCHFARM_SANDBOX=off): g++ runs in the process
+    holding the keys, and sees them all."""
+    from torch._inductor import config
+    from torch._inductor.utils import fresh_cache
+
+    with config.patch({"cpp.cxx": (None, secrets["probe"])}), fresh_cache(dir=str(tmp_path)):
+        with pytest.raises(CompileFailed) as failed:
+            build_kernel(_spec())
+    report = _probe_report(str(failed.value))
+    assert PASSWORD in report and SIGNING_KEY in report and RECORD_KEY in report
+    assert "net 0" in report  # the loopback port (a Redis, in a worker) answered
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["bwrap", "process"])
+def test_a_sandboxed_build_sees_no_secret(mode, secrets):
+    if mode == "bwrap" and not BWRAP_OK:
+        pytest.skip(BWRAP_WHY)
+    with pytest.raises(sandbox.SandboxFailed) as failed:
+        sandbox.build_kernels(_box(mode, secrets), [_spec()], 1, 1 << 30)
+    assert failed.value.kind == "compile"
+    report = _probe_report(str(failed.value))
+    _assert_sees_no_secret(report[report.index("ENV-BEGIN"):report.index("ENV-END")])
+    assert "CXX=" in report  # what the compile needs does reach it
+    if mode == "bwrap":  # what only the namespaces and the overlays stop
+        _assert_sees_no_secret(report)  # the key files read as empty
+        assert "net 0" not in report and "net " in report
+        assert "TORCHFARM_" not in report  # the worker's /proc environ is out of sight
+
+
+@pytest.mark.slow
+def test_a_sandboxed_build_returns_the_binary(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
+    box = sandbox.for_worker(WorkerSettings(), "bwrap" if BWRAP_OK else "process")
+    [(binary, seconds)] = sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
+    assert binary.startswith(b"\x7fELF") and seconds > 0
+    path = tmp_path / "probe.so"
+    path.write_bytes(binary)
+    import ctypes
+
+    assert ctypes.CDLL(str(path)).torchfarm_sandbox_probe() == 11
+
+
+def _ctx(box: sandbox.Sandbox) -> WorkerContext:
+    return WorkerContext(
+        settings=WorkerSettings(max_attempts=2), store=memory_store(),
+        fingerprint=local_fingerprint(), name="w0", sandbox=box, send=lambda *a: None,
+    )
+
+
+@pytest.mark.slow
+def test_a_build_past_the_memory_limit_fails_its_job_clearly(outside_tmp, monkeypatch):
+    """A compiler that allocates 3 GiB under a 2 GiB limit: the child survives it, the
+    job ends FAILED with what happened, and the worker process is untouched."""
+    hog = _wrapper(outside_tmp / "bin" / "g++", f"{sys.executable} -c 'bytearray(3 << 30)'\nexit 1\n")
+    monkeypatch.setenv("CXX", hog)
+    box = sandbox.for_worker(WorkerSettings(sandbox_memory_mb=2048), "bwrap" if BWRAP_OK else "process")
+    ctx = _ctx(box)
+    key = keys.compute_key(relu_request(), "")
+    ctx.store.create_job(key, "cpu.avx2", "test", 600)
+    ctx.store.update_job(key, state=JobState.RUNNING, started=1.0)
+    spec = _spec()
+    digest = blob_digest(spec)
+    ctx.store.put_blob(digest, spec)
+    target = "cpu:avx2"
+    kernels = [[kernel_key(ctx, spec, target), digest]]
+    build.run_kernel_batch(key, ctx, "", target, kernels)
+    job = ctx.store.get_job(key)
+    assert job.state == JobState.FAILED and job.error_code == JobError.COMPILE_ERROR
+    assert "memory limit (2048 MiB)" in job.message and "MemoryError" in job.message
+
+
+def test_the_child_environment_is_an_allow_list(tmp_path):
+    env = sandbox.child_env(
+        {"PATH": "/bin", "TORCHFARM_CACHE_URL": "redis://:pw@h", "REDIS_PASSWORD": "pw",
+         "AWS_SECRET_ACCESS_KEY": "x", "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "CXX": "g++",
+         "TORCHINDUCTOR_CACHE_DIR": "/var/cache/inductor"},
+        str(tmp_path),
+    )
+    assert env["PATH"] == "/bin" and env["CXX"] == "g++" and env["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path) and env["HOME"].startswith(str(tmp_path))
+    assert not {"TORCHFARM_CACHE_URL", "REDIS_PASSWORD", "AWS_SECRET_ACCESS_KEY"} & set(env)
+
+
+def test_bwrap_asked_for_and_missing_stops_the_worker(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
+        sandbox.resolve("bwrap")
+    assert sandbox.resolve("auto") == "process"
+    assert "DEGRADED" in caplog.text
+    with pytest.raises(ValueError, match="TORCHFARM_SANDBOX"):
+        WorkerSettings(sandbox="chroot")
+
+
+@pytest.mark.parametrize("result, files", [
+    ('{"files": ["../../etc/passwd"]}', {}),
+    ('{"files": ["link"]}', {"link": None}),
+    ('{"files": ["big"]}', {"big": b"x" * 2048}),
+    ('{"error": {"kind": "ok", "message": "x"}}', {}),
+    ('[1, 2]', {}),
+    ('not json', {}),
+])
+def test_a_malformed_child_result_is_refused(tmp_path, result, files):
+    (tmp_path / "out").mkdir()
+    (tmp_path / sandbox.RESULT_FILE).write_text(result)
+    for name, data in files.items():
+        if data is None:
+            (tmp_path / "out" / name).symlink_to("/etc/passwd")
+        else:
+            (tmp_path / "out" / name).write_bytes(data)
+    with pytest.raises(sandbox.SandboxFailed) as failed:
+        sandbox._read_outputs(str(tmp_path), 1024)
+    assert failed.value.kind == "crash"
+
+
+def test_the_registration_says_where_compiles_run():
+    store = memory_store()
+    store.heartbeat("w0", ["cpu"], "b", 30, sandbox="process")
+    assert store.live_workers()["w0"]["sandbox"] == "process"
+
+
+def test_the_stack_workers_build_in_the_sandbox(stack):
+    """The local stack's workers (which the end-to-end tests compile through) run with
+    the sandbox on: TORCHFARM_SANDBOX=auto picks bubblewrap where it runs."""
+    from torchfarm.store import Store
+
+    registered = Store.from_url(stack.cache_url).live_workers()
+    assert registered
+    assert {w.get("sandbox") for w in registered.values()} == {"bwrap" if BWRAP_OK else "process"}
+
+
+@pytest.mark.slow
+def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_path):
+    """TORCHFARM_PIPELINE=whole (and max-autotune's fallback to it): the child decodes
+    and compiles the request; the pool process signs what it returned, and the artifact
+    loads and computes what eager does."""
+    import torch
+
+    from sdk import artifact
+    from torchfarm.signing import Signer, TrustedKeys
+    from workers import runtime
+    from workers.jobs.graph import run_job
+
+    monkeypatch.setattr(runtime, "check_build", lambda request, local: None)
+    signer = Signer.generate()
+    box = sandbox.for_worker(WorkerSettings(), "bwrap" if BWRAP_OK else "process")
+    ctx = dataclasses.replace(
+        _ctx(box), settings=WorkerSettings(pipeline="whole"), signer=signer, send=None,
+    )
+    request = relu_request()
+    key = keys.compute_key(request, "")
+    ctx.store.put_request(key, request.SerializeToString(), 60)
+    ctx.store.create_job(key, "cpu", "test", 60)
+    run_job(key, ctx, "")
+    job = ctx.store.get_job(key)
+    assert job.state == JobState.SUCCEEDED, job.message
+    manifest = ctx.store.get_manifest(key)
+    assert manifest is not None and manifest.kernels
+    TrustedKeys.parse(signer.trusted_entry()).verify(
+        manifest, key=key, tenant="", fingerprint=ctx.fingerprint.to_dict()
+    )
+    refs = [manifest.payload, *(r for k in manifest.kernels for r in (k.source, k.binary))]
+    blobs = {r.digest: ctx.store.get_blob(r.digest) for r in refs}
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache(dir=str(tmp_path)):
+        compiled = artifact.load(manifest, blobs)
+        x = torch.randn(4)
+        out = compiled(x)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, torch.relu(x))

@@ -1,0 +1,403 @@
+"""The compile sandbox: tenant-driven compiler runs happen in a child process that holds
+no secrets, and this (trusted) process only checks what comes back.
+
+The Celery pool process holds the signing key, the record key and the Redis
+credentials. Running Inductor and g++ on a tenant's graph in that process gives the
+graph (and any compiler bug it reaches) all three. So C++ kernel builds
+(`build_kernels`) and whole-graph compiles (`compile_whole`) run in a child:
+
+- "bwrap": under bubblewrap, with a read-only view of the system, no network
+  (`--unshare-net`: not even the loopback Redis), its own PID namespace (the parent's
+  `/proc/<pid>/environ` is out of sight), a tmpfs `/tmp`, the job's scratch directory the
+  one writable place, and the key files and secret directories overlaid with nothing.
+- "process": the same child without bubblewrap (where user namespaces are not allowed):
+  the scrubbed environment and the rlimits, but the same filesystem, network and PID
+  view as the worker. Degraded: the worker says so at start-up and in its registration.
+- "off": in this process, as before (development only).
+- "auto" (the default): "bwrap" if bubblewrap runs here, else "process".
+
+In every child mode the environment is an allow-list (`child_env`), and RLIMIT_AS and
+RLIMIT_CPU bound memory and CPU. Inputs and outputs are files in the scratch directory:
+a JSON request and result, and raw bytes (no pickle). See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.compiler import CompileResult
+    from workers.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "bwrap", "process", "off")
+RESULT_FILE = "result.json"
+REQUEST_FILE = "request.json"
+MAX_RESULT_JSON = 4 * 1024 * 1024
+"""Bytes of the child's result.json the parent reads at most."""
+
+_ENV_NAMES = frozenset({
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
+    "LD_LIBRARY_PATH", "CC", "CXX", "CUDA_HOME", "CUDA_PATH", "ROCM_PATH",
+    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "TORCHFARM_TOOLCHAIN_CACHE_DIR",
+})
+_ENV_PREFIXES = ("TORCHINDUCTOR_", "TRITON_", "OMP_", "MKL_", "KMP_")
+"""What a compile may see of the worker's environment: the compiler's and Inductor's own
+settings. Everything else (TORCHFARM_* URLs with passwords, key paths, cloud
+credentials) stays out; the directories Inductor and Triton write to are the scratch's."""
+_SCRATCH_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR", "HOME")
+
+DEFAULT_HIDDEN = ("/run/secrets", "/var/run/secrets", "/etc/torchfarm")
+"""Where deployments mount secrets (compose secrets, k8s service-account tokens and
+secret volumes): overlaid with an empty tmpfs in the bwrap sandbox when they exist."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox asked for cannot run on this machine."""
+
+
+class SandboxFailed(Exception):
+    """The sandboxed child failed: `kind` is "compile" (the compiler's own error, the
+    tenant's fault), "graph" (the graph did not decode), "guard" (a guard the farm
+    cannot ship), "memory" (past the memory limit), "cpu" (past the CPU limit) or
+    "crash" (anything else: killed, no result, a malformed result)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int = 0
+    """RLIMIT_AS of the child (and the compilers it starts); 0: none."""
+    cpu_s: int = 0
+    """RLIMIT_CPU of the child, per process; 0: none."""
+    wall_s: float = 0.0
+    """Wall seconds before the child is killed; 0: none (Celery's limits still apply)."""
+    file_bytes: int = 0
+    """RLIMIT_FSIZE: the largest file the child (or a compiler) may write; 0: none."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    mode: str
+    """"bwrap", "process" or "off" (resolved: never "auto")."""
+    limits: Limits = Limits()
+    hidden: tuple[str, ...] = ()
+    """Files and directories the bwrap child must not see (key files, secret dirs)."""
+    scratch_root: str = ""
+    """Where per-job scratch directories are made; "" is the system's temp dir."""
+    python: str = sys.executable
+
+    @property
+    def degraded(self) -> bool:
+        return self.mode != "bwrap"
+
+    def run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
+            max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
+        """Runs `workers.sandboxed` `op` on `request` (JSON) and `files` (name → bytes) in
+        a fresh scratch directory; returns its result (JSON) and output files, each
+        checked: names it declared, inside the scratch, `max_output_bytes` in all."""
+        scratch = tempfile.mkdtemp(prefix="tfjob-", dir=self.scratch_root or None)
+        try:
+            _write_inputs(scratch, op, request, files)
+            self._start_and_wait(scratch)
+            return _read_outputs(scratch, max_output_bytes)
+        except SandboxFailed as e:
+            if e.kind != "memory":
+                raise
+            limit = f"{self.limits.memory_bytes >> 20} MiB" if self.limits.memory_bytes else "none set"
+            # Short, since job records keep a message's tail: the limit, then the compiler's last words.
+            tail = " ".join(str(e)[-800:].split())
+            raise SandboxFailed("memory", f"the compile ran past its memory limit ({limit}): ...{tail}") from e
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _start_and_wait(self, scratch: str) -> None:
+        argv = [self.python, "-m", "workers.sandboxed", scratch]
+        if self.mode == "bwrap":
+            argv = bwrap_argv(scratch, self.hidden) + argv
+        log_path = os.path.join(scratch, "stderr.log")  # a file: the child may say a lot
+        with open(log_path, "wb") as err:
+            proc = subprocess.Popen(
+                argv, env=child_env(os.environ, scratch), cwd=scratch, stdin=subprocess.DEVNULL,
+                stdout=err, stderr=err, start_new_session=True, preexec_fn=_limiter(self.limits),
+            )
+            try:
+                proc.wait(timeout=self.limits.wall_s or None)
+            except subprocess.TimeoutExpired as e:
+                _kill(proc)
+                raise SandboxFailed("cpu", f"the compile ran past its wall limit ({self.limits.wall_s:.0f}s)") from e
+            except BaseException:  # Celery's soft limit, raised while waiting
+                _kill(proc)
+                raise
+        if proc.returncode != 0 and not os.path.exists(os.path.join(scratch, RESULT_FILE)):
+            raise _crash(proc.returncode, _tail(log_path), self.limits)
+
+
+def _limiter(limits: Limits):  # noqa: ANN202  (a preexec_fn)
+    def apply() -> None:
+        # In the child between fork and exec: bwrap and everything it starts inherit them.
+        if limits.memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        if limits.cpu_s:
+            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        if limits.file_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def _tail(path: str, size: int = 16 * 1024) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - size))
+        return f.read().decode(errors="replace")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _crash(returncode: int, stderr: str, limits: Limits) -> SandboxFailed:
+    tail = stderr.strip().splitlines()[-1:] or [""]
+    if returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and limits.cpu_s):
+        return SandboxFailed("cpu", f"the compile ran past its CPU limit ({limits.cpu_s}s)")
+    if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
+        return SandboxFailed("memory", "the child ran out of memory")
+    return SandboxFailed("crash", f"the sandboxed compile ended with status {returncode}: {tail[0][:500]}")
+
+
+def _write_inputs(scratch: str, op: str, request: Mapping[str, object], files: Mapping[str, bytes]) -> None:
+    os.makedirs(os.path.join(scratch, "in"))
+    os.makedirs(os.path.join(scratch, "out"))
+    for name, data in files.items():
+        _check_name(name)
+        with open(os.path.join(scratch, "in", name), "wb") as f:
+            f.write(data)
+    with open(os.path.join(scratch, REQUEST_FILE), "w") as f:
+        json.dump({"op": op, **request}, f)
+
+
+def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
+    """The child's result and the files it names, checked before anything trusts them."""
+    path = os.path.join(scratch, RESULT_FILE)
+    try:
+        raw = _read_plain(path, MAX_RESULT_JSON + 1)
+    except OSError as e:
+        raise SandboxFailed("crash", f"the sandboxed compile left no result: {e}") from e
+    if len(raw) > MAX_RESULT_JSON:
+        raise SandboxFailed("crash", "the sandboxed compile's result is too large")
+    try:
+        result = json.loads(raw)
+    except ValueError as e:
+        raise SandboxFailed("crash", f"the sandboxed compile's result is not JSON: {e}") from e
+    if not isinstance(result, dict):
+        raise SandboxFailed("crash", "the sandboxed compile's result is not an object")
+    error = result.get("error")
+    if error is not None:
+        kind = error.get("kind") if isinstance(error, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if kind not in ("compile", "memory", "graph", "guard") or not isinstance(message, str):
+            raise SandboxFailed("crash", "the sandboxed compile's error is malformed")
+        raise SandboxFailed(kind, message[:64 * 1024])
+    names = result.get("files", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SandboxFailed("crash", "the sandboxed compile's file list is malformed")
+    out = os.path.join(scratch, "out")
+    if os.path.islink(out) or not os.path.isdir(out):
+        raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory")
+    return result, _read_files(out, names, max_output_bytes)
+
+
+def _read_files(out: str, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    for name in names:
+        _check_name(name)
+        path = os.path.join(out, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise SandboxFailed("crash", f"the sandboxed compile's output {name!r} is not a plain file")
+        total += os.path.getsize(path)
+        if total > max_bytes:
+            raise SandboxFailed("crash", f"the sandboxed compile's outputs exceed {max_bytes} bytes")
+        files[name] = _read_plain(path, max_bytes + 1)
+    return files
+
+
+def _read_plain(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`, never through a link (the
+    child wrote it, and could have made it point at a file only this process can read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SandboxFailed("crash", f"the sandboxed compile's {os.path.basename(path)} is not a plain file")
+        return f.read(limit)
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith(".") or "/" in name or "\\" in name or len(name) > 100:
+        raise SandboxFailed("crash", f"a sandbox file name that is not plain: {name[:100]!r}")
+
+
+def child_env(environ: Mapping[str, str], scratch: str) -> dict[str, str]:
+    """The child's environment: the allow-list of the worker's, and scratch directories."""
+    env = {
+        k: v for k, v in environ.items()
+        if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)
+    }
+    for name in _SCRATCH_ENV:
+        env[name] = os.path.join(scratch, "home") if name == "HOME" else scratch
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return env
+
+
+def bwrap_argv(scratch: str, hidden: Iterable[str]) -> list[str]:
+    """bubblewrap's command line: the system read-only, no network, a PID namespace of
+    its own, a private /tmp, the scratch writable, and every hidden path empty."""
+    argv = [
+        "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+        "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    ]
+    for path in hidden:
+        if os.path.isdir(path):
+            argv += ["--tmpfs", path]
+        elif os.path.exists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    return [*argv, "--bind", scratch, scratch, "--chdir", scratch]
+
+
+def bwrap_works() -> tuple[bool, str]:
+    """Whether bubblewrap can make its namespaces here, and why not."""
+    if shutil.which("bwrap") is None:
+        return False, "bwrap is not installed (Debian package bubblewrap)"
+    try:
+        done = subprocess.run(
+            [*bwrap_argv(tempfile.gettempdir(), ()), "true"],
+            capture_output=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"bwrap did not run: {e}"
+    if done.returncode != 0:
+        return False, f"bwrap failed: {done.stderr.decode(errors='replace').strip()[:300]}"
+    return True, ""
+
+
+def resolve(mode: str) -> str:
+    """The sandbox mode to run: "auto" becomes "bwrap" where it works, else "process"
+    (with a warning); an explicit "bwrap" that cannot run is an error."""
+    if mode not in MODES:
+        raise ValueError(f"TORCHFARM_SANDBOX={mode!r}: want one of {', '.join(MODES)}")
+    if mode in ("process", "off"):
+        if mode == "off":
+            log.warning("TORCHFARM_SANDBOX=off: compiles run in the process that holds the signing "
+                        "key and the Redis credentials (development only)")
+        return mode
+    ok, why = bwrap_works()
+    if ok:
+        return "bwrap"
+    if mode == "bwrap":
+        raise SandboxUnavailable(f"TORCHFARM_SANDBOX=bwrap, but {why}")
+    log.warning("the compile sandbox is DEGRADED (process mode): %s; compiles run in a child with "
+                "a scrubbed environment and rlimits, but see the worker's files and network", why)
+    return "process"
+
+
+def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The paths a bwrap child must not see: the key files themselves, and the usual
+    secret mounts."""
+    return tuple(os.path.abspath(p) for p in (*secret_files, *DEFAULT_HIDDEN, *extra) if p)
+
+
+def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
+    """The sandbox of a worker whose mode `resolve` chose: its limits, and the key files
+    and secret mounts hidden from it."""
+    return Sandbox(
+        mode=mode,
+        limits=Limits(
+            memory_bytes=settings.sandbox_memory_mb << 20,
+            cpu_s=settings.sandbox_cpu_s,
+            wall_s=float(settings.hard_time_limit_s),
+            file_bytes=settings.max_artifact_bytes + (64 << 20),
+        ),
+        hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
+        scratch_root=settings.sandbox_dir,
+    )
+
+
+_ELF_MAGIC = b"\x7fELF"
+
+
+def build_kernels(sandbox: Sandbox, specs: list[bytes], threads: int, max_bytes: int) -> list[tuple[bytes, float]]:
+    """(binary, build seconds) of each C++ kernel spec, built in the sandbox with this
+    process's vector-ISA answers. Every spec must come back as an ELF file, within
+    `max_bytes` in all; anything else fails the build."""
+    from torchfarm.fx.vecisa import probe_record
+
+    names = [f"k{i}" for i in range(len(specs))]
+    request = {"specs": names, "threads": threads, "vec_isa": probe_record()}
+    result, files = sandbox.run("build", request, dict(zip(names, specs, strict=True)), max_bytes)
+    seconds = result.get("seconds")
+    wanted = [f"{n}.bin" for n in names]
+    if result.get("files") != wanted or not isinstance(seconds, list) or len(seconds) != len(specs):
+        raise SandboxFailed("crash", "the sandboxed build did not return one binary per kernel")
+    out = []
+    for name, s in zip(wanted, seconds, strict=True):
+        if not files[name].startswith(_ELF_MAGIC) or not isinstance(s, (int, float)):
+            raise SandboxFailed("crash", f"the sandboxed build's {name} is not an ELF binary")
+        out.append((files[name], float(s)))
+    return out
+
+
+def compile_whole(
+    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (),
+) -> tuple[CompileResult, tuple[list, ...]]:
+    """The whole-graph compile of a `CompileRequest` in the sandbox: its result and the
+    guards it added. `installed_ops` (TORCHFARM_INSTALLED_OP_MODULES) are imported in the
+    child before it decodes. Each kernel's spec must parse and its binary be an ELF file; names
+    and kinds are computed here, from the specs, not taken from the child."""
+    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
+    from torchfarm.fx.vecisa import probe_record
+    from workers.compiler import CompileResult, Kernel
+
+    result, files = sandbox.run(
+        "whole", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request}, max_bytes
+    )
+    count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
+    if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):
+        raise SandboxFailed("crash", "the sandboxed compile's result is malformed")
+    if set(files) != {"payload.bin", *(f"k{i}.{e}" for i in range(count) for e in ("src", "bin"))}:
+        raise SandboxFailed("crash", "the sandboxed compile's files are not the ones it declared")
+    kernels = []
+    for i in range(count):
+        source, binary = files[f"k{i}.src"], files[f"k{i}.bin"]
+        try:
+            spec = KernelSpec.from_bytes(source)
+        except KernelSpecError as e:
+            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i}: {e}") from e
+        if not binary.startswith(_ELF_MAGIC):
+            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i} is not an ELF binary")
+        kind = "cpp" if spec.is_library() else "cpp-object"
+        kernels.append(Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary))
+    if not all(isinstance(g, list) for g in guards):
+        raise SandboxFailed("crash", "the sandboxed compile's guards are malformed")
+    clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=clean), tuple(guards)
