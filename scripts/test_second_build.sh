@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The unit tests and one end-to-end compile on a second torch build (issue 20, item 2):
-# `make test-second-build`. Not part of .ci/run, and never run by the test suite: the
+# `make test-second-build`, the last step of .ci/run; never run by the test suite: the
 # first run downloads torch 2.12 from the package index, a CUDA build of several GB.
 #
 # The venv is made once, at $TORCHFARM_SECOND_BUILD_VENV (default
@@ -29,18 +29,10 @@ sys.exit(0 if torch.__version__.startswith(sys.argv[1] + ".") else 1)
 PY
 }
 
-if ! have_build; then
-  echo "making $VENV with $TORCH_SPEC (once; a large download)" >&2
-  start=$(date +%s)
-  rm -rf "$VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  if [ -n "$INDEX" ]; then
-    "$VENV/bin/python" -m pip install -q --index-url "$INDEX" "$TORCH_SPEC"
-  else
-    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-  fi
+# The project's dependencies, installed again when pyproject.toml or constraints.txt
+# changed since (the digest of both is kept in the venv).
+deps_digest() { cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1; }
+install_deps() {
   # The project's dependencies and dev extras (its own extras expanded), less the pins
   # torch decides; the other pins of constraints.txt hold, as in the main venv.
   "$VENV/bin/python" - "$VENV" <<'PY'
@@ -68,12 +60,29 @@ pins = [line for line in open("constraints.txt").read().splitlines()
 open(f"{venv}/farm-constraints.txt", "w").write("\n".join(pins) + "\n")
 PY
   "$VENV/bin/python" -m pip install -q -c "$VENV/farm-constraints.txt" -r "$VENV/farm-requirements.txt"
+  deps_digest > "$VENV/.torchfarm-deps"
+}
+
+if ! have_build; then
+  echo "making $VENV with $TORCH_SPEC (once; a large download)" >&2
+  start=$(date +%s)
+  rm -rf "$VENV"
+  mkdir -p "$(dirname "$VENV")"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  if [ -n "$INDEX" ]; then
+    "$VENV/bin/python" -m pip install -q --index-url "$INDEX" "$TORCH_SPEC"
+  else
+    "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+  fi
+  install_deps
   "$VENV/bin/python" -c 'import torch' || { echo "the venv's torch does not import" >&2; exit 1; }
   touch "$VENV/.torchfarm-complete"
   have_build || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
   echo "made $VENV in $(( $(date +%s) - start )) s" >&2
 fi
 
+[ "$(cat "$VENV/.torchfarm-deps" 2>/dev/null)" = "$(deps_digest)" ] || install_deps
 [ "${1:-}" = "--venv-only" ] && exit 0  # make (or check) the cached venv, run nothing
 
 "$VENV/bin/python" -c 'import sys, torch; print("second build: torch", torch.__version__, "python", sys.version.split()[0])'
@@ -81,7 +90,8 @@ export PYTHONPATH="$PWD" TORCHFARM_WARMUP=0
 # The internals the farm relies on (tests/unit/test_internals.py) come first: a moved
 # one is named there before any compile fails on it.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_internals.py
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow and not integration" tests/unit tests/targets
+# Two processes (pytest-xdist): the unit tests share nothing, and the job stays short.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -n 2 -m "not slow and not integration" tests/unit tests/targets
 # One end-to-end compile through the local stack: a farm miss, then a hit in a fresh process.
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/test_end_to_end.py \
   -k test_fresh_process_with_empty_cache_gets_a_hit_and_compiles_nothing
