@@ -152,8 +152,8 @@ class TrustedKeys:
 
     def __init__(self, keys: Mapping[str, Ed25519PublicKey]):
         self.keys = dict(keys)
-        self._verified: OrderedDict[tuple[str, bytes, bytes], None] = OrderedDict()
-        """(key id, statement, signature) triples that verified: the Ed25519 check is a
+        self._verified: OrderedDict[tuple[bytes, bytes, bytes], None] = OrderedDict()
+        """(public key, statement, signature) triples that verified: the Ed25519 check is a
         pure function of them, and a hot artifact is checked on every hit (most of the
         cost of a hit's verification). Bounded, least recently used out first."""
         self._lock = threading.Lock()  # the coordinator verifies on several threads
@@ -229,7 +229,7 @@ class TrustedKeys:
         """public.verify(value, message), remembered when it passes. The statement names
         everything signed (content, manifest bytes, key, tenant, build, dates), so a
         remembered triple never vouches for anything but exactly what verified."""
-        memo = (key_id, message, value)
+        memo = (public.public_bytes_raw(), message, value)  # the key itself, not only its id
         with self._lock:
             if memo in self._verified:
                 self._verified.move_to_end(memo)
