@@ -324,7 +324,12 @@ def resolve(mode: str) -> str:
 def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The paths a bwrap child must not see: the key files themselves, and the usual
     secret mounts."""
-    return tuple(os.path.abspath(p) for p in (*secret_files, *DEFAULT_HIDDEN, *extra) if p)
+    # Real paths: bwrap makes each mount point inside the new root, where a symlinked
+    # parent (/var/run -> /run in Debian images) points out of it. A path under a hidden
+    # directory is covered by that directory's empty tmpfs.
+    paths = dict.fromkeys(os.path.realpath(p) for p in (*secret_files, *DEFAULT_HIDDEN, *extra) if p)
+    dirs = [p for p in paths if os.path.isdir(p)]
+    return tuple(p for p in paths if not any(p != d and p.startswith(d + os.sep) for d in dirs))
 
 
 def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:

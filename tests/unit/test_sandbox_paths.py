@@ -1,0 +1,33 @@
+"""What a bwrap child is told to hide (workers/sandbox.py `hidden_paths`): mount points
+bwrap can make inside its new root."""
+
+from __future__ import annotations
+
+import os
+
+from workers.sandbox import bwrap_argv, hidden_paths
+
+
+def test_a_path_through_a_symlinked_parent_is_hidden_at_its_real_place(tmp_path):
+    # Debian images have /var/run -> /run: bwrap cannot make /newroot/var/run/secrets,
+    # which points out of the new root ("Can't mkdir /var/run/secrets").
+    (tmp_path / "run" / "secrets").mkdir(parents=True)
+    (tmp_path / "var").mkdir()
+    os.symlink(tmp_path / "run", tmp_path / "var" / "run")
+    hidden = hidden_paths((), (str(tmp_path / "var" / "run" / "secrets"),))
+    assert str(tmp_path / "run" / "secrets") in hidden
+    assert not any("/var/run" in p for p in hidden)
+
+
+def test_a_key_file_inside_a_hidden_directory_is_covered_by_its_tmpfs(tmp_path):
+    secrets = tmp_path / "secrets"
+    (secrets / "torchfarm").mkdir(parents=True)
+    key = secrets / "torchfarm" / "signing.key"
+    key.write_text("k")
+    elsewhere = tmp_path / "record.key"
+    elsewhere.write_text("r")
+    hidden = hidden_paths((str(key), str(elsewhere)), (str(secrets),))
+    assert str(key) not in hidden and str(secrets) in hidden and str(elsewhere) in hidden
+    argv = bwrap_argv(str(tmp_path / "scratch"), hidden)
+    assert argv[argv.index(str(secrets)) - 1] == "--tmpfs"
+    assert argv[argv.index(str(elsewhere)) - 2:argv.index(str(elsewhere))] == ["--ro-bind", "/dev/null"]
