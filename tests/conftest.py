@@ -23,6 +23,12 @@ sys.path.insert(0, str(ROOT))
 # (torchfarm/trustfile.py), and every SDK here reads it: keep both off the real home,
 # for this process and every process it starts.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-")
+# The suite's stacks build C++ kernels in the worker process (TORCHFARM_SANDBOX=off): a
+# sandboxed build starts a child that imports torch and builds Inductor's precompiled
+# header again for every kernel batch, which multiplies the suite's cold compiles.
+# tests/integration/test_sandbox.py runs the sandbox itself, and test-deploy's workers
+# compile under bubblewrap.
+os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
 from torchfarm.store import Store  # noqa: E402
 from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402

@@ -256,12 +256,15 @@ def test_the_registration_says_where_compiles_run():
     assert store.live_workers()["w0"]["sandbox"] == "process"
 
 
-def test_the_stack_workers_build_in_the_sandbox(stack):
-    """The local stack's workers (which the end-to-end tests compile through) run with
-    the sandbox on: TORCHFARM_SANDBOX=auto picks bubblewrap where it runs."""
-    from torchfarm.store import Store
+def test_a_stack_worker_builds_in_the_sandbox_by_default(tmp_path, monkeypatch):
+    """A local stack's worker, left to its default (TORCHFARM_SANDBOX=auto; the test
+    suite's own stacks run with it off, tests/conftest.py), picks bubblewrap where it
+    runs, and says so in its registration."""
+    from torchfarm.testing.stack import LocalStack
 
-    registered = Store.from_url(stack.cache_url).live_workers()
+    monkeypatch.delenv("TORCHFARM_SANDBOX", raising=False)
+    with LocalStack(workers=1, workdir=tmp_path / "stack", warmup=False) as stack:
+        registered = stack.store().live_workers()
     assert registered
     assert {w.get("sandbox") for w in registered.values()} == {"bwrap" if BWRAP_OK else "process"}
 
