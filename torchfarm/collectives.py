@@ -20,6 +20,10 @@ from torchfarm.graph_errors import GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
 NAMESPACE = "torch.ops._c10d_functional"
+AUTOGRAD_NAMESPACE = "torch.ops._c10d_functional_autograd"
+"""Torch 2.12 records the differentiable variants under this namespace (2.13 records
+the plain ops); same arguments."""
+AUTOGRAD_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,16 @@ _GROUP_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z", re.ASCII)
 def allowed_targets() -> list[str]:
     """Every target name of a collective, as `torchfarm.fx.encode.qualified_name`
     writes it (the packet and its `.default` overload)."""
-    names = [*COLLECTIVE_OPS, WAIT]
-    return sorted(f"{NAMESPACE}.{n}{suffix}" for n in names for suffix in ("", ".default"))
+    names = [f"{NAMESPACE}.{n}" for n in (*COLLECTIVE_OPS, WAIT)]
+    names += [f"{AUTOGRAD_NAMESPACE}.{n}" for n in AUTOGRAD_OPS]
+    return sorted(f"{n}{suffix}" for n in names for suffix in ("", ".default"))
 
 
 def collective_name(target: str) -> str | None:
     """The op name of a collective target ("all_reduce"), or None for any other target."""
+    if target.startswith(AUTOGRAD_NAMESPACE + "."):
+        name = target[len(AUTOGRAD_NAMESPACE) + 1 :].removesuffix(".default")
+        return name if name in AUTOGRAD_OPS else None
     if not target.startswith(NAMESPACE + "."):
         return None
     name = target[len(NAMESPACE) + 1 :].removesuffix(".default")
