@@ -219,13 +219,13 @@ class TrustedKeys:
         try:
             value = base64.b64decode(sig.value, validate=True)
             message = statement(manifest, sig, key=key, tenant=tenant, fingerprint=fingerprint)
-            self._check(sig.key_id, public, value, message)
+            self._check(public, value, message)
         except (InvalidSignature, ValueError) as e:
             raise SignatureError(
                 Rejection.INVALID, "the signature does not verify for this key, tenant, content and build"
             ) from e
 
-    def _check(self, key_id: str, public: Ed25519PublicKey, value: bytes, message: bytes) -> None:
+    def _check(self, public: Ed25519PublicKey, value: bytes, message: bytes) -> None:
         """public.verify(value, message), remembered when it passes. The statement names
         everything signed (content, manifest bytes, key, tenant, build, dates), so a
         remembered triple never vouches for anything but exactly what verified."""
