@@ -6,12 +6,14 @@ stack (redis-server + coordinator + Celery workers, free loopback ports) → add
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,15 @@ os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
 from torchfarm.store import Store  # noqa: E402
 from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+
+
+@pytest.fixture
+def no_waiting(monkeypatch):
+    """An answer "at once" is one that never sleeps: any wait fails the test."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the call waited; it should have answered at once")
+    monkeypatch.setattr(asyncio, "sleep", refuse)
+    monkeypatch.setattr(time, "sleep", refuse)
 
 
 @pytest.fixture(scope="session")

@@ -143,12 +143,17 @@ FIRST_STEP_AT: list[float] = []
 """Wall-clock time at the end of the first step, for bench/ranks.py."""
 
 
+def _batch(width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same data and target on every rank, every run."""
+    data_gen = torch.Generator().manual_seed(1)
+    return torch.randn(8, width, generator=data_gen), torch.randn(8, width, generator=data_gen)
+
+
 def train(model: nn.Module, step_fn: nn.Module, steps: int, width: int) -> tuple[list[float], dict, float]:
     """Losses of every step, first-step gradients, seconds from process start to the
     end of the first step."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data_gen = torch.Generator().manual_seed(1)
-    data, target = torch.randn(8, width, generator=data_gen), torch.randn(8, width, generator=data_gen)
+    data, target = _batch(width)
     losses: list[float] = []
     grads: dict[str, list[float]] = {}
     first_step_s = 0.0
@@ -176,8 +181,7 @@ def train_pipeline(
     stage = PipelineStage(step_fn, rank, world, torch.device("cpu"))
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda o, t: (o - t).pow(2).mean())
     optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.05)
-    data_gen = torch.Generator().manual_seed(1)
-    data, target = torch.randn(8, width, generator=data_gen), torch.randn(8, width, generator=data_gen)
+    data, target = _batch(width)
     losses: list[float] = []
     grads: dict[str, list[float]] = {}
     first_step_s = 0.0

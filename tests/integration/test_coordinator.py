@@ -121,15 +121,6 @@ async def _fetch_all(farm, key):
     return [p async for p in farm.fetch(key)]
 
 
-@pytest.fixture
-def no_waiting(monkeypatch):
-    """An answer "at once" is one that never sleeps: any wait fails the test."""
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("the call waited; it should have answered at once")
-    monkeypatch.setattr(asyncio, "sleep", refuse)
-    monkeypatch.setattr(time, "sleep", refuse)
-
-
 def test_no_live_worker_is_unavailable_naming_the_target(store, no_waiting):
     farm = Farm(CoordinatorSettings(), store, Recorder())
     req = relu_request()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -136,15 +135,6 @@ def farm_key(req) -> str:
     from torchfarm import keys
 
     return keys.compute_key(req, "")
-
-
-@pytest.fixture
-def no_waiting(monkeypatch):
-    """An answer "at once" is one that never sleeps: any wait fails the test."""
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("the call waited; it should have answered at once")
-    monkeypatch.setattr(asyncio, "sleep", refuse)
-    monkeypatch.setattr(time, "sleep", refuse)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,9 @@ class UnresolvedGroup(Exception):
     """A collective names a group this process cannot resolve."""
 
 
+_OP_TYPES = (resolve("OpOverload"), resolve("OpOverloadPacket"))
+
+
 def group_names(gm: torch.fx.GraphModule) -> list[str]:
     """The group names the graph's collectives pass, sorted, each once."""
     names: set[str] = set()
@@ -37,7 +40,7 @@ def group_names(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function":
             continue
         target = f"torch.ops.{node.target}" if isinstance(
-            node.target, (resolve("OpOverload"), resolve("OpOverloadPacket"))
+            node.target, _OP_TYPES
         ) else ""
         op = collectives.collective_name(target)
         if op is None or op == collectives.WAIT:

@@ -47,12 +47,16 @@ TensorMeta = graph_pb2.TensorMeta
 # ---------------------------------------------------------------------------
 
 
+_OP_OVERLOAD, _OP_PACKET = internal("OpOverload"), internal("OpOverloadPacket")
+_BELOW_AUTOGRAD = internal("AutoDispatchBelowAutograd")
+
+
 def describe(target: object) -> str | None:
     """The schema string of a custom op's overload (or of a packet's only overload);
     None for anything else (torch's own ops, which the allow-list covers, included)."""
-    if isinstance(target, internal("OpOverloadPacket")) and target.overloads() == ["default"]:
+    if isinstance(target, _OP_PACKET) and target.overloads() == ["default"]:
         target = target.default  # `torch.ops.ns.name(...)`: its only overload is called
-    if not isinstance(target, internal("OpOverload")):
+    if not isinstance(target, _OP_OVERLOAD):
         return None
     if allowlist.is_allowed_function(f"torch.ops.{target}"):
         return None
@@ -188,7 +192,7 @@ def _refuse_grad(target: str, op: Callable[[], Any], schema: Schema) -> Callable
                 "needs its backward, which is the client's Python: it compiles on the farm "
                 "with gradients only where its namespace is installed on the workers",
             )
-        with internal("AutoDispatchBelowAutograd")():
+        with _BELOW_AUTOGRAD():
             return op()(*args, **kwargs)
 
     return autograd

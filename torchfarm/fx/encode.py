@@ -94,6 +94,10 @@ def _public_aliases() -> dict[int, str]:
     return aliases
 
 
+_OP_TYPES = (resolve("OpOverload"), resolve("OpOverloadPacket"))
+_HIGHER_ORDER_OP = resolve("HigherOrderOperator")
+
+
 def qualified_name(target: object) -> str:
     """The canonical, importable name of a call_function target.
 
@@ -101,9 +105,9 @@ def qualified_name(target: object) -> str:
     `operator.getitem` -> "_operator.getitem", `aten.add.Tensor` ->
     "torch.ops.aten.add.Tensor". Raises `UnsupportedGraph` if no name leads back to it.
     """
-    if isinstance(target, (resolve("OpOverload"), resolve("OpOverloadPacket"))):
+    if isinstance(target, _OP_TYPES):
         name = f"torch.ops.{target}"
-    elif isinstance(target, resolve("HigherOrderOperator")):
+    elif isinstance(target, _HIGHER_ORDER_OP):
         name = f"torch.ops.{target.namespace}.{target.name()}"
     else:
         module = getattr(target, "__module__", None)
