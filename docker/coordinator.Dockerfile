@@ -16,14 +16,29 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 RUN python -m venv /opt/torchfarm
+# The extras' dependencies from pyproject.toml alone, before any source: this stage (the
+# venv the image copies) changes only when they do, not with every commit.
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt scripts/extra_requirements.py ./
+# constraints.txt pins every version the tests ran with.
+RUN python extra_requirements.py coordinator > /tmp/requirements.txt \
+    && /opt/torchfarm/bin/pip install -c constraints.txt -r /tmp/requirements.txt
+
+# The project itself, as a wheel (a few hundred KB).
+FROM python:3.11-slim-bookworm AS wheel
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
-# constraints.txt pins every version the tests ran with.
-RUN /opt/torchfarm/bin/pip install -c constraints.txt ".[coordinator]"
+RUN python -m venv /tmp/pip && /tmp/pip/bin/pip wheel --quiet --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 
@@ -32,6 +47,10 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/torchfarm/bin:$PATH
 RUN useradd --system --uid 10001 --no-create-home torchfarm
 COPY --from=build /opt/torchfarm /opt/torchfarm
+# No index: every dependency of the extras must already be in the venv, or this fails.
+COPY --from=wheel /wheels /tmp/wheels
+RUN /opt/torchfarm/bin/pip install --no-index --find-links /tmp/wheels "torchfarm[coordinator]" \
+    && rm -rf /tmp/wheels
 
 USER 10001
 ENV TORCHFARM_LISTEN=0.0.0.0:50051 \

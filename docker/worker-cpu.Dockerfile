@@ -5,6 +5,9 @@
 # TORCH_VERSION to what the clients run, and give clients the same extras
 # (`pip install 'torchfarm[sdk,kernels]'` next to a CPU build of torch).
 # Builds behind a wheel mirror: --build-arg TORCH_INDEX_URL=... PIP_FIND_LINKS=...
+# `kernels` adds Triton from PyPI: the CPU wheel of torch has none, and the worker's
+# fingerprint names the Triton version, so it and the clients must agree on having it.
+ARG EXTRAS=worker,kernels
 FROM python:3.11-slim-bookworm AS build
 
 ARG TORCH_VERSION=2.13.0
@@ -13,22 +16,35 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_EXTRA_INDEX_URL=
 ARG PIP_FIND_LINKS=
 ARG PIP_CERT=
-# `kernels` adds Triton from PyPI: the CPU wheel of torch has none, and the worker's
-# fingerprint names the Triton version, so it and the clients must agree on having it.
-ARG EXTRAS=worker,kernels
+ARG EXTRAS
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 RUN python -m venv /opt/torchfarm
 RUN /opt/torchfarm/bin/pip install --extra-index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# The extras' dependencies from pyproject.toml alone, before any source: this stage (the
+# venv the image copies) changes only when they do, not with every commit.
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt scripts/extra_requirements.py ./
+RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
+    && python extra_requirements.py "${EXTRAS}" > /tmp/requirements.txt \
+    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt -r /tmp/requirements.txt
+
+# The project itself, as a wheel (a few hundred KB).
+FROM python:3.11-slim-bookworm AS wheel
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
-RUN grep -v '^torch==' constraints.txt > /tmp/constraints.txt \
-    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt ".[${EXTRAS}]"
+RUN python -m venv /tmp/pip && /tmp/pip/bin/pip wheel --quiet --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 
@@ -44,6 +60,11 @@ RUN apt-get update \
     && useradd --system --uid 10001 --create-home torchfarm \
     && install -d -o 10001 -g 10001 /var/cache/torchfarm /var/cache/torchfarm/tmp
 COPY --from=build /opt/torchfarm /opt/torchfarm
+# No index: every dependency of the extras must already be in the venv, or this fails.
+ARG EXTRAS
+COPY --from=wheel /wheels /tmp/wheels
+RUN /opt/torchfarm/bin/pip install --no-index --find-links /tmp/wheels "torchfarm[${EXTRAS}]" \
+    && rm -rf /tmp/wheels
 
 USER 10001
 # Compiled kernels are loaded (dlopen) from the Inductor cache and temp dirs, so they

@@ -18,14 +18,29 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 RUN python -m venv /opt/torchfarm
 RUN /opt/torchfarm/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# The extras' dependencies from pyproject.toml alone, before any source: this stage (the
+# venv the image copies) changes only when they do, not with every commit.
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt scripts/extra_requirements.py ./
+RUN grep -v -E '^(torch|triton|pytorch-triton-rocm)==' constraints.txt > /tmp/constraints.txt \
+    && python extra_requirements.py worker > /tmp/requirements.txt \
+    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt -r /tmp/requirements.txt
+
+# The project itself, as a wheel (a few hundred KB).
+FROM python:3.11-slim-bookworm AS wheel
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
 COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
-RUN grep -v -E '^(torch|triton|pytorch-triton-rocm)==' constraints.txt > /tmp/constraints.txt \
-    && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt ".[worker]"
+RUN python -m venv /tmp/pip && /tmp/pip/bin/pip wheel --quiet --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
 
@@ -41,6 +56,10 @@ RUN apt-get update \
     && useradd --system --uid 10001 --create-home torchfarm \
     && install -d -o 10001 -g 10001 /var/cache/torchfarm /var/cache/torchfarm/tmp
 COPY --from=build /opt/torchfarm /opt/torchfarm
+# No index: every dependency of the extras must already be in the venv, or this fails.
+COPY --from=wheel /wheels /tmp/wheels
+RUN /opt/torchfarm/bin/pip install --no-index --find-links /tmp/wheels "torchfarm[worker]" \
+    && rm -rf /tmp/wheels
 
 USER 10001
 # Kernels are loaded from the Inductor and Triton caches and the temp dir: the

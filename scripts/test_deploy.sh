@@ -54,6 +54,16 @@ if [ ! -f "$PC_VENV/.complete" ]; then
   python3 -m venv "$PC_VENV" && "$PC_VENV/bin/pip" install -q "podman-compose==1.6.0" && touch "$PC_VENV/.complete"
 fi
 
+# The three images need about 8 GB while they build. Each build leaves the images it
+# supersedes untagged; where the disk runs low they go first (the build cache with them).
+GRAPHROOT=$(podman info --format '{{.Store.GraphRoot}}')
+free_gb() { df -BG --output=avail "$GRAPHROOT" | tail -1 | tr -dc 0-9; }
+if [ "$(free_gb)" -lt 20 ]; then
+  say "$(free_gb) GB free under $GRAPHROOT: removing untagged images"
+  podman image prune -f >/dev/null
+fi
+[ "$(free_gb)" -ge 10 ] || fail "$(free_gb) GB free under $GRAPHROOT; building the images needs 10"
+
 say "building images"
 ./scripts/deploy/build.sh coordinator worker-cpu client
 

@@ -35,30 +35,8 @@ deps_digest() { cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1; 
 install_deps() {
   # The project's dependencies and dev extras (its own extras expanded), less the pins
   # torch decides; the other pins of constraints.txt hold, as in the main venv.
-  "$VENV/bin/python" - "$VENV" <<'PY'
-import re, sys, tomllib
-venv = sys.argv[1]
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = project["optional-dependencies"]
-seen, reqs = set(), list(project["dependencies"])
-todo = ["dev"]
-while todo:
-    extra = todo.pop()
-    if extra in seen:
-        continue
-    seen.add(extra)
-    for req in extras[extra]:
-        own = re.match(r"torchfarm\[([^\]]+)\]", req)
-        if own:
-            todo += [e.strip() for e in own.group(1).split(",")]
-        else:
-            reqs.append(req)
-keep = [r for r in dict.fromkeys(reqs) if not re.match(r"(torch|triton)\b", r)]
-open(f"{venv}/farm-requirements.txt", "w").write("\n".join(keep) + "\n")
-pins = [line for line in open("constraints.txt").read().splitlines()
-        if line and not re.match(r"(torch|triton)\b", line, re.I)]
-open(f"{venv}/farm-constraints.txt", "w").write("\n".join(pins) + "\n")
-PY
+  "$PYTHON" scripts/extra_requirements.py dev | grep -v -E '^(torch|triton)\b' > "$VENV/farm-requirements.txt"
+  grep -v -i -E '^(torch|triton)\b' constraints.txt > "$VENV/farm-constraints.txt"
   "$VENV/bin/python" -m pip install -q -c "$VENV/farm-constraints.txt" -r "$VENV/farm-requirements.txt"
   deps_digest > "$VENV/.torchfarm-deps"
 }
@@ -68,6 +46,8 @@ if ! have_build; then
   start=$(date +%s)
   rm -rf "$VENV"
   mkdir -p "$(dirname "$VENV")"
+  free_gb=$(df -BG --output=avail "$(dirname "$VENV")" | tail -1 | tr -dc 0-9)
+  [ "$free_gb" -ge 8 ] || { echo "$free_gb GB free for $VENV; the venv needs 6" >&2; exit 1; }
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   if [ -n "$INDEX" ]; then

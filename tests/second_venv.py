@@ -82,7 +82,24 @@ def second_venv(requirements: Sequence[str] | None = None) -> Path:
             "pip install",
         )
         (venv / _COMPLETE).write_text("\n".join(reqs) + "\n")
+    _remove_superseded(venv)
     return python
+
+
+def _remove_superseded(venv: Path) -> None:
+    """Removes this interpreter's other venvs of the same torch (made for requirements
+    since changed; 1.6 GB each) that no session holds the lock of."""
+    prefix = venv.name.rsplit("-", 1)[0] + "-"
+    for other in venv.parent.glob(prefix + "*.lock"):
+        stale = other.with_suffix("")
+        if stale == venv:
+            continue
+        with open(other, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _cache_root() -> Path:

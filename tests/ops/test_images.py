@@ -10,6 +10,7 @@ must install that extra. The coordinator image once lacked `cryptography`
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import sys
 import tomllib
@@ -116,25 +117,46 @@ def test_the_coordinator_extra_has_no_torch():
     assert "torch" not in _requirements("coordinator")
 
 
+def _extras(text: str, pattern: str) -> list[set[str]]:
+    """The extras each match of `pattern` names, ${EXTRAS} read from its ARG."""
+    default = re.search(r"^ARG EXTRAS=(\S+)", text, re.M)
+    return [set(group.replace("${EXTRAS}", default.group(1) if default else "").split(","))
+            for group in re.findall(pattern, text)]
+
+
 @pytest.mark.parametrize("dockerfile,extra", sorted(DOCKERFILES.items()))
 def test_each_image_installs_its_extra_in_a_build_stage(dockerfile, extra):
+    """The build stage installs the extra's dependencies from pyproject.toml (before the
+    source, so the big layer is cached), the final stage the project's wheel with that
+    extra and no index: a dependency the venv lacks fails the build."""
     text = (ROOT / "docker" / dockerfile).read_text()
-    froms = re.findall(r"^FROM \S+", text, re.M)
-    assert len(froms) >= 2 and re.search(r"^FROM \S+ AS build$", text, re.M), "multi-stage"
-    installs = re.findall(r'pip install [^\n]*"\.\[([^\]]+)\]"', text)
-    extras = set()
-    for group in installs:
-        extras |= set(group.replace("${EXTRAS}", re.search(r"^ARG EXTRAS=(\S+)", text, re.M).group(1)
-                                   if "${EXTRAS}" in group else group).split(","))
-    assert extra in extras, installs
-    assert "--no-deps" not in text, "dependencies come from the extra, never by hand"
+    assert re.search(r"^FROM \S+ AS build$", text, re.M) and re.search(r"^FROM \S+ AS wheel$", text, re.M)
+    deps = _extras(text, r'python extra_requirements\.py "?([\w,${}]+)"? > /tmp/requirements\.txt')
+    final = _extras(text, r'pip install --no-index --find-links /tmp/wheels "torchfarm\[([^\]]+)\]"')
+    assert len(deps) == 1 and len(final) == 1 and extra in deps[0] and deps == final, (deps, final)
+    assert not re.search(r"pip install [^\n]*--no-deps", text), "dependencies come from the extra, never by hand"
+    assert text.index("COPY pyproject.toml constraints.txt scripts/extra_requirements.py") < text.index(
+        "AS wheel"), "the dependencies are installed before any source is copied"
     assert re.search(r"^HEALTHCHECK ", text, re.M)
+
+
+def test_extra_requirements_expands_the_projects_own_extras():
+    spec = importlib.util.spec_from_file_location("extra_requirements", ROOT / "scripts/extra_requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    client = module.requirements(project, ["client"])
+    assert client == project["dependencies"] + project["optional-dependencies"]["sdk"]
+    assert not any(r.startswith("torchfarm") for r in module.requirements(project, ["all"]))
+    assert "triton==3.7.*" in module.requirements(project, ["worker", "kernels"])
+    with pytest.raises(SystemExit, match="no extra 'gpu'"):
+        module.requirements(project, ["gpu"])
 
 
 @pytest.mark.parametrize("dockerfile", ["worker-cuda.Dockerfile", "worker-rocm.Dockerfile"])
 def test_gpu_workers_keep_the_triton_their_torch_ships(dockerfile):
     text = (ROOT / "docker" / dockerfile).read_text()
-    assert "kernels" not in re.findall(r'"\.\[([^\]]+)\]"', text)[0].split(",")
+    assert all("kernels" not in extras for extras in _extras(text, r'"torchfarm\[([^\]]+)\]"'))
     assert re.search(r"grep -v -E '\^\(torch\|triton", text), "constraints' triton pin is dropped"
 
 
