@@ -31,6 +31,7 @@ from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm.codes import Rejection
+from torchfarm.fx import global_state
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from torchfarm.fx.guards import CaptureShapes, GuardError
@@ -48,7 +49,6 @@ def build_request(
     mode: str,
     inductor_config: dict[str, Any],
     label: str,
-    specialize_hints: bool = False,
 ) -> farm_pb2.CompileRequest:
     try:
         options = [
@@ -74,7 +74,6 @@ def build_request(
             dynamic=len(graph.symbols) > 0,
         ),
         label=label,
-        specialize_hints=specialize_hints,
     )
 
 
@@ -211,6 +210,7 @@ class FarmBackend:
         fp = local_fingerprint(device_kind(example_inputs))
         label = f"{self.name} graph {index} from {socket.gethostname()}"
         request = build_request(graph, fp, self.mode, self.local.config, label)
+        global_state.record(request.options)
         expected_key = keys.compute_key(request, self.trust.namespace)
         shapes = CaptureShapes.of(gm, [s.name for s in graph.symbols])
         return _Prepared(index, request, expected_key, fp, time.perf_counter() - t0, shapes)
@@ -243,9 +243,9 @@ class FarmBackend:
             manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
             guards = self._shape_guards(prepared, manifest, reply.key, in_backend)
             if guards is None:
-                again = build_request(
-                    request.graph, fp, self.mode, self.local.config, request.label, True
-                )
+                again = farm_pb2.CompileRequest()
+                again.CopyFrom(request)
+                again.specialize_hints = True
                 key = keys.compute_key(again, self.trust.namespace)
                 return self._complete(
                     dataclasses.replace(prepared, request=again, key=key), in_backend
@@ -328,6 +328,7 @@ class FarmBackend:
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, self.local.config, label)
+                global_state.record(request.options)
                 assert self.trust is not None
                 reply, _ = self._client.submit_and_wait(
                     request, key=keys.compute_key(request, self.trust.namespace)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED_PREFIX
 
@@ -96,7 +97,7 @@ def components(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[st
         "structure": structure,
         "state": state,
         "inputs": {"tree": str(spec), "leaves": [_leaf(x) for x in leaves],
-                   "grad": torch.is_grad_enabled()},
+                   "grad": torch.is_grad_enabled(), "autocast": global_state.autocast_now()},
     }
 
 

@@ -105,7 +105,7 @@ class Record:
 
 
 def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
-    t, b, o = request.target, request.build, request.options
+    t, b = request.target, request.build
     nodes = request.graph.nodes[:MAX_NODES]
     node_digests = [_node_digest(n) for n in nodes]
     components = {
@@ -114,10 +114,7 @@ def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
         "cpu_isa": t.isa if t.device == "cpu" else "",
         "gpu_arch": f"{t.device}:{t.arch}" if t.device != "cpu" else "",
         "compiler": t.compiler,
-        "options": json.dumps({
-            "mode": o.mode, "dynamic": o.dynamic,
-            "inductor": sorted((x.name, x.json_value) for x in o.inductor),
-        }, sort_keys=True),
+        "options": json.dumps(keys.options_canonical(request.options), sort_keys=True),
         "input_metadata": _input_metadata(request),
         "graph": _digest([node_digests, [c.SerializeToString(deterministic=True).hex()
                                          for c in request.graph.constants]]),

@@ -65,8 +65,24 @@ def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
     return copy
 
 
+def options_canonical(options: farm_pb2.CompileOptions) -> dict[str, Any]:
+    """The compile options as the key sees them. The global state enters only when set,
+    so the keys of graphs captured with grad on and no autocast (every request before
+    those fields) are unchanged."""
+    canonical: dict[str, Any] = {
+        "mode": options.mode,
+        "dynamic": options.dynamic,
+        "inductor": sorted((o.name, o.json_value) for o in options.inductor),
+    }
+    if options.no_grad:
+        canonical["no_grad"] = True
+    if options.autocast:
+        canonical["autocast"] = sorted((a.device_type, a.dtype) for a in options.autocast)
+    return canonical
+
+
 def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, Any]:
-    target, build, options = request.target, request.build, request.options
+    target, build = request.target, request.build
     return {
         "namespace": namespace,
         "graph": graph_digest(request.graph, hints=request.specialize_hints),
@@ -84,11 +100,7 @@ def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, An
             "python": build.python,
             "platform": build.platform,
         },
-        "options": {
-            "mode": options.mode,
-            "dynamic": options.dynamic,
-            "inductor": sorted((o.name, o.json_value) for o in options.inductor),
-        },
+        "options": options_canonical(request.options),
     }
 
 

@@ -66,6 +66,11 @@ ALLOWED: dict[str, tuple[type, ...]] = {
 }
 """Option name → the JSON value types it may have."""
 
+AUTOCAST_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu"})
+"""Device types a request may have autocast on for (torch.autocast's)."""
+AUTOCAST_DTYPES = frozenset({"bfloat16", "float16"})
+"""The lower precisions autocast casts to."""
+
 MAX_INT_OPTION = 1 << 20
 """Integer options above this are refused (they are counts and sizes, never this big)."""
 
@@ -97,3 +102,18 @@ def check_options(mode: str, options: list[tuple[str, str]]) -> dict[str, object
             raise OptionNotAllowed(f"Inductor option {name!r}: value {raw[:40]!r} is not allowed")
         decoded[name] = value
     return decoded
+
+
+def check_autocast(entries: list[tuple[str, str]]) -> dict[str, str]:
+    """Validates the (device type, dtype) pairs of the autocast a graph was captured
+    under; returns them by device type."""
+    found: dict[str, str] = {}
+    for device, dtype in entries:
+        if device not in AUTOCAST_DEVICES:
+            raise OptionNotAllowed(f"autocast for device type {device[:40]!r} is not one the farm knows")
+        if dtype not in AUTOCAST_DTYPES:
+            raise OptionNotAllowed(f"autocast to {dtype[:40]!r} is not allowed; only {sorted(AUTOCAST_DTYPES)}")
+        if device in found:
+            raise OptionNotAllowed(f"autocast for {device!r} given twice")
+        found[device] = dtype
+    return found

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError, Message
 
 from torchfarm import keys, options
 from torchfarm.codes import JobError, Stage
+from torchfarm.fx import global_state
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.customops import use_installed as use_installed_ops
 from torchfarm.fx.decode import DecodedGraph, decode_graph
@@ -208,8 +209,9 @@ def check_build(request: farm_pb2.CompileRequest, local: Fingerprint) -> None:
 
 
 def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
-    """The request's Inductor options, checked against the allow-list."""
+    """The request's Inductor options, checked against the allow-list, and its autocast."""
     try:
+        options.check_autocast([(a.device_type, a.dtype) for a in request.options.autocast])
         return options.check_options(
             request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
         )
@@ -230,21 +232,25 @@ class Prepared:
 
     def redecoded(self) -> Prepared:
         """The same, decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
-        return dataclasses.replace(self, decoded=decode_graph(self.request.graph))
+        with global_state.applied(self.request.options):
+            return dataclasses.replace(self, decoded=decode_graph(self.request.graph))
 
 
 def prepare(key: str, ctx: WorkerContext) -> Prepared:
-    """Loads the job's request, refuses a build mismatch, decodes the graph and checks
-    its options; raises JobFailed."""
+    """Loads the job's request, refuses a build mismatch, checks its options and decodes
+    the graph under the grad mode and autocast it was captured in; raises JobFailed.
+    The compile runs under them too (`global_state.applied`)."""
     t0 = time.perf_counter()
     request = load_request(key, ctx.store, farm_pb2.CompileRequest, "compile")
     check_build(request, ctx.fingerprint)
+    inductor_options = check_options(request)
     try:
-        decoded = decode_graph(request.graph)
+        with global_state.applied(request.options):
+            decoded = decode_graph(request.graph)
     except GraphError as e:
         raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
     t_decode = time.perf_counter() - t0
-    return Prepared(request, decoded, check_options(request), t_decode, t0)
+    return Prepared(request, decoded, inductor_options, t_decode, t0)
 
 
 def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:

@@ -66,8 +66,8 @@ class _Refused(Exception):
 
 
 def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    from torchfarm.fx import global_state, toolchain, vecisa
     from torchfarm.fx import guards as shape_guards
-    from torchfarm.fx import toolchain, vecisa
     from torchfarm.fx.customops import use_installed
     from torchfarm.fx.decode import decode_graph
     from torchfarm.graph_errors import GraphError
@@ -84,12 +84,13 @@ def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
         compile_request.ParseFromString(f.read())
     try:
-        decoded = decode_graph(compile_request.graph)
         inductor_options = check_options(compile_request)
+        with global_state.applied(compile_request.options):
+            decoded = decode_graph(compile_request.graph)
     except (GraphError, JobFailed) as e:
         raise _Refused("graph", str(e)) from e
     mark = shape_guards.snapshot(decoded.shape_env)
-    with fake_groups(compile_request.graph.groups):
+    with fake_groups(compile_request.graph.groups), global_state.applied(compile_request.options):
         result = compile_graph(
             decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
             dynamic=compile_request.options.dynamic, mode=compile_request.options.mode,

@@ -186,6 +186,7 @@ class Farm:
             options.check_options(
                 request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
             )
+            options.check_autocast([(a.device_type, a.dtype) for a in request.options.autocast])
         except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e

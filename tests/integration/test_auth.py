@@ -166,6 +166,12 @@ def _option(name: str, value: str) -> farm_pb2.CompileRequest:
     return req
 
 
+def _autocast(device: str, dtype: str) -> farm_pb2.CompileRequest:
+    req = relu_request()
+    req.options.autocast.add(device_type=device, dtype=dtype)
+    return req
+
+
 def _big() -> farm_pb2.CompileRequest:
     return relu_request(label="x" * 30_000)
 
@@ -178,11 +184,13 @@ LIMITS = [
      GraphRejected, "cpp.cxx"),
     (_option("max_autotune", '"yes"'), grpc.StatusCode.INVALID_ARGUMENT, "OPTION_NOT_ALLOWED",
      GraphRejected, "not allowed"),
+    (_autocast("cpu", "float64"), grpc.StatusCode.INVALID_ARGUMENT, "OPTION_NOT_ALLOWED",
+     GraphRejected, "autocast to 'float64'"),
 ]
 
 
 @pytest.mark.parametrize("req, code, reason, error, message", LIMITS,
-                         ids=["nodes", "rank", "bytes", "option-cxx", "option-type"])
+                         ids=["nodes", "rank", "bytes", "option-cxx", "option-type", "autocast"])
 def test_limits_have_their_own_code_reason_and_sdk_error(farm, req, code, reason, error, message):
     address, toks, recorder, _ = farm
     got_code, got_reason = _code_and_reason(lambda: _call(address, "Submit", req, toks["alice"]))

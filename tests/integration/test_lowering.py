@@ -11,6 +11,7 @@ Stage jobs are not run by Celery here: `WorkerContext.send` records what would b
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -103,6 +104,18 @@ def test_the_graph_job_decomposes_and_the_lowering_job_lowers_from_it(ctx, store
     assert job.stages[0]["seconds"] > 0 and job.kernels_total > 0
     assert {task for task, _, _ in sent} == {routing.BUILD_KERNELS_TASK}
     assert _fields(store, key)["lower_attempts"] == "1"
+
+
+def test_a_graph_captured_under_no_grad_is_decomposed_for_inference(ctx, store, sent):
+    """Grad mode is not in the graph: the worker compiles under the request's, as a local
+    compile under `torch.no_grad()` would (one forward graph, nothing saved)."""
+    request = _mlp_request(44)
+    request.options.no_grad = True
+    key, _ = _submit(store, request)
+    run_job(key, ctx)
+    stored = StageBoard(store).get_decomposition(key)
+    assert stored is not None and b"backward" not in stored
+    assert json.loads(stored[b"head"])["kind"] == "inference"
 
 
 def test_a_lowering_whose_decomposition_left_the_cache_decomposes_itself(ctx, store, sent):

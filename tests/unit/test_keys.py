@@ -103,3 +103,13 @@ def test_hints_nested_in_arguments_are_not_in_key():
 
 def test_key_version_is_current():
     assert keys.KEY_VERSION == "torchfarm.key/3"
+
+
+def test_global_state_enters_the_key_only_when_set():
+    plain = _request()
+    assert set(keys.options_canonical(plain.options)) == {"mode", "dynamic", "inductor"}
+    no_grad = _request()
+    no_grad.options.no_grad = True
+    autocast = _request()
+    autocast.options.autocast.add(device_type="cpu", dtype="bfloat16")
+    assert len({keys.compute_key(r) for r in (plain, no_grad, autocast)}) == 3

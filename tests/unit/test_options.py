@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm.options import OptionNotAllowed, check_options
+from torchfarm.options import OptionNotAllowed, check_autocast, check_options
 
 
 def test_modes_and_tuning_options_pass():
@@ -31,3 +31,14 @@ def test_modes_and_tuning_options_pass():
 def test_everything_else_is_refused(mode, opts, match):
     with pytest.raises(OptionNotAllowed, match=match):
         check_options(mode, opts)
+
+
+def test_autocast_is_checked_against_known_devices_and_precisions():
+    assert check_autocast([("cuda", "float16"), ("cpu", "bfloat16")]) == {"cuda": "float16", "cpu": "bfloat16"}
+    for entries, match in [
+        ([("tpu", "bfloat16")], "device type 'tpu'"),
+        ([("cpu", "float64")], "autocast to 'float64'"),
+        ([("cpu", "bfloat16"), ("cpu", "float16")], "given twice"),
+    ]:
+        with pytest.raises(OptionNotAllowed, match=match):
+            check_autocast(entries)

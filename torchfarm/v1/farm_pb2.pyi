@@ -48,14 +48,26 @@ class Build(_message.Message):
     def __init__(self, torch_version: _Optional[str] = ..., torch_git: _Optional[str] = ..., triton_version: _Optional[str] = ..., python: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class CompileOptions(_message.Message):
-    __slots__ = ("mode", "inductor", "dynamic")
+    __slots__ = ("mode", "inductor", "dynamic", "no_grad", "autocast")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INDUCTOR_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    NO_GRAD_FIELD_NUMBER: _ClassVar[int]
+    AUTOCAST_FIELD_NUMBER: _ClassVar[int]
     mode: str
     inductor: _containers.RepeatedCompositeFieldContainer[Option]
     dynamic: bool
-    def __init__(self, mode: _Optional[str] = ..., inductor: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., dynamic: _Optional[bool] = ...) -> None: ...
+    no_grad: bool
+    autocast: _containers.RepeatedCompositeFieldContainer[Autocast]
+    def __init__(self, mode: _Optional[str] = ..., inductor: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., dynamic: _Optional[bool] = ..., no_grad: _Optional[bool] = ..., autocast: _Optional[_Iterable[_Union[Autocast, _Mapping]]] = ...) -> None: ...
+
+class Autocast(_message.Message):
+    __slots__ = ("device_type", "dtype")
+    DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    device_type: str
+    dtype: str
+    def __init__(self, device_type: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class Option(_message.Message):
     __slots__ = ("name", "json_value")

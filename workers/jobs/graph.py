@@ -13,6 +13,7 @@ import time
 
 from torchfarm import keys
 from torchfarm.codes import Stage
+from torchfarm.fx import global_state
 from torchfarm.manifest import Manifest
 from workers.jobs.decompose import decompose_or_lower
 from workers.jobs.whole import compile_whole
@@ -42,7 +43,8 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     ctx.store.update_job(key, stage=Stage.COMPILE)
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
-    if ctx.settings.pipeline == "staged" and ctx.send is not None:
-        return decompose_or_lower(key, ctx, job)
-    return compile_whole(key, ctx, job)
+    with global_state.applied(job.request.options):
+        if ctx.settings.pipeline == "staged" and ctx.send is not None:
+            return decompose_or_lower(key, ctx, job)
+        return compile_whole(key, ctx, job)
 

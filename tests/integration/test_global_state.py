@@ -1,0 +1,58 @@
+"""The global state a graph is captured under travels with it: grad mode and autocast.
+
+Dynamo guards on both and leaves them out of the graph; the local backend's AOTAutograd
+then traces under them. A farm worker that compiled under its own state would give an
+inference call a training graph, and an autocast call float32 kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import sdk
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def _farm_keys(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sdk.backend" and "key=" in r.getMessage()]
+
+
+def test_autocast_around_the_call_casts_as_eager_does(stack, client_cache_dir, caplog):
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+        ref = model(x)
+    assert _farm_keys(caplog), "compiled on the farm"
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_no_grad_gets_an_inference_graph_and_grad_a_training_one(stack, client_cache_dir, caplog):
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+        out = compiled(x)
+    keys = _farm_keys(caplog)
+    assert len(keys) == 2 and ": miss" in keys[1], keys  # grad mode is in the key
+    assert out.requires_grad
+    out.sum().backward()
+    eager = _mlp()
+    eager(x).sum().backward()
+    for p, r in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-4)
