@@ -50,6 +50,11 @@ def build_request(
     inductor_config: dict[str, Any],
     label: str,
 ) -> farm_pb2.CompileRequest:
+    if fp.device == "cpu" and "cpp.threads" not in inductor_config:
+        # Inductor sizes each parallel C++ kernel for the thread count it compiles under
+        # (its per-thread reduction buffers, the `omp parallel` team): this process's,
+        # as a local compile would, never the worker's.
+        inductor_config = {**inductor_config, "cpp.threads": torch.get_num_threads()}
     try:
         options = [
             farm_pb2.Option(name=k, json_value=json.dumps(v, sort_keys=True))

@@ -57,6 +57,8 @@ ALLOWED: dict[str, tuple[type, ...]] = {
     "triton.unique_kernel_names": _BOOL,
     "triton.autotune_pointwise": _BOOL,
     "cpp.simdlen": _OPT_INT,
+    # The client's thread count: Inductor sizes parallel C++ kernels for it (sdk/backend.py).
+    "cpp.threads": _INT,
     "cpp.min_chunk_size": _INT,
     "triton.max_tiles": _OPT_INT,
     "max_fusion_size": _INT,

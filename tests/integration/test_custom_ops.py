@@ -75,9 +75,9 @@ class Gated(torch.nn.Module):
 
 def test_custom_ops_forward_on_the_farm_match_eager(stack, client_cache_dir, caplog):
     torch.manual_seed(0)
-    # Frozen weights: the farm compiles a graph for training whenever an input needs
-    # gradients (even under no_grad), and the stand-in has no backward.
-    model = Gated().eval().requires_grad_(False)
+    # Weights that require gradients, under no_grad: the farm compiles an inference
+    # graph, as a local compile would, so the stand-in needs no backward.
+    model = Gated().eval()
     compiled = sdk.compile(model, remote=stack.address, fallback="error", dynamic=True)
     with caplog.at_level(logging.INFO, logger="sdk"), torch.no_grad():
         for batch in (3, 5):

@@ -7,7 +7,9 @@ inference call a training graph, and an autocast call float32 kernels.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 import pytest
 import torch
@@ -56,3 +58,32 @@ def test_no_grad_gets_an_inference_graph_and_grad_a_training_one(stack, client_c
     eager(x).sum().backward()
     for p, r in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-4)
+
+
+def _kernel_sources(store, short_key: str) -> list[str]:
+    (name,) = [k.decode() for k in store.r.scan_iter(match=f"tf:artifact:{short_key}*")]
+    manifest = store.get_manifest(name.removeprefix("tf:artifact:"))
+    return [json.loads(store.get_blob(k.source.digest))["args"]["main_code"] for k in manifest.kernels]
+
+
+@pytest.fixture
+def more_threads():
+    """This process's intra-op thread count raised past the worker's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    yield before + 1
+    torch.set_num_threads(before)
+
+
+def test_cpu_kernels_use_the_callers_thread_count(stack, client_cache_dir, caplog, more_threads):
+    """Inductor writes the thread count into each parallel C++ kernel (`#pragma omp
+    parallel num_threads(N)`): the caller's, as a local compile would, not the worker's."""
+    torch._dynamo.reset()
+    compiled = sdk.compile(lambda x: (x.sin() * 2).relu(), remote=stack.address, fallback="error")
+    x = torch.randn(512, 1024)
+    with caplog.at_level(logging.INFO, logger="sdk"):
+        torch.testing.assert_close(compiled(x), (x.sin() * 2).relu())
+    (line,) = _farm_keys(caplog)
+    sources = _kernel_sources(stack.store(), re.search(r"key=(\w+)", line).group(1))
+    pragmas = {int(n) for src in sources for n in re.findall(r"omp parallel num_threads\((\d+)\)", src)}
+    assert pragmas == {more_threads}, pragmas

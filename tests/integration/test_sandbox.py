@@ -27,6 +27,7 @@ import pytest
 from tests.requests import relu_request
 from torchfarm import keys
 from torchfarm.codes import JobError
+from torchfarm.fx import vecisa
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.fx.kernelspec import KernelSpec, spec_args
 from torchfarm.manifest import blob_digest
@@ -67,6 +68,14 @@ def _wrapper(path, body: str) -> str:
     path.write_text(script)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def _isa_probed_with_the_real_compiler():
+    """Inductor's vector-ISA probe runs once per process and keeps its answers. Run by a
+    fake compiler (CXX: the probe, the hog), it would fail, and every later test in the
+    process would pick no ISA and refuse each artifact: so it runs first, for real."""
+    vecisa.picked()
 
 
 @pytest.fixture
