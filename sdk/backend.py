@@ -30,6 +30,7 @@ from sdk.scalars import specialize_float_inputs
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
+from torchfarm import options as farm_options
 from torchfarm.codes import Rejection
 from torchfarm.fx import global_state
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
@@ -53,8 +54,9 @@ def build_request(
     if fp.device == "cpu" and "cpp.threads" not in inductor_config:
         # Inductor sizes each parallel C++ kernel for the thread count it compiles under
         # (its per-thread reduction buffers, the `omp parallel` team): this process's,
-        # as a local compile would, never the worker's.
-        inductor_config = {**inductor_config, "cpp.threads": torch.get_num_threads()}
+        # as a local compile would, never the worker's; within the farm's bound.
+        threads = min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1])
+        inductor_config = {**inductor_config, "cpp.threads": threads}
     try:
         options = [
             farm_pb2.Option(name=k, json_value=json.dumps(v, sort_keys=True))

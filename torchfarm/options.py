@@ -75,6 +75,11 @@ AUTOCAST_DTYPES = frozenset({"bfloat16", "float16"})
 
 MAX_INT_OPTION = 1 << 20
 """Integer options above this are refused (they are counts and sizes, never this big)."""
+RANGES: dict[str, tuple[int, int]] = {
+    # A team of this many OpenMP threads runs when the worker benchmarks a kernel.
+    "cpp.threads": (1, 1024),
+}
+"""Integer options with tighter bounds than MAX_INT_OPTION, inclusive."""
 
 
 class OptionNotAllowed(GraphError):
@@ -98,8 +103,9 @@ def check_options(mode: str, options: list[tuple[str, str]]) -> dict[str, object
             raise OptionNotAllowed(f"Inductor option {name!r}: value is not JSON") from e
         # bool is an int in Python: an int option must not take true, nor a bool option 1.
         ok = type(value) in kinds
-        if ok and type(value) is int and abs(value) > MAX_INT_OPTION:
-            ok = False
+        if ok and type(value) is int:
+            low, high = RANGES.get(name, (-MAX_INT_OPTION, MAX_INT_OPTION))
+            ok = low <= value <= high
         if not ok:
             raise OptionNotAllowed(f"Inductor option {name!r}: value {raw[:40]!r} is not allowed")
         decoded[name] = value

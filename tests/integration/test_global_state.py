@@ -60,6 +60,18 @@ def test_no_grad_gets_an_inference_graph_and_grad_a_training_one(stack, client_c
         torch.testing.assert_close(p.grad, r.grad, atol=1e-4, rtol=1e-4)
 
 
+def test_inference_mode_compiles_on_the_farm_and_matches_eager(stack, client_cache_dir, caplog):
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"), torch.inference_mode():
+        out = compiled(x)
+        ref = model(x)
+    assert _farm_keys(caplog), "compiled on the farm"
+    assert out.is_inference() and not out.requires_grad
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
 def _kernel_sources(store, short_key: str) -> list[str]:
     (name,) = [k.decode() for k in store.r.scan_iter(match=f"tf:artifact:{short_key}*")]
     manifest = store.get_manifest(name.removeprefix("tf:artifact:"))

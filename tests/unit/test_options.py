@@ -12,6 +12,7 @@ def test_modes_and_tuning_options_pass():
         "max_autotune": True, "max_fusion_size": 32,
     }
     assert check_options("", [("cpp.simdlen", "null")]) == {"cpp.simdlen": None}
+    assert check_options("", [("cpp.threads", "64")]) == {"cpp.threads": 64}
 
 
 @pytest.mark.parametrize(
@@ -23,6 +24,8 @@ def test_modes_and_tuning_options_pass():
         ("", [("max_autotune", "1")], "not allowed"),  # int for a bool
         ("", [("max_fusion_size", "true")], "not allowed"),  # bool for an int
         ("", [("max_fusion_size", str(10**9))], "not allowed"),
+        ("", [("cpp.threads", str(1 << 20))], "not allowed"),  # a team of a million threads
+        ("", [("cpp.threads", "0")], "not allowed"),
         ("", [("max_autotune", "tru")], "not JSON"),
         ("", [("max_autotune", "true"), ("max_autotune", "false")], "twice"),
         ("turbo", [], "mode"),
