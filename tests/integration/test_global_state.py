@@ -1,8 +1,10 @@
-"""The global state a graph is captured under travels with it: grad mode and autocast.
+"""The state a graph is captured under travels with it: grad mode, autocast, the
+thread count; and the default dtype holds.
 
-Dynamo guards on both and leaves them out of the graph; the local backend's AOTAutograd
-then traces under them. A farm worker that compiled under its own state would give an
-inference call a training graph, and an autocast call float32 kernels.
+Dynamo guards on all of them and leaves them out of the graph; the local backend's
+AOTAutograd and Inductor then trace and generate code under them. A farm worker that
+compiled under its own state would give an inference call a training graph, an autocast
+call float32 kernels, and a CPU graph kernels sized for the worker's thread count.
 """
 
 from __future__ import annotations
@@ -99,3 +101,26 @@ def test_cpu_kernels_use_the_callers_thread_count(stack, client_cache_dir, caplo
     sources = _kernel_sources(stack.store(), re.search(r"key=(\w+)", line).group(1))
     pragmas = {int(n) for src in sources for n in re.findall(r"omp parallel num_threads\((\d+)\)", src)}
     assert pragmas == {more_threads}, pragmas
+
+
+def test_the_default_dtype_is_the_callers(stack, client_cache_dir, caplog):
+    """A factory call with no dtype (`torch.full`, `torch.ones`) makes the default dtype."""
+
+    def fn(x):
+        mask = torch.full((x.shape[0], x.shape[0]), float("-inf")).triu(1)
+        return (x @ x.T + mask).softmax(-1) + torch.ones(x.shape[0], 1)
+
+    torch._dynamo.reset()
+    compiled = sdk.compile(fn, remote=stack.address, fallback="error")
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.randn(6, 4)
+        with caplog.at_level(logging.INFO, logger="sdk"):
+            out = compiled(x)
+        ref = fn(x)
+    finally:
+        torch.set_default_dtype(before)
+    assert _farm_keys(caplog), "compiled on the farm"
+    assert out.dtype == ref.dtype == torch.float64
+    torch.testing.assert_close(out, ref)
