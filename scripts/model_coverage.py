@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tests.realmodels.step import StepResult, train_step  # noqa: E402
-from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, checkpointed  # noqa: E402
+from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, INSTALLED_OPS, checkpointed  # noqa: E402
 from torchfarm.testing.stack import LocalStack  # noqa: E402
 
 log = logging.getLogger("model_coverage")
@@ -86,7 +86,7 @@ def main() -> int:
     os.environ.setdefault("TORCHFARM_WARMUP", "0")
     results: list[tuple[StepResult, float]] = []
     command = " ".join(["scripts/model_coverage.py", *sys.argv[1:]])
-    with tempfile.TemporaryDirectory() as work, LocalStack(workers=1, workdir=Path(work)) as stack:
+    with tempfile.TemporaryDirectory() as work, LocalStack(workers=1, workdir=Path(work), worker_env={0: INSTALLED_OPS}) as stack:
         os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = str(stack.trusted_keys_file)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(work) / "client-inductor")
         for arch in archs:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.util
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-"
 # compile under bubblewrap.
 os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
+from tests.realmodels.zoo import INSTALLED_OPS  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
 from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
@@ -61,15 +61,6 @@ def store(redis_url):
     s.r.flushall()
     yield s
     s.r.flushall()
-
-
-INSTALLED_OPS = (
-    {"TORCHFARM_INSTALLED_OP_MODULES": "transformers=transformers.integrations.moe"}
-    if importlib.util.find_spec("transformers") else {}
-)
-"""The session stack's worker has `transformers` installed, as an operator may configure
-(workers/settings.py): Mixtral's `torch.ops.transformers.*` ops train on the farm with
-their real autograd (tests/integration/test_custom_ops.py, the real-model suite)."""
 
 
 @pytest.fixture(scope="session")

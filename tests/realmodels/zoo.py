@@ -8,6 +8,7 @@ loss of one step.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,6 +238,15 @@ def checkpointed(arch: Arch) -> Arch:
 
     return Arch(f"{arch.name} + checkpointing", arch.family, build)
 
+
+INSTALLED_OPS = (
+    {"TORCHFARM_INSTALLED_OP_MODULES": "transformers=transformers.integrations.moe"}
+    if importlib.util.find_spec("transformers") else {}
+)
+"""The environment of a worker with `transformers` installed, as an operator may
+configure it (workers/settings.py): Mixtral's `torch.ops.transformers.*` ops train on the
+farm with their real autograd. The session stack's worker (tests/conftest.py) and
+`make coverage-report`'s have it."""
 
 KNOWN_GAPS: dict[str, str] = {}
 """Architectures with a graph the farm cannot take yet, and the text its reason holds.
