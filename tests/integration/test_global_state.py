@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import sdk
+from tests.conftest import run_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -124,3 +125,24 @@ def test_the_default_dtype_is_the_callers(stack, client_cache_dir, caplog):
     assert _farm_keys(caplog), "compiled on the farm"
     assert out.dtype == ref.dtype == torch.float64
     torch.testing.assert_close(out, ref)
+
+
+MANY_THREADS = """
+import sys, torch, sdk
+torch.set_num_threads(16)
+fn = lambda x: (x.sum(), x.amax())
+compiled = sdk.compile(fn, remote=sys.argv[1], fallback="error")
+x = torch.randn(1 << 22)
+got, want = compiled(x), fn(x)
+torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-4)
+print("ok")
+"""
+
+
+def test_a_client_with_more_threads_than_the_worker_runs_its_reductions(stack, client_cache_dir):
+    """A reduction's per-thread buffers hold as many slots as threads it was compiled for,
+    and its team is as large as the caller's when that count is the machine's: compiled
+    for a 2-thread worker, it wrote past its buffers on a 16-thread client (SIGSEGV)."""
+    proc = run_python(f"import sys; sys.argv = ['x', {stack.address!r}]\n" + MANY_THREADS,
+                      {"TORCHINDUCTOR_CACHE_DIR": str(client_cache_dir)})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (proc.returncode, proc.stderr[-2000:])
