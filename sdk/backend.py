@@ -51,12 +51,8 @@ def build_request(
     inductor_config: dict[str, Any],
     label: str,
 ) -> farm_pb2.CompileRequest:
-    if fp.device == "cpu" and "cpp.threads" not in inductor_config:
-        # Inductor sizes each parallel C++ kernel for the thread count it compiles under
-        # (its per-thread reduction buffers, the `omp parallel` team): this process's,
-        # as a local compile would, never the worker's; within the farm's bound.
-        threads = min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1])
-        inductor_config = {**inductor_config, "cpp.threads": threads}
+    if not {"cpp.threads", "cpp.dynamic_threads"} & inductor_config.keys():
+        inductor_config = {**inductor_config, **_thread_options(fp)}
     try:
         options = [
             farm_pb2.Option(name=k, json_value=json.dumps(v, sort_keys=True))
@@ -82,6 +78,18 @@ def build_request(
         ),
         label=label,
     )
+
+
+def _thread_options(fp: Fingerprint) -> dict[str, Any]:
+    """Inductor sizes each parallel C++ kernel's per-thread buffers for the thread count
+    it compiles under, and runs a team of the caller's count when that count is the
+    machine's: a worker with fewer threads than its client would ship kernels that write
+    past their buffers. A CPU graph is compiled for this process's count, as a local
+    compile would be (within the farm's bound); the few C++ kernels of a GPU graph size
+    their buffers at run time, so GPU artifacts stay shared across hosts."""
+    if fp.device == "cpu":
+        return {"cpp.threads": min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1])}
+    return {"cpp.dynamic_threads": True}
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ def test_a_cpu_request_carries_this_processs_thread_count(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 12)
     assert _inductor(build_request(graph, fp, "", {}, "t"))["cpp.threads"] == "12"
     assert _inductor(build_request(graph, fp, "", {"cpp.threads": 3}, "t"))["cpp.threads"] == "3"
+    assert "cpp.threads" not in _inductor(build_request(graph, fp, "", {"cpp.dynamic_threads": True}, "t"))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4096)
     assert _inductor(build_request(graph, fp, "", {}, "t"))["cpp.threads"] == "1024"  # the farm's bound
 
 
-def test_a_gpu_request_leaves_the_thread_count_to_the_worker():
+def test_a_gpu_requests_cpu_kernels_size_their_buffers_at_run_time():
     fp = dataclasses.replace(local_fingerprint(), device="cuda", arch="sm_90")
-    assert "cpp.threads" not in _inductor(build_request(relu_request().graph, fp, "", {}, "t"))
+    options = _inductor(build_request(relu_request().graph, fp, "", {}, "t"))
+    assert options["cpp.dynamic_threads"] == "true" and "cpp.threads" not in options
