@@ -27,6 +27,8 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+from scripts.extra_requirements import requirements
+
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints.txt"
 
@@ -56,8 +58,7 @@ def project_requirements() -> list[str]:
     Triton the workers' fingerprint names) with torch pinned to this interpreter's, so the
     second venv can import `sdk` (grpc, protobuf, ...) just like a real client."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    deps = project["dependencies"] + extras["sdk"] + extras["kernels"]
+    deps = requirements(project, ["sdk", "kernels"])
     return [torch_requirement() if _name(d) == "torch" else d for d in deps]
 
 

@@ -76,7 +76,7 @@ AUTOCAST_DTYPES = frozenset({"bfloat16", "float16"})
 MAX_INT_OPTION = 1 << 20
 """Integer options above this are refused (they are counts and sizes, never this big)."""
 RANGES: dict[str, tuple[int, int]] = {
-    # A team of this many OpenMP threads runs when the worker benchmarks a kernel.
+    # A team of this many OpenMP threads may run when the worker benchmarks a kernel.
     "cpp.threads": (1, 1024),
 }
 """Integer options with tighter bounds than MAX_INT_OPTION, inclusive."""

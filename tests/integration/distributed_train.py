@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 START = time.perf_counter()
 if "TORCHFARM_TEST_INDUCTOR_BASE" in os.environ:  # a cache dir of its own per rank, as on nodes
@@ -149,25 +150,40 @@ def _batch(width: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, width, generator=data_gen), torch.randn(8, width, generator=data_gen)
 
 
-def train(model: nn.Module, step_fn: nn.Module, steps: int, width: int) -> tuple[list[float], dict, float]:
-    """Losses of every step, first-step gradients, seconds from process start to the
-    end of the first step."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data, target = _batch(width)
+def _sgd_steps(
+    module: nn.Module, steps: int, step: Callable[[], float | None]
+) -> tuple[list[float], dict, float]:
+    """`steps` SGD steps of `module`'s parameters, each a forward and backward by
+    `step`, which returns the step's loss (None on a rank that has none). The losses,
+    the first step's gradients, and seconds from process start to its end."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
     losses: list[float] = []
     grads: dict[str, list[float]] = {}
     first_step_s = 0.0
-    for step in range(steps):
+    for i in range(steps):
         optimizer.zero_grad()
-        loss = (step_fn(data) - target).pow(2).mean()
-        loss.backward()
-        if step == 0:
+        loss = step()
+        if loss is not None:
+            losses.append(loss)
+        if i == 0:
             first_step_s = time.perf_counter() - START
             FIRST_STEP_AT.append(time.time())
-            grads = {n.replace("._orig_mod", ""): _gradient(p) for n, p in model.named_parameters()}
+            grads = {n.replace("._orig_mod", ""): _gradient(p) for n, p in module.named_parameters()}
         optimizer.step()
-        losses.append(loss.item())
     return losses, grads, first_step_s
+
+
+def train(model: nn.Module, step_fn: nn.Module, steps: int, width: int) -> tuple[list[float], dict, float]:
+    """Losses of every step, first-step gradients, seconds from process start to the
+    end of the first step."""
+    data, target = _batch(width)
+
+    def step() -> float:
+        loss = (step_fn(data) - target).pow(2).mean()
+        loss.backward()
+        return loss.item()
+
+    return _sgd_steps(model, steps, step)
 
 
 def train_pipeline(
@@ -180,25 +196,17 @@ def train_pipeline(
     rank, world = dist.get_rank(), dist.get_world_size()
     stage = PipelineStage(step_fn, rank, world, torch.device("cpu"))
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda o, t: (o - t).pow(2).mean())
-    optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.05)
     data, target = _batch(width)
-    losses: list[float] = []
-    grads: dict[str, list[float]] = {}
-    first_step_s = 0.0
-    for step in range(steps):
-        optimizer.zero_grad()
-        micro: list[torch.Tensor] = []
+
+    def step() -> float | None:
         if rank == 0:
             schedule.step(data)
-        else:
-            schedule.step(target=target, losses=micro)
-            losses.append(torch.stack(micro).mean().item())
-        if step == 0:
-            first_step_s = time.perf_counter() - START
-            FIRST_STEP_AT.append(time.time())
-            grads = {n.replace("._orig_mod", ""): _gradient(p) for n, p in stage_module.named_parameters()}
-        optimizer.step()
-    return losses, grads, first_step_s
+            return None
+        micro: list[torch.Tensor] = []
+        schedule.step(target=target, losses=micro)
+        return torch.stack(micro).mean().item()
+
+    return _sgd_steps(stage_module, steps, step)
 
 
 def main(name: str, mode: str, steps: int, out_dir: str, width: int) -> None:

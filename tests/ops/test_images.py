@@ -10,7 +10,6 @@ must install that extra. The coordinator image once lacked `cryptography`
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import sys
 import tomllib
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.extra_requirements import requirements
 from tests.ops.promql import ROOT
 
 PROJECT = {"sdk", "services", "workers", "torchfarm", "examples"}
@@ -48,12 +48,9 @@ DOCKERFILES = {
 
 
 def _requirements(extra: str) -> set[str]:
+    """The distribution names the extra installs, its own extras expanded."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    names = set()
-    for req in project["dependencies"] + project["optional-dependencies"][extra]:
-        name = re.split(r"[\[=<>!~; ]", req, maxsplit=1)[0].lower()
-        names |= _requirements(req.split("[")[1].split("]")[0]) if name == "torchfarm" else {name}
-    return names
+    return {re.split(r"[\[=<>!~; ]", req, maxsplit=1)[0].lower() for req in requirements(project, [extra])}
 
 
 def _module_file(name: str) -> Path | None:
@@ -141,16 +138,13 @@ def test_each_image_installs_its_extra_in_a_build_stage(dockerfile, extra):
 
 
 def test_extra_requirements_expands_the_projects_own_extras():
-    spec = importlib.util.spec_from_file_location("extra_requirements", ROOT / "scripts/extra_requirements.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    client = module.requirements(project, ["client"])
+    client = requirements(project, ["client"])
     assert client == project["dependencies"] + project["optional-dependencies"]["sdk"]
-    assert not any(r.startswith("torchfarm") for r in module.requirements(project, ["all"]))
-    assert "triton==3.7.*" in module.requirements(project, ["worker", "kernels"])
+    assert not any(r.startswith("torchfarm") for r in requirements(project, ["all"]))
+    assert "triton==3.7.*" in requirements(project, ["worker", "kernels"])
     with pytest.raises(SystemExit, match="no extra 'gpu'"):
-        module.requirements(project, ["gpu"])
+        requirements(project, ["gpu"])
 
 
 @pytest.mark.parametrize("dockerfile", ["worker-cuda.Dockerfile", "worker-rocm.Dockerfile"])
