@@ -5,8 +5,9 @@ of one worker whose caches are empty, with TORCHFARM_SANDBOX=off (C++ builds in 
 process) and with the sandbox on ("bwrap" where it runs here, else "process"), the
 cases alternating over `--rounds` rounds in one run, each with a stack of its own and a
 client in a fresh process with an empty Inductor cache. Timed: the client's first
-compiled step (submit, the farm's compile, fetch, load, run). Prints both side by side
-and their ratio.
+compiled step (submit, the farm's compile, fetch, load, run) of the MLP, on a worker
+that has just started, then of the CNN example, on the same worker, now running (a
+long-lived worker's cold compile). Prints both side by side and their ratios.
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ CLIENT = textwrap.dedent("""
     import json, sys, time
     import torch
     import sdk
-    from examples.models import make_mlp
-    model, inputs = make_mlp()
-    t0 = time.perf_counter()
-    compiled = sdk.compile(model, remote=sys.argv[1], fallback="error")
-    compiled(*inputs).pow(2).mean().backward()
-    print(json.dumps({"first_step_s": time.perf_counter() - t0}))
+    from examples.models import make_cnn, make_mlp
+    seconds = {}
+    for name, make in (("first_step_s", make_mlp), ("running_worker_s", make_cnn)):
+        model, inputs = make()
+        t0 = time.perf_counter()
+        compiled = sdk.compile(model, remote=sys.argv[1], fallback="error")
+        compiled(*inputs).pow(2).mean().backward()
+        seconds[name] = time.perf_counter() - t0
+    print(json.dumps(seconds))
 """)
+CASES = {"first_step_s": "MLP, the worker just started", "running_worker_s": "CNN, the same worker, running"}
 
 
 def one(mode: str) -> dict:
@@ -64,17 +69,20 @@ def main() -> None:
     from workers.sandbox import resolve
 
     on = resolve(args.mode)
-    times: dict[str, list[float]] = {"off": [], on: []}
+    times: dict[str, dict[str, list[float]]] = {case: {"off": [], on: []} for case in CASES}
     for r in range(args.rounds):
         for mode in ("off", on) if r % 2 == 0 else (on, "off"):
-            s = one(mode)["first_step_s"]
-            times[mode].append(s)
-            print(f"round {r + 1}: sandbox={mode:8s} first step {s:6.2f} s", flush=True)
-    off, box = statistics.median(times["off"]), statistics.median(times[on])
-    print(f"\nmedian first step (cold compile), {args.rounds} rounds:")
-    print(f"  sandbox=off     {off:6.2f} s   {times['off']}")
-    print(f"  sandbox={on:8s}{box:6.2f} s   {times[on]}")
-    print(f"  ratio {box / off:.2f}x, +{box - off:.2f} s")
+            result = one(mode)
+            for case in CASES:
+                times[case][mode].append(result[case])
+            print(f"round {r + 1}: sandbox={mode:8s} " + "  ".join(
+                f"{case} {result[case]:6.2f} s" for case in CASES), flush=True)
+    for case, what in CASES.items():
+        off, box = statistics.median(times[case]["off"]), statistics.median(times[case][on])
+        print(f"\nmedian first step (cold compile) of the {what}, {args.rounds} rounds:")
+        print(f"  sandbox=off     {off:6.2f} s   {times[case]['off']}")
+        print(f"  sandbox={on:8s}{box:6.2f} s   {times[case][on]}")
+        print(f"  ratio {box / off:.2f}x, +{box - off:.2f} s")
 
 
 if __name__ == "__main__":

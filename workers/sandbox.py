@@ -19,22 +19,34 @@ graph (and any compiler bug it reaches) all three. So C++ kernel builds
 In every child mode the environment is an allow-list (`child_env`), and RLIMIT_AS and
 RLIMIT_CPU bound memory and CPU. Inputs and outputs are files in the scratch directory:
 a JSON request and result, and raw bytes (no pickle). See docs/security.md.
+
+A worker's sandbox keeps a `Forkserver`: one child, started in the sandbox on the first
+run, that has imported torch and Inductor and asked the compiler its questions, and
+forks a fresh child for each run (a copy of a process that has seen no tenant's input).
+After each run it kills everything the run left (in bwrap, every other process of its
+PID namespace) and empties its /tmp, so no run sees another's. A run that finds it busy,
+or a sandbox without one, starts a child of its own as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import resource
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -102,20 +114,48 @@ class Sandbox:
     scratch_root: str = ""
     """Where per-job scratch directories are made; "" is the system's temp dir."""
     python: str = sys.executable
+    forkserver: Forkserver | None = field(default=None, compare=False, repr=False)
+    """Where runs fork from (`for_worker` gives each worker one); None: a child per run."""
 
     @property
     def degraded(self) -> bool:
         return self.mode != "bwrap"
 
     def run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
-            max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
+            max_output_bytes: int, forked: bool = True) -> tuple[dict, dict[str, bytes]]:
         """Runs `workers.sandboxed` `op` on `request` (JSON) and `files` (name → bytes) in
         a fresh scratch directory; returns its result (JSON) and output files, each
-        checked: names it declared, inside the scratch, `max_output_bytes` in all."""
-        scratch = tempfile.mkdtemp(prefix="tfjob-", dir=self.scratch_root or None)
+        checked: names it declared, inside the scratch, `max_output_bytes` in all.
+        `forked`: in a fork of the forkserver, if there is one and it is free."""
+        server = self.forkserver if forked else None
+        if server is not None and server.acquire():
+            try:
+                for _ in range(2):  # a server found dead as the run was sent is started again, once
+                    root = server.root(self)
+                    if not root:
+                        break
+                    try:
+                        return self._run(op, request, files, max_output_bytes, root, server)
+                    except _NotTaken:
+                        server.stop()
+            finally:
+                server.release()
+        return self._run(op, request, files, max_output_bytes, self.scratch_root or None, None)
+
+    def close(self) -> None:
+        """Stops the forkserver, if one runs (a later run starts it again)."""
+        if self.forkserver is not None:
+            self.forkserver.stop()
+
+    def _run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
+             max_output_bytes: int, root: str | None, server: Forkserver | None) -> tuple[dict, dict[str, bytes]]:
+        scratch = tempfile.mkdtemp(prefix="tfjob-", dir=root)
         try:
             _write_inputs(scratch, op, request, files)
-            self._start_and_wait(scratch)
+            if server is not None:
+                server.run(self, scratch)
+            else:
+                self._start_and_wait(scratch)
             return _read_outputs(scratch, max_output_bytes)
         except SandboxFailed as e:
             if e.kind != "memory":
@@ -149,23 +189,239 @@ class Sandbox:
             raise _crash(proc.returncode, _tail(log_path), self.limits)
 
 
+class _NotTaken(Exception):
+    """The forkserver ended before it took a run: nothing of the run happened."""
+
+
+READY_TIMEOUT_S = 300.0
+"""Seconds a forkserver may take to import torch and Inductor and say it is ready."""
+MAX_REPLY = 64 * 1024
+SERVER_LOG = "server.log"
+
+
+class Forkserver:
+    """One sandboxed child that a sandbox's runs fork from (see the module's text).
+
+    Started on the first run, in the sandbox's mode and limits; started again after it
+    died or a run was stopped (past the wall limit, or an exception such as Celery's
+    soft limit while waiting). One run at a time: `acquire` fails while one is in
+    flight. A server that cannot start is given up, with a warning: the sandbox then
+    starts a child per run, as without one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._root = ""
+        self._group = 0
+        self._ready = False
+        self._stopper: weakref.finalize | None = None
+        self.broken = ""
+        """Why the server could not start; "" while it can."""
+        self.runs = 0
+        """Runs served by the current server."""
+
+    def acquire(self) -> bool:
+        return not self.broken and self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @property
+    def pid(self) -> int | None:
+        """The running server's process (bwrap's, in that mode), or None."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def start(self, box: Sandbox) -> None:
+        """Starts the server without waiting for it to be ready (the first run waits):
+        a worker's pool process calls this as it starts, so that the imports and header
+        builds are done before its first job. The server probes the vector ISA itself
+        if this process has not (each run still checks it picks the parent's)."""
+        from torchfarm.fx.vecisa import known_record
+
+        with self._lock:
+            if self._proc is None and not self.broken:
+                self._spawn(box, known_record())
+
+    def root(self, box: Sandbox) -> str:
+        """The directory the runs make their scratch in, the server started and ready;
+        "" if it cannot start."""
+        from torchfarm.fx.vecisa import probe_record
+
+        if self._ready and self._proc is not None and self._proc.poll() is not None:
+            self.stop()  # it ended after serving (a run killed it, or it found tampering)
+        try:
+            if self._proc is None:
+                self._spawn(box, probe_record())
+            if not self._ready:
+                self._wait_ready()
+        except SandboxUnavailable as e:
+            self.broken = str(e)
+            log.warning("the sandbox's forkserver did not start, so each compile starts a child "
+                        "of its own: %s", e)
+            return ""
+        return self._root
+
+    def run(self, box: Sandbox, scratch: str) -> None:
+        """Runs the request written in `scratch` (under `root`) in a fork of the server;
+        fails as `Sandbox._start_and_wait` does, or raises `_NotTaken` if the server
+        ended before it took the run (it answers as it forks)."""
+        self._sweep(scratch)
+        try:
+            self._send({"scratch": scratch})
+            started = self._receive(READY_TIMEOUT_S)
+        except (EOFError, OSError, ValueError, TimeoutError) as e:
+            raise _NotTaken from e
+        self._group = int(started.get("started", 0)) if box.mode != "bwrap" else 0
+        try:
+            reply = self._receive(box.limits.wall_s or None)
+        except TimeoutError as e:
+            self.stop()
+            raise SandboxFailed("cpu", f"the compile ran past its wall limit ({box.limits.wall_s:.0f}s)") from e
+        except (EOFError, OSError, ValueError) as e:
+            tail = _tail(os.path.join(scratch, "stderr.log")).strip().splitlines()[-1:] or [str(e)]
+            self.stop()
+            raise SandboxFailed("crash", f"the sandbox's forkserver ended during the compile: {tail[0][:500]}") from e
+        except BaseException:
+            self.stop()
+            raise
+        self._group = 0
+        self.runs += 1
+        status = reply.get("status")
+        if reply.get("ending"):  # it found the run changed what every run shares
+            log.warning("the sandbox's forkserver ended after a run changed its prebuilt headers")
+            self.stop()
+        if not isinstance(status, int):
+            self.stop()
+            raise SandboxFailed("crash", "the sandbox's forkserver answered out of turn")
+        if status != 0 and not os.path.exists(os.path.join(scratch, RESULT_FILE)):
+            raise _crash(status, _tail(os.path.join(scratch, "stderr.log")), box.limits)
+
+    def stop(self) -> None:
+        """Kills the server and whatever it runs, and removes its directory."""
+        if self._stopper is not None:
+            self._stopper()
+        if self._group:
+            _kill_group(self._group)
+        self._proc, self._root, self._group, self._stopper, self.runs = None, "", 0, None, 0
+
+    def _spawn(self, box: Sandbox, vec_isa: dict) -> None:
+        root = tempfile.mkdtemp(prefix="tfbox-", dir=box.scratch_root or None)
+        config = {
+            "root": root,
+            "limits": dataclasses.asdict(box.limits),
+            "pid_namespace": box.mode == "bwrap",
+            "outer_pid_namespace": os.readlink("/proc/self/ns/pid"),
+            "vec_isa": vec_isa,
+        }
+        # -P: the working directory is not on the server's import path.
+        argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
+        if box.mode == "bwrap":
+            argv = bwrap_argv(root, box.hidden, chdir="/", server=True) + argv
+        with open(os.path.join(root, SERVER_LOG), "wb") as err:
+            self._proc = subprocess.Popen(
+                argv, env=child_env(os.environ, root), cwd=root, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True, preexec_fn=_no_core_dumps,
+            )
+        self._root, self._ready = root, False
+        self._stopper = weakref.finalize(self, _stop_server, self._proc, root)
+
+    def _wait_ready(self) -> None:
+        try:
+            reply = self._receive(READY_TIMEOUT_S)
+        except (TimeoutError, EOFError, OSError, ValueError) as e:
+            why = _tail(os.path.join(self._root, SERVER_LOG)).strip().splitlines()[-1:] or [repr(e)]
+            self.stop()
+            raise SandboxUnavailable(why[0][:500]) from e
+        if reply.get("ready") is not True:
+            self.stop()
+            raise SandboxUnavailable(str(reply.get("error", reply))[:500])
+        self._ready = True
+
+    def _sweep(self, keep: str) -> None:
+        """Removes what earlier runs left in the server's directory."""
+        for name in os.listdir(self._root):
+            path = os.path.join(self._root, name)
+            if path != keep and name not in (SERVER_LOG, "headers"):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+
+    def _send(self, message: dict) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def _receive(self, timeout: float | None) -> dict:
+        """The server's next reply line; TimeoutError past `timeout`, EOFError if it ended."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        data = b""
+        while not data.endswith(b"\n"):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise EOFError("the forkserver's output ended")
+            data += chunk
+            if len(data) > MAX_REPLY:
+                raise ValueError("the forkserver's reply is too long")
+        reply = json.loads(data)
+        if not isinstance(reply, dict):
+            raise ValueError("the forkserver's reply is not an object")
+        return reply
+
+
+def _stop_server(proc: subprocess.Popen, root: str) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+    _kill(proc)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def apply_limits(limits: Limits) -> None:
+    """Sets `limits` on this process; every process it starts inherits them."""
+    if limits.memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    if limits.cpu_s:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+    if limits.file_bytes:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def _limiter(limits: Limits):  # noqa: ANN202  (a preexec_fn)
     def apply() -> None:
         # In the child between fork and exec: bwrap and everything it starts inherit them.
-        if limits.memory_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        if limits.cpu_s:
-            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
-        if limits.file_bytes:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        apply_limits(limits)
     return apply
 
 
+def _no_core_dumps() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def _tail(path: str, size: int = 16 * 1024) -> str:
-    with open(path, "rb") as f:
-        f.seek(max(0, os.path.getsize(path) - size))
-        return f.read().decode(errors="replace")
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -263,26 +519,33 @@ def child_env(environ: Mapping[str, str], scratch: str) -> dict[str, str]:
         k: v for k, v in environ.items()
         if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)
     }
-    for name in _SCRATCH_ENV:
-        env[name] = os.path.join(scratch, "home") if name == "HOME" else scratch
+    env.update(scratch_env(scratch))
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     return env
 
 
-def bwrap_argv(scratch: str, hidden: Iterable[str]) -> list[str]:
+def scratch_env(scratch: str) -> dict[str, str]:
+    """The variables that point a child's caches, temp files and home into `scratch`."""
+    return {name: os.path.join(scratch, "home") if name == "HOME" else scratch for name in _SCRATCH_ENV}
+
+
+def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: bool = False) -> list[str]:
     """bubblewrap's command line: the system read-only, no network, a PID namespace of
-    its own, a private /tmp, the scratch writable, and every hidden path empty."""
+    its own, a private /tmp, the scratch writable, and every hidden path empty; the
+    working directory is `chdir`, else the scratch. A child dies with the thread that
+    started it (`--die-with-parent`); a `server` (the forkserver, which may outlive that
+    thread) ends when its stdin does, that is, with the worker process."""
     argv = [
         "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
         "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        *(() if server else ("--die-with-parent",)), "--new-session", "--cap-drop", "ALL",
     ]
     for path in hidden:
         if os.path.isdir(path):
             argv += ["--tmpfs", path]
         elif os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]
-    return [*argv, "--bind", scratch, scratch, "--chdir", scratch]
+    return [*argv, "--bind", scratch, scratch, "--chdir", chdir or scratch]
 
 
 def bwrap_works() -> tuple[bool, str]:
@@ -333,8 +596,8 @@ def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tupl
 
 
 def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
-    """The sandbox of a worker whose mode `resolve` chose: its limits, and the key files
-    and secret mounts hidden from it."""
+    """The sandbox of a worker whose mode `resolve` chose: its limits, the key files and
+    secret mounts hidden from it, and its forkserver."""
     return Sandbox(
         mode=mode,
         limits=Limits(
@@ -345,6 +608,7 @@ def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
         ),
         hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
         scratch_root=settings.sandbox_dir,
+        forkserver=Forkserver() if settings.sandbox_forkserver else None,
     )
 
 
@@ -374,17 +638,22 @@ def build_kernels(sandbox: Sandbox, specs: list[bytes], threads: int, max_bytes:
 
 def compile_whole(
     sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (),
+    on_gpu: bool = False,
 ) -> tuple[CompileResult, tuple[list, ...]]:
     """The whole-graph compile of a `CompileRequest` in the sandbox: its result and the
     guards it added. `installed_ops` (TORCHFARM_INSTALLED_OP_MODULES) are imported in the
     child before it decodes. Each kernel's spec must parse and its binary be an ELF file; names
-    and kinds are computed here, from the specs, not taken from the child."""
+    and kinds are computed here, from the specs, not taken from the child.
+
+    A GPU compile (`on_gpu`) runs in a child of its own: a fork may not use a GPU
+    runtime its parent may have touched (CUDA refuses to start in a forked child)."""
     from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
     from torchfarm.fx.vecisa import probe_record
     from workers.compiler import CompileResult, Kernel
 
     result, files = sandbox.run(
-        "whole", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request}, max_bytes
+        "whole", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request}, max_bytes,
+        forked=not on_gpu,
     )
     count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
     if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):

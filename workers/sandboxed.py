@@ -13,16 +13,33 @@ It has no Redis, no keys and no network; it must not need them. Ops:
 
 Both replay the vector-ISA record of the parent's Inductor, so the child picks the same
 ISA (the one the manifest names) and builds nothing to find it.
+
+`python -P -m workers.sandboxed --serve CONFIG` is a worker's forkserver
+(workers/sandbox.py's `Forkserver`): it imports what the ops need, asks the compiler
+its questions once, then reads one JSON line per run (`{"scratch": ...}`) on stdin,
+forks a child that runs `main` on that scratch under the limits, clears up after it,
+and answers its exit status on stdout. No run sees another: each child is a fresh copy
+of a server that has run no tenant's input, and after it ends the server kills what it
+left (in its own PID namespace, every other process) and empties its /tmp.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import importlib
 import json
 import os
+import select
+import shutil
+import signal
+import stat
 import sys
+import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 _MEMORY_WORDS = ("out of memory", "virtual memory exhausted", "cannot allocate memory", "memoryerror")
 
@@ -133,5 +150,266 @@ def main(scratch: str) -> int:
     return 0
 
 
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_SETTLE_S = 10.0
+"""Seconds the server waits, after killing a run's leftovers, for them to be gone."""
+
+
+def serve(config: dict[str, Any]) -> int:
+    """The forkserver's loop (see the module's text)."""
+    from workers.sandbox import Limits
+
+    _prctl(_PR_SET_DUMPABLE, 0)  # a run's process may not ptrace it or read its memory
+    own_namespace = bool(config["pid_namespace"])
+    if own_namespace and os.readlink("/proc/self/ns/pid") == config["outer_pid_namespace"]:
+        _answer({"error": "the forkserver is not in a PID namespace of its own"})
+        return 2
+    limits = Limits(**config["limits"])
+    root = str(config["root"])
+    headers = _preload(root, config.get("vec_isa") or {})
+    _answer({"ready": True})
+    lines = _Lines(0)
+    while (line := lines.next()) is not None:
+        scratch = str(json.loads(line)["scratch"])
+        pid = os.fork()
+        if pid == 0:
+            _run_forked(scratch, limits, own_namespace)
+        _answer({"started": pid})
+        status = _wait(pid, lines)
+        _clear(pid, own_namespace, root)
+        if status is None:  # the worker is gone
+            return 0
+        if _digests(os.path.join(root, HEADERS)) != headers:
+            _answer({"status": status, "ending": True})
+            print("a run changed the prebuilt headers: the forkserver ends", file=sys.stderr, flush=True)
+            return 3
+        _answer({"status": status})
+    return 0
+
+
+_OPS_IMPORT = (
+    "torchfarm.fx.customops", "torchfarm.fx.decode", "torchfarm.fx.global_state", "torchfarm.fx.guards",
+    "torchfarm.graph_errors", "torchfarm.v1.farm_pb2", "workers.compiler", "workers.fakepg", "workers.runtime",
+)
+
+
+def _preload(root: str, vec_isa: dict[str, Any]) -> dict[str, str]:
+    """Everything the ops import, the compiler's answers and the parent's vector ISA,
+    and Inductor's precompiled headers for CPU kernels (`_prebuild_headers`): what each
+    run would otherwise spend its first seconds on. Returns the headers' digests."""
+    for module in _OPS_IMPORT:
+        importlib.import_module(module)
+    from torchfarm.fx import toolchain, vecisa
+
+    toolchain.seed_inductor()
+    if vec_isa:
+        vecisa.seed(vec_isa)
+    else:
+        vecisa.picked()  # the probe, run here: each run's `vecisa.seed` checks it against the parent's
+    return _prebuild_headers(os.path.join(root, HEADERS))
+
+
+HEADERS = "headers"
+"""The server's directory (under its root) of prebuilt precompiled headers."""
+_HEADER_SEED = 'extern "C" void torchfarm_header_seed() {}\n'
+
+
+def _prebuild_headers(headers: str) -> dict[str, str]:
+    """Inductor precompiles its C++ prefix header on a process's first kernel build,
+    into a directory fixed at import: for a fork, one run's scratch, rebuilt by every
+    run (seconds each). The server builds it here instead, once for vectorized kernels
+    and once for scalar ones, by building a trusted kernel of each kind; Inductor's
+    cache of the header paths, which every fork copies, then spares the runs the build.
+    A kind not built here (the cpp_wrapper's header) a run builds in its own scratch
+    (`_run_forked`). The digests let the server notice a run that changed them."""
+    from torchfarm.fx.internals import resolve
+    from torchfarm.fx.kernelspec import KernelSpec, spec_args
+    from workers.compiler import start_kernel_build
+
+    _point_headers_at(resolve("codecache"), headers)
+    for vectorized in (True, False):
+        args = spec_args({"main_code": _HEADER_SEED, "device_type": "cpu", "extra_flags": (),
+                          "needs_vec_isa": vectorized})
+        start_kernel_build(KernelSpec("CppPythonBindingsCodeCache", args, output=0, outputs=1).to_bytes())()
+    return _digests(headers)
+
+
+def _point_headers_at(codecache: Any, headers: str) -> None:
+    codecache._HEADER_DIR = headers
+    codecache._HEADER_LOCK_DIR = os.path.join(headers, "locks")
+
+
+def _digests(top: str) -> dict[str, str]:
+    """Each path under `top` (relative), with its file's SHA-256 or its kind."""
+    found = {}
+    for parent, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    kind = hashlib.file_digest(f, "sha256").hexdigest()
+            else:
+                kind = "dir" if stat.S_ISDIR(info.st_mode) else f"mode {info.st_mode:o}"
+            found[os.path.relpath(path, top)] = kind
+    return found
+
+
+def _run_forked(scratch: str, limits: Any, own_namespace: bool) -> NoReturn:
+    """The forked child: its own process group, output to the scratch's log, the
+    limits, the scratch's directories; then the op."""
+    from workers.sandbox import apply_limits, scratch_env
+
+    code = 70
+    try:
+        os.setpgid(0, 0)
+        if not own_namespace:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl(_PR_SET_DUMPABLE, 1)
+        log = os.open(os.path.join(scratch, "stderr.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        apply_limits(limits)
+        from torchfarm.fx.internals import resolve
+
+        _point_headers_at(resolve("codecache"), os.path.join(scratch, HEADERS))
+        os.chdir(scratch)
+        os.environ.update(scratch_env(scratch))
+        tempfile.tempdir = None
+        code = main(scratch)
+    except BaseException:  # noqa: BLE001  the fork must end here, whatever happened
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _wait(pid: int, lines: _Lines) -> int | None:
+    """The run's exit status (negative: the signal that ended it), or None if the
+    worker closed the pipe meanwhile (the run is killed)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            ready, _, _ = select.select([pidfd, 0], [], [])
+            if pidfd in ready:
+                _, status = os.waitpid(pid, 0)
+                return os.waitstatus_to_exitcode(status)
+            if not lines.fill():
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+    finally:
+        os.close(pidfd)
+
+
+def _clear(pid: int, own_namespace: bool, keep: str) -> None:
+    """Kills whatever the run left running and, in a namespace of its own, empties the
+    places it could leave files for the next run."""
+    if not own_namespace:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    try:
+        os.kill(-1, signal.SIGKILL)  # every process of the namespace but init and this one
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + _SETTLE_S
+    while _others_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for place in ("/tmp", "/dev/shm"):
+        _empty(place, keep)
+
+
+def _empty(place: str, keep: str) -> None:
+    """Removes what is in `place`, on its own file system only (the server's directory,
+    bound into /tmp, is another), and never `keep` or a directory above it."""
+    try:
+        device = os.lstat(place).st_dev
+    except OSError:
+        return
+    for name in _listdir(place):
+        path = os.path.join(place, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_dev != device or path == keep:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            if keep.startswith(path + os.sep):
+                _empty(path, keep)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _others_alive() -> bool:
+    """Whether a process of this namespace other than init and this one still runs."""
+    me = os.getpid()
+    for name in _listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _answer(message: dict[str, Any]) -> None:
+    os.write(1, json.dumps(message).encode() + b"\n")
+
+
+class _Lines:
+    """Lines read from a file descriptor, unbuffered, so `select` on it stays true."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+
+    def fill(self) -> bool:
+        """Reads what is there; False at the end."""
+        chunk = os.read(self.fd, 65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def next(self) -> str | None:
+        """The next line, or None at the end."""
+        while b"\n" not in self.buffer:
+            if not self.fill():
+                return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode()
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        sys.exit(serve(json.loads(sys.argv[2])))
     sys.exit(main(sys.argv[1]))

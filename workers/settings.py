@@ -115,6 +115,9 @@ class WorkerSettings:
     /run/secrets, /var/run/secrets, /etc/torchfarm."""
     sandbox_dir: str = ""
     """Where per-job scratch directories are made; empty: the system's temp dir."""
+    sandbox_forkserver: bool = True
+    """Sandboxed runs fork from one child per pool process that has imported torch and
+    Inductor once (workers/sandbox.py's `Forkserver`); False: each run starts Python."""
     soft_time_limit_s: int = celeryconf.SOFT_TIME_LIMIT_S
     """Wall seconds before a compile fails with COMPILE_TIMEOUT."""
     hard_time_limit_s: int = celeryconf.HARD_TIME_LIMIT_S

@@ -70,8 +70,22 @@ def _context() -> WorkerContext:
         seal=_seal(signer),
         timeout_errors=(SoftTimeLimitExceeded,),
         send=_send,
-        sandbox=None if sandbox_mode == "off" else sandbox.for_worker(settings, sandbox_mode),
+        sandbox=_sandbox(),
     )
+
+
+@functools.cache
+def _sandbox() -> sandbox.Sandbox | None:
+    return None if sandbox_mode == "off" else sandbox.for_worker(settings, sandbox_mode)
+
+
+@signals.worker_process_init.connect
+def _start_forkserver(**_: object) -> None:
+    """Each pool process starts its sandbox's forkserver as it starts, without waiting
+    for it: the imports and header builds are done by its first job."""
+    box = _sandbox()
+    if box is not None and box.forkserver is not None:
+        box.forkserver.start(box)
 
 
 def _seal(signer: Signer | None) -> Seal | None:

@@ -20,6 +20,7 @@ import stat
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,253 @@ def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_pat
         x = torch.randn(4)
         out = compiled(x)
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, torch.relu(x))
+
+
+# The forkserver (workers/sandbox.py's `Forkserver`): every run forks from one child that
+# has imported torch and built Inductor's headers. Its planted g++ acts on a marker in
+# the kernel's source, so one server (whose environment, CXX included, is fixed when it
+# starts) serves runs that do different things; other sources it builds for real.
+SLEEPER = "301.5"
+"""The argument of the `sleep` a run leaves behind: how the next run finds it."""
+
+
+def _marked(marker: str) -> bytes:
+    return _spec(f"// {marker}\n{SOURCE}")
+
+
+def _kernel_spec(source: str = SOURCE) -> bytes:
+    """A spec of the code cache Inductor's CPU kernels use, the one whose builds include
+    the precompiled prefix header (`CppCodeCache` includes none)."""
+    args = spec_args({"main_code": source, "device_type": "cpu", "extra_flags": (), "needs_vec_isa": False})
+    return KernelSpec("CppPythonBindingsCodeCache", args, output=0, outputs=1).to_bytes()
+
+
+@pytest.fixture
+def planted(outside_tmp, monkeypatch):
+    real = shutil.which("g++")
+    script = textwrap.dedent(f"""\
+        #!/bin/sh
+        src=""
+        for a in "$@"; do
+          case "$a" in --version|-v|-Q|-E|-dumpversion|-dumpfullversion) exec {real} "$@";; esac
+          case "$a" in *.cpp) src="$a";; esac
+          if [ "$a" = c++-header ]; then
+            case "$TMPDIR" in */tfjob-*) echo "HEADER-BUILT-IN-A-RUN"; exit 1;; esac
+          fi
+        done
+        root=$(dirname "$TMPDIR")
+        if [ -n "$src" ] && grep -q LEAVE "$src"; then
+          setsid sleep {SLEEPER} </dev/null >/dev/null 2>&1 &
+          sleep {SLEEPER} </dev/null >/dev/null 2>&1 &
+          touch /tmp/left /dev/shm/left "$root/left"
+          exit 1
+        fi
+        if [ -n "$src" ] && grep -q LOOK "$src"; then
+          echo REPORT-BEGIN
+          for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$c" 2>/dev/null; echo; done | grep -c "sleep {SLEEPER.replace('.', '[.]')}"
+          ls /tmp/left /dev/shm/left "$root/left" 2>&1
+          echo REPORT-END
+          exit 1
+        fi
+        if [ -n "$src" ] && grep -q TAMPER "$src"; then
+          for h in "$root"/headers/*/*.h "$root"/headers/*.h; do
+            [ -f "$h" ] && echo '#error TAMPERED' >> "$h" && : > "$h.gch"
+          done
+          exit 1
+        fi
+        if [ -n "$src" ] && grep -q HANG "$src"; then sleep 120; fi
+        exec {real} "$@"
+        """)
+    path = outside_tmp / "planted" / "g++"
+    path.parent.mkdir()
+    path.write_text(script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(path))
+    return path
+
+
+def _served(mode: str, **settings) -> sandbox.Sandbox:
+    if mode == "bwrap" and not BWRAP_OK:
+        pytest.skip(BWRAP_WHY)
+    box = sandbox.for_worker(WorkerSettings(sandbox=mode, **settings), mode)
+    assert box.forkserver is not None
+    return box
+
+
+def _fails(box: sandbox.Sandbox, spec: bytes) -> str:
+    with pytest.raises(sandbox.SandboxFailed) as failed:
+        sandbox.build_kernels(box, [spec], 1, 1 << 30)
+    return str(failed.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["bwrap", "process"])
+def test_runs_fork_from_one_server_that_built_the_headers(mode, planted, tmp_path):
+    """Both runs are served by the same server, and neither builds Inductor's header
+    (the planted g++ fails a header build in a run): the server's serves them."""
+    box = _served(mode)
+    try:
+        for source in (SOURCE, SOURCE.replace("11", "12")):
+            [(binary, _)] = sandbox.build_kernels(box, [_kernel_spec(source)], 1, 1 << 30)
+            assert binary.startswith(b"\x7fELF")
+        assert box.forkserver.runs == 2
+        path = tmp_path / "k.so"
+        path.write_bytes(binary)
+        import ctypes
+
+        assert ctypes.CDLL(str(path)).torchfarm_sandbox_probe() == 12
+    finally:
+        box.close()
+
+
+@pytest.mark.slow
+def test_a_run_leaves_no_process_and_no_file_for_the_next(planted):
+    """A run's compiler leaves two processes (one in a session of its own) and files in
+    /tmp, /dev/shm and the server's directory; the next run, forked from the same
+    server, finds none of them."""
+    box = _served("bwrap")
+    try:
+        assert "compile" in _fails(box, _marked("LEAVE"))
+        pid = box.forkserver.pid
+        message = _fails(box, _marked("LOOK"))
+        assert box.forkserver.pid == pid
+    finally:
+        box.close()
+    report = message[message.index("REPORT-BEGIN"):message.index("REPORT-END")].split()
+    assert report[1] == "0", message  # no `sleep` left
+    assert report.count("No") == 3, message  # ls: cannot access each of the three
+
+
+@pytest.mark.slow
+def test_a_process_mode_run_leaves_no_process_in_its_group(planted):
+    box = _served("process")
+    try:
+        _fails(box, _marked("LEAVE"))
+        alive = [p for p in Path("/proc").glob("[0-9]*")
+                 if _cmdline(p) == f"sleep {SLEEPER}" and os.getpgid(int(p.name)) != os.getpid()]
+        sessions = {os.getsid(int(p.name)) for p in alive}
+        # The one left in the run's group is gone; the one that made a session of its own
+        # is not (process mode is degraded: docs/security.md).
+        assert len(alive) <= 1 and all(s == int(p.name) for s, p in zip(sessions, alive, strict=False))
+    finally:
+        box.close()
+        for p in Path("/proc").glob("[0-9]*"):
+            if _cmdline(p) == f"sleep {SLEEPER}":
+                os.kill(int(p.name), 9)
+
+
+def _kill_tree(pid: int) -> None:
+    """Kills `pid` and every process under it (bwrap and the server inside it)."""
+    for p in _tree(pid):
+        try:
+            os.kill(p, 9)
+        except ProcessLookupError:
+            pass
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_a_run_that_changes_the_prebuilt_headers_ends_the_server(planted):
+    """A run rewrites the server's prebuilt headers (the next tenant's kernels would
+    include them); the server notices after the run and ends, and the next run gets a
+    fresh server whose headers are its own."""
+    box = _served("bwrap")
+    try:
+        _fails(box, _marked("TAMPER"))
+        first = box.forkserver.pid
+        [(binary, _)] = sandbox.build_kernels(box, [_kernel_spec()], 1, 1 << 30)
+        assert binary.startswith(b"\x7fELF")
+        assert box.forkserver.pid != first
+    finally:
+        box.close()
+
+
+@pytest.mark.slow
+def test_a_run_past_the_wall_limit_is_killed_and_the_next_is_served(planted):
+    box = _served("bwrap" if BWRAP_OK else "process")
+    box = dataclasses.replace(box, limits=dataclasses.replace(box.limits, wall_s=5.0))
+    try:
+        box.forkserver.start(box)
+        box.forkserver.root(box)  # ready: the limit is the run's, not the start's
+        failed = _fails(box, _marked("HANG"))
+        assert "wall limit (5s)" in failed
+        [(binary, _)] = sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
+        assert binary.startswith(b"\x7fELF") and box.forkserver.runs == 1
+    finally:
+        box.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "dying-as-the-run-is-sent"])
+def test_a_server_that_died_between_runs_is_started_again(planted, reaped):
+    box = _served("bwrap" if BWRAP_OK else "process")
+    try:
+        sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
+        _kill_tree(box.forkserver.pid)
+        while reaped and box.forkserver.pid is not None:
+            time.sleep(0.05)
+        [(binary, _)] = sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
+        assert binary.startswith(b"\x7fELF") and box.forkserver.runs == 1
+    finally:
+        box.close()
+
+
+@pytest.mark.slow
+def test_the_server_ends_with_the_worker_process(tmp_path):
+    """A worker killed outright leaves no server behind: the server's stdin ends, and it
+    exits (with bwrap, no --die-with-parent ties it to one thread of the worker)."""
+    import subprocess
+
+    script = textwrap.dedent(f"""\
+        import sys
+        from tests.integration.test_sandbox import _spec
+        from workers import sandbox
+        from workers.settings import WorkerSettings
+        box = sandbox.for_worker(WorkerSettings(), {"'bwrap'" if BWRAP_OK else "'process'"})
+        sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
+        print(box.forkserver.pid, flush=True)
+        sys.stdin.read()
+        """)
+    worker = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2], text=True)
+    try:
+        server = int(worker.stdout.readline())
+        tree = _tree(server)
+        assert len(tree) >= 2 and all(_alive(p) for p in tree)
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in tree if _alive(p)]
+
+
+def _tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

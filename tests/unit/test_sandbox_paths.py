@@ -31,3 +31,37 @@ def test_a_key_file_inside_a_hidden_directory_is_covered_by_its_tmpfs(tmp_path):
     argv = bwrap_argv(str(tmp_path / "scratch"), hidden)
     assert argv[argv.index(str(secrets)) - 1] == "--tmpfs"
     assert argv[argv.index(str(elsewhere)) - 2:argv.index(str(elsewhere))] == ["--ro-bind", "/dev/null"]
+
+
+def test_the_forkserver_empties_a_place_but_never_the_directory_it_keeps(tmp_path):
+    """After a run, the server empties its /tmp: everything a run left there, except its
+    own directory (bound into /tmp, so under a directory bwrap made there) and what is
+    above it."""
+    from workers.sandboxed import _empty
+
+    keep = tmp_path / "made" / "tfbox-1"
+    (keep / "tfjob-1").mkdir(parents=True)
+    (keep / "tfjob-1" / "out.bin").write_bytes(b"x")
+    (tmp_path / "made" / "left").write_text("l")
+    (tmp_path / "dir" / "deep").mkdir(parents=True)
+    (tmp_path / "file").write_text("f")
+    os.symlink("/etc/passwd", tmp_path / "link")
+    _empty(str(tmp_path), str(keep))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made"]
+    assert sorted(p.name for p in (tmp_path / "made").iterdir()) == ["tfbox-1"]
+    assert (keep / "tfjob-1" / "out.bin").read_bytes() == b"x"
+    assert os.path.exists("/etc/passwd")
+
+
+def test_the_forkserver_reads_its_requests_a_line_at_a_time(tmp_path):
+    from workers.sandboxed import _Lines
+
+    read, write = os.pipe()
+    os.write(write, b'{"scratch": "a"}\n{"scratch"')
+    lines = _Lines(read)
+    assert lines.next() == '{"scratch": "a"}'
+    os.write(write, b': "b"}\n')
+    os.close(write)
+    assert lines.next() == '{"scratch": "b"}'
+    assert lines.next() is None
+    os.close(read)

@@ -131,6 +131,10 @@ INTERNALS: dict[str, Internal] = {
     "precompile_header": _i("torch._inductor.codecache", "_precompile_header",
                             ("header", "hashable_cmd_line"),
                             "torchfarm/fx/kernelspec.py, workers/deferral.py: patched out"),
+    "header_dir": _i("torch._inductor.codecache", "_HEADER_DIR",
+                     used_by="workers/sandboxed.py: the forkserver's prebuilt headers"),
+    "header_lock_dir": _i("torch._inductor.codecache", "_HEADER_LOCK_DIR",
+                          used_by="workers/sandboxed.py: the forkserver's prebuilt headers"),
     "CppPythonBindingsCodeCache.entry_function": _i(
         "torch._inductor.codecache", "CppPythonBindingsCodeCache.entry_function",
         used_by="workers/deferral.py"),

@@ -67,6 +67,13 @@ def probe_record() -> dict[str, Any]:
     }
 
 
+def known_record() -> dict[str, Any]:
+    """`probe_record()` if this process has run the probe, else {} (it runs none)."""
+    v = resolve("cpu_vec_isa")
+
+    return probe_record() if v.valid_vec_isa_list.cache_info().currsize else {}
+
+
 def picked() -> tuple[str, str]:
     """(ISA, its compiler flags) this process's Inductor builds kernels with."""
     v = resolve("cpu_vec_isa")

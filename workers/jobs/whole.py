@@ -72,7 +72,7 @@ def _compile_sandboxed(ctx: WorkerContext, box: Sandbox, job: Prepared) -> tuple
     try:
         return compile_in_sandbox(
             box, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
-            ctx.settings.installed_op_modules,
+            ctx.settings.installed_op_modules, on_gpu=job.request.target.device != "cpu",
         )
     except SandboxFailed as e:
         raise JobFailed(_SANDBOX_CODES.get(e.kind, JobError.COMPILE_ERROR), str(e)) from e
