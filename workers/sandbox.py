@@ -116,6 +116,8 @@ class Sandbox:
     python: str = sys.executable
     forkserver: Forkserver | None = field(default=None, compare=False, repr=False)
     """Where runs fork from (`for_worker` gives each worker one); None: a child per run."""
+    prebuilt_headers: bool = True
+    """Whether the forkserver prebuilds Inductor's CPU prefix headers."""
 
     @property
     def degraded(self) -> bool:
@@ -313,6 +315,7 @@ class Forkserver:
             "pid_namespace": box.mode == "bwrap",
             "outer_pid_namespace": os.readlink("/proc/self/ns/pid"),
             "vec_isa": vec_isa,
+            "headers": box.prebuilt_headers,
         }
         # -P: the working directory is not on the server's import path.
         argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
@@ -609,6 +612,7 @@ def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
         hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
         scratch_root=settings.sandbox_dir,
         forkserver=Forkserver() if settings.sandbox_forkserver else None,
+        prebuilt_headers=settings.sandbox_headers,
     )
 
 

@@ -166,7 +166,7 @@ def serve(config: dict[str, Any]) -> int:
         return 2
     limits = Limits(**config["limits"])
     root = str(config["root"])
-    headers = _preload(root, config.get("vec_isa") or {})
+    headers = _preload(root, config.get("vec_isa") or {}, bool(config.get("headers", True)))
     _answer({"ready": True})
     lines = _Lines(0)
     while (line := lines.next()) is not None:
@@ -193,10 +193,11 @@ _OPS_IMPORT = (
 )
 
 
-def _preload(root: str, vec_isa: dict[str, Any]) -> dict[str, str]:
+def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, str]:
     """Everything the ops import, the compiler's answers and the parent's vector ISA,
-    and Inductor's precompiled headers for CPU kernels (`_prebuild_headers`): what each
-    run would otherwise spend its first seconds on. Returns the headers' digests."""
+    and (`headers`) Inductor's precompiled headers for CPU kernels (`_prebuild_headers`):
+    what each run would otherwise spend its first seconds on. Returns the headers'
+    digests."""
     for module in _OPS_IMPORT:
         importlib.import_module(module)
     from torchfarm.fx import toolchain, vecisa
@@ -206,7 +207,7 @@ def _preload(root: str, vec_isa: dict[str, Any]) -> dict[str, str]:
         vecisa.seed(vec_isa)
     else:
         vecisa.picked()  # the probe, run here: each run's `vecisa.seed` checks it against the parent's
-    return _prebuild_headers(os.path.join(root, HEADERS))
+    return _prebuild_headers(os.path.join(root, HEADERS)) if headers else {}
 
 
 HEADERS = "headers"

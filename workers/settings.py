@@ -118,6 +118,10 @@ class WorkerSettings:
     sandbox_forkserver: bool = True
     """Sandboxed runs fork from one child per pool process that has imported torch and
     Inductor once (workers/sandbox.py's `Forkserver`); False: each run starts Python."""
+    sandbox_headers: bool = True
+    """The forkserver prebuilds Inductor's precompiled C++ prefix headers for CPU kernels
+    (about 10 s of CPU once); False: each run that needs one builds it (a GPU target's
+    C++ kernels use none)."""
     soft_time_limit_s: int = celeryconf.SOFT_TIME_LIMIT_S
     """Wall seconds before a compile fails with COMPILE_TIMEOUT."""
     hard_time_limit_s: int = celeryconf.HARD_TIME_LIMIT_S

@@ -126,7 +126,7 @@ def secrets(outside_tmp, monkeypatch):
 def _box(mode: str, secrets: dict, **limits) -> sandbox.Sandbox:
     settings = WorkerSettings(
         signing_key_file=secrets["signing"], record_key_file=secrets["record"], sandbox=mode,
-        sandbox_memory_mb=limits.get("memory_mb", 4096),
+        sandbox_memory_mb=limits.get("memory_mb", 4096), sandbox_headers=False,
     )
     return sandbox.for_worker(settings, mode)
 
@@ -178,7 +178,7 @@ def test_a_sandboxed_build_sees_no_secret(mode, secrets):
 @pytest.mark.slow
 def test_a_sandboxed_build_returns_the_binary(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
-    box = sandbox.for_worker(WorkerSettings(), "bwrap" if BWRAP_OK else "process")
+    box = sandbox.for_worker(WorkerSettings(sandbox_headers=False), "bwrap" if BWRAP_OK else "process")
     [(binary, seconds)] = sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
     assert binary.startswith(b"\x7fELF") and seconds > 0
     path = tmp_path / "probe.so"
@@ -201,7 +201,8 @@ def test_a_build_past_the_memory_limit_fails_its_job_clearly(outside_tmp, monkey
     job ends FAILED with what happened, and the worker process is untouched."""
     hog = _wrapper(outside_tmp / "bin" / "g++", f"{sys.executable} -c 'bytearray(3 << 30)'\nexit 1\n")
     monkeypatch.setenv("CXX", hog)
-    box = sandbox.for_worker(WorkerSettings(sandbox_memory_mb=2048), "bwrap" if BWRAP_OK else "process")
+    box = sandbox.for_worker(WorkerSettings(sandbox_memory_mb=2048, sandbox_headers=False),
+                             "bwrap" if BWRAP_OK else "process")
     ctx = _ctx(box)
     key = keys.compute_key(relu_request(), "")
     ctx.store.create_job(key, "cpu.avx2", "test", 600)
@@ -383,10 +384,11 @@ def planted(outside_tmp, monkeypatch):
     return path
 
 
-def _served(mode: str, **settings) -> sandbox.Sandbox:
+def _served(mode: str, headers: bool = False) -> sandbox.Sandbox:
+    """A worker's sandbox; its server prebuilds the headers only where a test needs them."""
     if mode == "bwrap" and not BWRAP_OK:
         pytest.skip(BWRAP_WHY)
-    box = sandbox.for_worker(WorkerSettings(sandbox=mode, **settings), mode)
+    box = sandbox.for_worker(WorkerSettings(sandbox=mode, sandbox_headers=headers), mode)
     assert box.forkserver is not None
     return box
 
@@ -402,7 +404,7 @@ def _fails(box: sandbox.Sandbox, spec: bytes) -> str:
 def test_runs_fork_from_one_server_that_built_the_headers(mode, planted, tmp_path):
     """Both runs are served by the same server, and neither builds Inductor's header
     (the planted g++ fails a header build in a run): the server's serves them."""
-    box = _served(mode)
+    box = _served(mode, headers=True)
     try:
         for source in (SOURCE, SOURCE.replace("11", "12")):
             [(binary, _)] = sandbox.build_kernels(box, [_kernel_spec(source)], 1, 1 << 30)
@@ -474,7 +476,7 @@ def test_a_run_that_changes_the_prebuilt_headers_ends_the_server(planted):
     """A run rewrites the server's prebuilt headers (the next tenant's kernels would
     include them); the server notices after the run and ends, and the next run gets a
     fresh server whose headers are its own."""
-    box = _served("bwrap")
+    box = _served("bwrap", headers=True)
     try:
         _fails(box, _marked("TAMPER"))
         first = box.forkserver.pid
@@ -526,7 +528,7 @@ def test_the_server_ends_with_the_worker_process(tmp_path):
         from tests.integration.test_sandbox import _spec
         from workers import sandbox
         from workers.settings import WorkerSettings
-        box = sandbox.for_worker(WorkerSettings(), {"'bwrap'" if BWRAP_OK else "'process'"})
+        box = sandbox.for_worker(WorkerSettings(sandbox_headers=False), {"'bwrap'" if BWRAP_OK else "'process'"})
         sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
         print(box.forkserver.pid, flush=True)
         sys.stdin.read()
