@@ -192,4 +192,10 @@ sys.exit(0 if j["state"] in ("SUCCEEDED", 3) else 1)' \
   || fail "the job stopped mid-compile did not complete"
 
 wait_until 240 worker_listed || fail "the restarted worker is not listed"
+# Its sandboxed builds forked from a forkserver under bubblewrap (workers/sandbox.py),
+# not from a child each, which is the fallback when the server cannot start.
+podman logs "$(container worker-cpu)" >"$WORK/worker.log" 2>&1 || true
+grep "forkserver did not start" "$WORK/worker.log" >&2 && fail "the worker's sandbox forkserver did not start"
+grep "forkserver is ready (bwrap" "$WORK/worker.log" | sed 's/^/  | /' >&2 \
+  || fail "the worker's sandbox forkserver never said it was ready"
 say "all checks passed"

@@ -216,6 +216,8 @@ class Forkserver:
         self._root = ""
         self._group = 0
         self._ready = False
+        self._spawned = 0.0
+        self._mode = ""
         self._stopper: weakref.finalize | None = None
         self.broken = ""
         """Why the server could not start; "" while it can."""
@@ -309,6 +311,7 @@ class Forkserver:
 
     def _spawn(self, box: Sandbox, vec_isa: dict) -> None:
         root = tempfile.mkdtemp(prefix="tfbox-", dir=box.scratch_root or None)
+        self._mode = box.mode
         config = {
             "root": root,
             "limits": dataclasses.asdict(box.limits),
@@ -326,7 +329,7 @@ class Forkserver:
                 argv, env=child_env(os.environ, root), cwd=root, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, start_new_session=True, preexec_fn=_no_core_dumps,
             )
-        self._root, self._ready = root, False
+        self._root, self._ready, self._spawned = root, False, time.monotonic()
         self._stopper = weakref.finalize(self, _stop_server, self._proc, root)
 
     def _wait_ready(self) -> None:
@@ -340,6 +343,8 @@ class Forkserver:
             self.stop()
             raise SandboxUnavailable(str(reply.get("error", reply))[:500])
         self._ready = True
+        log.info("the sandbox's forkserver is ready (%s, %.1f s after it started)",
+                 self._mode, time.monotonic() - self._spawned)
 
     def _sweep(self, keep: str) -> None:
         """Removes what earlier runs left in the server's directory."""
