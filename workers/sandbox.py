@@ -548,12 +548,36 @@ def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: boo
         "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         *(() if server else ("--die-with-parent",)), "--new-session", "--cap-drop", "ALL",
     ]
+    for path in python_under_tmp(scratch):
+        argv += ["--ro-bind", path, path]
     for path in hidden:
         if os.path.isdir(path):
             argv += ["--tmpfs", path]
         elif os.path.exists(path):
             argv += ["--ro-bind", "/dev/null", path]
     return [*argv, "--bind", scratch, scratch, "--chdir", chdir or scratch]
+
+
+def python_under_tmp(scratch: str) -> list[str]:
+    """The interpreter's directories that lie under /tmp (a venv or a checkout made
+    there), which the child's private /tmp would hide: bound back read-only. Never /tmp
+    itself, nor a directory holding `scratch` (its siblings are other runs')."""
+    candidates = {
+        os.path.abspath(p)
+        for p in (sys.prefix, os.path.dirname(sys.executable), *sys.path,
+                  *os.environ.get("PYTHONPATH", "").split(os.pathsep))
+        if p
+    }
+    chosen: list[str] = []
+    for path in sorted(candidates, key=len):
+        if (
+            not path.startswith("/tmp/") or not os.path.isdir(path)
+            or os.path.commonpath([path, scratch]) == path
+            or any(os.path.commonpath([path, c]) == c for c in chosen)
+        ):
+            continue
+        chosen.append(path)
+    return chosen
 
 
 def bwrap_works() -> tuple[bool, str]:

@@ -65,3 +65,25 @@ def test_the_forkserver_reads_its_requests_a_line_at_a_time(tmp_path):
     assert lines.next() == '{"scratch": "b"}'
     assert lines.next() is None
     os.close(read)
+
+
+def test_a_python_under_tmp_is_bound_back_read_only_but_never_tmp_or_the_scratch(tmp_path, monkeypatch):
+    """The child's /tmp is a private tmpfs: a venv or checkout under /tmp would vanish
+    (bwrap: execvp .../python: No such file). Those directories are bound back, read
+    only, before the hidden paths; /tmp itself and a directory above the scratch are not
+    (they would show other runs' scratch directories)."""
+    import sys
+
+    from workers.sandbox import python_under_tmp
+
+    checkout = tmp_path / "checkout"
+    (checkout / "pkg").mkdir(parents=True)
+    scratch = tmp_path / "box" / "tfjob-1"
+    scratch.mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(checkout), str(checkout / "pkg"), "/tmp", str(tmp_path / "box"), "/usr/lib"])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bound = python_under_tmp(str(scratch))
+    assert str(checkout) in bound and str(checkout / "pkg") not in bound  # the outer one covers it
+    assert "/tmp" not in bound and str(tmp_path / "box") not in bound and "/usr/lib" not in bound
+    argv = bwrap_argv(str(scratch), ("/etc/torchfarm",))
+    assert argv.index(str(checkout)) < argv.index("--bind")
