@@ -39,7 +39,10 @@ import tempfile
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from workers.sandbox import Limits
 
 _MEMORY_WORDS = ("out of memory", "virtual memory exhausted", "cannot allocate memory", "memoryerror")
 
@@ -256,7 +259,7 @@ def _digests(top: str) -> dict[str, str]:
     return found
 
 
-def _run_forked(scratch: str, limits: Any, own_namespace: bool) -> NoReturn:
+def _run_forked(scratch: str, limits: Limits, own_namespace: bool) -> NoReturn:
     """The forked child: its own process group, output to the scratch's log, the
     limits, the scratch's directories; then the op."""
     from workers.sandbox import apply_limits, scratch_env
