@@ -442,12 +442,12 @@ def test_a_process_mode_run_leaves_no_process_in_its_group(planted):
     box = _served("process")
     try:
         _fails(box, _marked("LEAVE"))
-        alive = [p for p in Path("/proc").glob("[0-9]*")
-                 if _cmdline(p) == f"sleep {SLEEPER}" and os.getpgid(int(p.name)) != os.getpid()]
-        sessions = {os.getsid(int(p.name)) for p in alive}
+        alive = [int(p.name) for p in Path("/proc").glob("[0-9]*")
+                 if _cmdline(p) == f"sleep {SLEEPER}" and _alive(int(p.name))]
         # The one left in the run's group is gone; the one that made a session of its own
         # is not (process mode is degraded: docs/security.md).
-        assert len(alive) <= 1 and all(s == int(p.name) for s, p in zip(sessions, alive, strict=False))
+        [survivor] = alive
+        assert os.getsid(survivor) == survivor
     finally:
         box.close()
         for p in Path("/proc").glob("[0-9]*"):
