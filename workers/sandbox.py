@@ -231,6 +231,11 @@ class Forkserver:
         self._lock.release()
 
     @property
+    def directory(self) -> str:
+        """The current server's directory (its runs' scratch, its headers), or ""."""
+        return self._root
+
+    @property
     def pid(self) -> int | None:
         """The running server's process (bwrap's, in that mode), or None."""
         proc = self._proc

@@ -169,8 +169,17 @@ def serve(config: dict[str, Any]) -> int:
         return 2
     limits = Limits(**config["limits"])
     root = str(config["root"])
-    headers = _preload(root, config.get("vec_isa") or {}, bool(config.get("headers", True)))
-    _answer({"ready": True})
+    try:
+        headers = _preload(root, config.get("vec_isa") or {}, bool(config.get("headers", True)))
+        _answer({"ready": True})
+        return _serve_runs(root, limits, own_namespace, headers)
+    finally:  # a worker killed outright cannot remove it (its prebuilt headers: about 275 MB)
+        _remove_all(root)
+
+
+def _serve_runs(root: str, limits: Limits, own_namespace: bool, headers: dict[str, str]) -> int:
+    """One run per request line until the worker's pipe ends (0) or a run changed the
+    prebuilt headers (3)."""
     lines = _Lines(0)
     while (line := lines.next()) is not None:
         scratch = str(json.loads(line)["scratch"])
@@ -188,6 +197,24 @@ def serve(config: dict[str, Any]) -> int:
             return 3
         _answer({"status": status})
     return 0
+
+
+def _remove_all(root: str) -> None:
+    """Empties the server's directory and removes it (under bwrap it is a mount point,
+    which only the worker can remove: it stays, empty)."""
+    for name in _listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
 
 
 _OPS_IMPORT = (

@@ -519,8 +519,9 @@ def test_a_server_that_died_between_runs_is_started_again(planted, reaped):
 
 @pytest.mark.slow
 def test_the_server_ends_with_the_worker_process(tmp_path):
-    """A worker killed outright leaves no server behind: the server's stdin ends, and it
-    exits (with bwrap, no --die-with-parent ties it to one thread of the worker)."""
+    """A worker killed outright leaves no server behind, nor its files: the server's
+    stdin ends, and it exits (with bwrap, no --die-with-parent ties it to one thread of
+    the worker) and removes what it wrote."""
     import subprocess
 
     script = textwrap.dedent(f"""\
@@ -530,14 +531,16 @@ def test_the_server_ends_with_the_worker_process(tmp_path):
         from workers.settings import WorkerSettings
         box = sandbox.for_worker(WorkerSettings(sandbox_headers=False), {"'bwrap'" if BWRAP_OK else "'process'"})
         sandbox.build_kernels(box, [_spec()], 1, 1 << 30)
-        print(box.forkserver.pid, flush=True)
+        print(box.forkserver.pid, box.forkserver.directory, flush=True)
         sys.stdin.read()
         """)
     worker = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               cwd=Path(__file__).resolve().parents[2], text=True)
     try:
-        server = int(worker.stdout.readline())
+        pid, directory = worker.stdout.readline().split()
+        server = int(pid)
         tree = _tree(server)
+        assert os.listdir(directory)
         assert len(tree) >= 2 and all(_alive(p) for p in tree)
     finally:
         worker.kill()
@@ -546,6 +549,9 @@ def test_the_server_ends_with_the_worker_process(tmp_path):
     while any(_alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in tree if _alive(p)]
+    # What it built and wrote is gone with it (under bwrap the empty mount point stays).
+    assert not os.path.exists(directory) or os.listdir(directory) == []
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _tree(pid: int) -> list[int]:
