@@ -199,6 +199,8 @@ READY_TIMEOUT_S = 300.0
 """Seconds a forkserver may take to import torch and Inductor and say it is ready."""
 MAX_REPLY = 64 * 1024
 SERVER_LOG = "server.log"
+HEADERS = "headers"
+"""The forkserver's directory (under its root) of prebuilt precompiled headers."""
 
 
 class Forkserver:
@@ -288,9 +290,9 @@ class Forkserver:
             self.stop()
             raise SandboxFailed("cpu", f"the compile ran past its wall limit ({box.limits.wall_s:.0f}s)") from e
         except (EOFError, OSError, ValueError) as e:
-            tail = _tail(os.path.join(scratch, "stderr.log")).strip().splitlines()[-1:] or [str(e)]
+            tail = _last_line(_tail(os.path.join(scratch, "stderr.log"))) or str(e)
             self.stop()
-            raise SandboxFailed("crash", f"the sandbox's forkserver ended during the compile: {tail[0][:500]}") from e
+            raise SandboxFailed("crash", f"the sandbox's forkserver ended during the compile: {tail[:500]}") from e
         except BaseException:
             self.stop()
             raise
@@ -341,9 +343,9 @@ class Forkserver:
         try:
             reply = self._receive(READY_TIMEOUT_S)
         except (TimeoutError, EOFError, OSError, ValueError) as e:
-            why = _tail(os.path.join(self._root, SERVER_LOG)).strip().splitlines()[-1:] or [repr(e)]
+            why = _last_line(_tail(os.path.join(self._root, SERVER_LOG))) or repr(e)
             self.stop()
-            raise SandboxUnavailable(why[0][:500]) from e
+            raise SandboxUnavailable(why[:500]) from e
         if reply.get("ready") is not True:
             self.stop()
             raise SandboxUnavailable(str(reply.get("error", reply))[:500])
@@ -355,7 +357,7 @@ class Forkserver:
         """Removes what earlier runs left in the server's directory."""
         for name in os.listdir(self._root):
             path = os.path.join(self._root, name)
-            if path != keep and name not in (SERVER_LOG, "headers"):
+            if path != keep and name not in (SERVER_LOG, HEADERS):
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path, ignore_errors=True)
                 else:
@@ -437,6 +439,11 @@ def _tail(path: str, size: int = 16 * 1024) -> str:
         return ""
 
 
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -446,7 +453,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _crash(returncode: int, stderr: str, limits: Limits) -> SandboxFailed:
-    tail = stderr.strip().splitlines()[-1:] or [""]
+    tail = [_last_line(stderr)]
     if returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and limits.cpu_s):
         return SandboxFailed("cpu", f"the compile ran past its CPU limit ({limits.cpu_s}s)")
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr:

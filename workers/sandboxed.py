@@ -26,7 +26,6 @@ left (in its own PID namespace, every other process) and empties its /tmp.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib
 import json
 import os
@@ -40,6 +39,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from workers.sandbox import HEADERS
 
 if TYPE_CHECKING:
     from workers.sandbox import Limits
@@ -177,7 +178,7 @@ def serve(config: dict[str, Any]) -> int:
         _remove_all(root)
 
 
-def _serve_runs(root: str, limits: Limits, own_namespace: bool, headers: dict[str, str]) -> int:
+def _serve_runs(root: str, limits: Limits, own_namespace: bool, headers: dict[str, tuple[int, ...]]) -> int:
     """One run per request line until the worker's pipe ends (0) or a run changed the
     prebuilt headers (3)."""
     lines = _Lines(0)
@@ -202,15 +203,7 @@ def _serve_runs(root: str, limits: Limits, own_namespace: bool, headers: dict[st
 def _remove_all(root: str) -> None:
     """Empties the server's directory and removes it (under bwrap it is a mount point,
     which only the worker can remove: it stays, empty)."""
-    for name in _listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    _empty(root, keep="")
     try:
         os.rmdir(root)
     except OSError:
@@ -223,7 +216,7 @@ _OPS_IMPORT = (
 )
 
 
-def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, str]:
+def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, tuple[int, ...]]:
     """Everything the ops import, the compiler's answers and the parent's vector ISA,
     and (`headers`) Inductor's precompiled headers for CPU kernels (`_prebuild_headers`):
     what each run would otherwise spend its first seconds on. Returns the headers'
@@ -240,12 +233,10 @@ def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, str
     return _prebuild_headers(os.path.join(root, HEADERS)) if headers else {}
 
 
-HEADERS = "headers"
-"""The server's directory (under its root) of prebuilt precompiled headers."""
 _HEADER_SEED = 'extern "C" void torchfarm_header_seed() {}\n'
 
 
-def _prebuild_headers(headers: str) -> dict[str, str]:
+def _prebuild_headers(headers: str) -> dict[str, tuple[int, ...]]:
     """Inductor precompiles its C++ prefix header on a process's first kernel build,
     into a directory fixed at import: for a fork, one run's scratch, rebuilt by every
     run (seconds each). The server builds it here instead, once for vectorized kernels
@@ -270,19 +261,19 @@ def _point_headers_at(codecache: Any, headers: str) -> None:
     codecache._HEADER_LOCK_DIR = os.path.join(headers, "locks")
 
 
-def _digests(top: str) -> dict[str, str]:
-    """Each path under `top` (relative), with its file's SHA-256 or its kind."""
-    found = {}
+def _digests(top: str) -> dict[str, tuple[int, ...]]:
+    """Each path under `top` (relative), with its inode, mode, size, mtime and ctime: a
+    run that writes, replaces or re-times a file changes its ctime, which it cannot set
+    back (that takes CAP_SYS_TIME). Cheaper than hashing the headers (hundreds of MB)
+    after every run."""
+    found: dict[str, tuple[int, ...]] = {}
     for parent, dirs, files in os.walk(top):
         for name in dirs + files:
             path = os.path.join(parent, name)
             info = os.lstat(path)
-            if stat.S_ISREG(info.st_mode):
-                with open(path, "rb") as f:
-                    kind = hashlib.file_digest(f, "sha256").hexdigest()
-            else:
-                kind = "dir" if stat.S_ISDIR(info.st_mode) else f"mode {info.st_mode:o}"
-            found[os.path.relpath(path, top)] = kind
+            found[os.path.relpath(path, top)] = (
+                info.st_ino, info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns,
+            )
     return found
 
 
@@ -347,12 +338,14 @@ def _clear(pid: int, own_namespace: bool, keep: str) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         return
-    try:
-        os.kill(-1, signal.SIGKILL)  # every process of the namespace but init and this one
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + _SETTLE_S
-    while _others_alive() and time.monotonic() < deadline:
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process of the namespace but init and this one
+        except ProcessLookupError:
+            pass
+        if not _others_alive() or time.monotonic() > deadline:
+            break
         time.sleep(0.01)
     for place in ("/tmp", "/dev/shm"):
         _empty(place, keep)
