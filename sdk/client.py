@@ -285,18 +285,34 @@ class FarmClient:
                 log.info("torchfarm: the farm lost job %s; submitting again", reply.key[:12])
         raise AssertionError("unreachable")
 
-    def put_precompiled(self, manifest: bytes, blobs: dict[str, bytes]) -> str:
-        """Uploads a precompiled package (sdk/precompile.py); returns its key."""
+    def put_precompiled(
+        self, manifest: bytes, blobs: dict[str, bytes], record: farm_pb2.PrecompiledRecord | None = None
+    ) -> str:
+        """Uploads a precompiled package (sdk/precompile.py), with its key's components
+        for explaining later misses; returns its key."""
         self.connect()
         upload = farm_pb2.PrecompiledUpload(
             manifest=manifest,
             blobs=[farm_pb2.PrecompiledBlob(digest=d, data=b) for d, b in blobs.items()],
+            record=record,
         )
         try:
             reply = self.stub.PutPrecompiled(upload, timeout=self.settings.rpc_timeout_s, metadata=self.metadata)
         except grpc.RpcError as e:
             raise _map_error(e, "upload of a precompiled package", "") from e
         return cast(str, reply.key)
+
+    def explain_precompiled(self, key: str, record: farm_pb2.PrecompiledRecord) -> farm_pb2.MissExplanation:
+        """Why the precompiled `key` missed: the farm's closest package of the same model."""
+        self.connect()
+        try:
+            reply = self.stub.ExplainPrecompiledMiss(
+                farm_pb2.PrecompiledMiss(key=key, record=record),
+                timeout=self.settings.rpc_timeout_s, metadata=self.metadata,
+            )
+        except grpc.RpcError as e:
+            raise _map_error(e, "explanation of a precompiled miss", key) from e
+        return cast("farm_pb2.MissExplanation", reply)
 
     def fetch(self, key: str) -> tuple[bytes, dict[str, bytes]]:
         """The artifact: the manifest bytes and every blob, by digest. Downloaded from the

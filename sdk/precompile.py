@@ -37,10 +37,12 @@ from sdk.backend import FarmBackend
 from sdk.errors import ArtifactRejected, ConfigError, FarmError
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
+from torchfarm.codes import Reason
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint
 from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
 from torchfarm.signing import Signer, TrustedKeys
+from torchfarm.v1.farm_pb2 import PrecompiledRecord
 
 log = logging.getLogger(__name__)
 
@@ -113,30 +115,31 @@ class Gate:
     def _first(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         name = self.backend.name
         try:
-            key, fp = self._key(args, kwargs)
+            key, fp, record = self._key(args, kwargs)
         except precompile_key.Ineligible as e:
             log.info("torchfarm: %s takes the normal path: not precompilable (%s)", name, e)
             return self.forward(*args, **kwargs)
         if self.pinned:
             t0 = time.perf_counter()
             try:
-                frames = self._install(key, fp)
+                frames = self._install(key, fp, record)
             except (Refused, FarmError) as e:
                 log.info("torchfarm: %s takes the normal path: precompiled %s key=%s", name, e, key[4:16])
             else:
                 return self._run_hit(key, frames, time.perf_counter() - t0, args, kwargs)
         result = self._normal(args, kwargs)
         if self.signer is not None:
-            self._upload(key, fp)
+            self._upload(key, fp, record)
         return result
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Fingerprint]:
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Fingerprint, PrecompiledRecord]:
         if self.backend.target is not None or self.backend.trust is None:
             raise precompile_key.Ineligible("it compiles for another target")
         parts = precompile_key.components(self.model, args, kwargs)
         fp = local_fingerprint(device_kind([*self.model.parameters(), *args]))
         options = {"mode": self.backend.mode, "inductor": self.backend.local.config}
-        return precompile_key.precompiled_key(parts, fp.to_dict(), options, self.backend.trust.namespace), fp
+        key = precompile_key.precompiled_key(parts, fp.to_dict(), options, self.backend.trust.namespace)
+        return key, fp, precompile_key.record(self.model, parts, fp.to_dict(), options)
 
     def _normal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo records the frames it traces in the package only with this set.
@@ -160,7 +163,7 @@ class Gate:
             )
         return result
 
-    def _install(self, key: str, fp: Fingerprint) -> int:
+    def _install(self, key: str, fp: Fingerprint, record: PrecompiledRecord) -> int:
         """Fetches and verifies the package and its graphs, then installs its frames;
         Refused or FarmError when it cannot serve."""
         CompilePackage, _DynamoCacheEntry = resolve("CompilePackage"), resolve("DynamoCacheEntry")
@@ -170,7 +173,9 @@ class Gate:
         try:
             manifest_bytes, blobs = client.fetch(key)
         except FarmError as e:
-            raise Refused("miss (no package for this model's code, structure, parameters, inputs and build)") from e
+            if e.code != Reason.NOT_FOUND:
+                raise
+            raise Refused(f"miss ({self._why_missed(key, record)})") from e
         precompile_trust = Trust(keys=self.pinned, namespace=trust.namespace, unsigned=False,
                                  keys_from="precompile keys")
         try:
@@ -199,12 +204,23 @@ class Gate:
             raise Refused(f"package does not fit this model ({e})") from e
         return len(entry.codes)
 
-    def _upload(self, key: str, fp: Fingerprint) -> None:
+    def _why_missed(self, key: str, record: PrecompiledRecord) -> str:
+        """The farm's explanation of the miss; the key's coverage where it gives none."""
+        client = self.backend._client
+        assert client is not None
+        try:
+            found = client.explain_precompiled(key, record)
+        except FarmError as e:
+            log.debug("torchfarm: no explanation of precompiled miss %s: %s", key[4:16], e)
+            return "no package for this model's code, structure, parameters, inputs and build"
+        return f"{found.reason}: {found.detail}"
+
+    def _upload(self, key: str, fp: Fingerprint, record: PrecompiledRecord) -> None:
         try:
             manifest, blobs = self._package(key, fp)
             client = self.backend._client
             assert client is not None and self.signer is not None
-            client.put_precompiled(self.signer.sign(manifest).to_json(), blobs)
+            client.put_precompiled(self.signer.sign(manifest).to_json(), blobs, record)
         except (Refused, FarmError) as e:
             log.info("torchfarm: %s: no precompiled package uploaded: %s", self.backend.name, e)
             return

@@ -7,6 +7,10 @@ buffer's metadata, the call's inputs (tree structure, tensor metadata, scalar
 values), grad mode, the build fingerprint, the mode and Inductor options, and the
 tenant's namespace. The key only finds a package: the package's own guards, checked
 by Dynamo on the call, decide whether its frames run.
+
+`record` puts the same components in the form the farm compares to explain a miss
+(torchfarm/explain.py): readable values where short, digests otherwise, and a part per
+class, module, parameter and input, never the model's code or data.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from typing import Any
 
 import torch
 
+from torchfarm.explain import MAX_PARTS, MAX_TEXT
 from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED_PREFIX
+from torchfarm.v1 import farm_pb2
 
 pytree = resolve("pytree")
 
@@ -110,3 +116,49 @@ def precompiled_key(parts: Mapping[str, Any], build: Mapping[str, str], options:
     except TypeError as e:
         raise Ineligible(f"the compile options are not JSON values: {e}") from e
     return PRECOMPILED_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _text(value: Any) -> str:
+    """`value` as the record carries it: itself where short, else its digest."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= MAX_TEXT else _digest(value)
+
+
+def record(model: torch.nn.Module, parts: Mapping[str, Any], build: Mapping[str, str],
+           options: Mapping[str, Any]) -> farm_pb2.PrecompiledRecord:
+    """The key's components by name, for the farm to explain a miss of this model."""
+    b = build
+    components = {
+        "torch_build": f"torch {b['torch_version']} ({b['torch_git'][:12]}), Python {b['python']}, {b['platform']}",
+        "triton": b["triton_version"] or "(none)",
+        "cpu_isa": b["isa"],
+        "gpu_arch": f"{b['device']}:{b['arch']}" if b["device"] != "cpu" else "",
+        "compiler": b["compiler"],
+        "options": _text(options),
+        "model_code": _digest(parts["code"]),
+        "module_tree": _digest(parts["structure"]),
+        "parameters": _digest(parts["state"]),
+        "input_metadata": _digest(parts["inputs"]),
+    }
+    components = {name: _text(value) for name, value in components.items()}
+    inputs = parts["inputs"]
+    cls = type(model)
+    code = parts["code"]
+    items: list[tuple[str, str, Any]] = [("model_code", f"{cls.__qualname__}.forward", code["forward"][:16])]
+    items += [("model_code", qual, digest[:16]) for qual, digest in code["classes"].items()]
+    items += [("module_tree", name or "(root)", f"{qual} training={training}")
+              for name, qual, training in parts["structure"]]
+    items += [("parameters", name, meta) for name, *meta in parts["state"]]
+    items += [("input_metadata", "tree", inputs["tree"]), ("input_metadata", "grad mode", inputs["grad"]),
+              ("input_metadata", "autocast", inputs["autocast"])]
+    items += [("input_metadata", f"input {i}", leaf) for i, leaf in enumerate(inputs["leaves"])]
+    return farm_pb2.PrecompiledRecord(
+        model=f"{cls.__module__}.{cls.__qualname__}"[:MAX_TEXT],
+        components=components,
+        parts=[farm_pb2.PrecompiledPart(component=c, name=name[:MAX_TEXT], value=_text(value))
+               for c, name, value in items[:MAX_PARTS]],
+    )

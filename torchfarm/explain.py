@@ -13,6 +13,15 @@ On a miss, `explain` compares the request with each indexed record (newest first
 takes the closest: the fewest differing components. It names the first that differs in
 the order of `COMPONENTS`, and for the graph the first node that differs.
 
+A precompiled package (sdk/precompile.py) has no graph to read: its key covers the
+model's code, module tree, parameters and inputs, which only the client sees. The client
+sends those components' values or digests with the upload and with a miss
+(`PrecompiledRecord`), the record is indexed under the model's root class, and a miss is
+explained the same way in the order of `PRECOMPILED_COMPONENTS`, naming the first
+differing part (a class, a module, a parameter, an input) where the record has parts.
+The records are the client's word, so they are bounded (`check_precompiled`) and serve
+only as explanations.
+
 Torch-free, like the key. Redis entries (tenant-scoped like every per-key entry):
 `tf:explain:<key>` (the record, JSON), `tf:explainidx:<ns>:<identity>` (a sorted set of
 keys by time, the newest `INDEX_SIZE`), `tf:why:<key>` (the last explanation of a miss).
@@ -24,18 +33,26 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from torchfarm import keys
-from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2, graph_pb2
+
+if TYPE_CHECKING:  # the SDK reads this module's bounds and has no redis
+    from torchfarm.store import Store
 
 COMPONENTS = (
     "torch_build", "triton", "cpu_isa", "gpu_arch", "compiler", "options", "input_metadata", "graph",
 )
 """Key components, in the order a difference is named (a metric label each)."""
 
-REASONS = (*COMPONENTS, "evicted", "new")
+PRECOMPILED_COMPONENTS = (
+    "torch_build", "triton", "cpu_isa", "gpu_arch", "compiler", "options",
+    "model_code", "module_tree", "parameters", "input_metadata",
+)
+"""A precompiled package's key components, in the order a difference is named."""
+
+REASONS = (*dict.fromkeys(COMPONENTS + PRECOMPILED_COMPONENTS), "evicted", "new")
 """Every reason a miss may have: a component, "evicted" (a record with nothing different:
 the artifact was there and left the cache), or "new" (nothing of this graph or model)."""
 
@@ -47,6 +64,12 @@ INDEX_SIZE = 32
 
 MAX_NODES = 20000
 """Nodes whose digests a record keeps; a graph beyond that compares its first ones only."""
+
+MAX_PARTS = 4096
+"""Parts a precompiled record may carry; the client sends its first ones only."""
+
+MAX_TEXT = 256
+"""The longest model name, component value, part name or part value a record may carry."""
 
 
 def _digest(value: Any) -> str:
@@ -93,6 +116,8 @@ class Record:
     nodes: list[str] = field(default_factory=list)
     node_texts: list[str] = field(default_factory=list)
     created: float = 0.0
+    parts: list[list[str]] = field(default_factory=list)
+    """A precompiled record's [component, name, value] items, in the model's order."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -101,7 +126,7 @@ class Record:
     def from_json(cls, data: bytes | str) -> Record:
         body = json.loads(data)
         return cls(str(body["key"]), dict(body["components"]), list(body["nodes"]),
-                   list(body["node_texts"]), float(body["created"]))
+                   list(body["node_texts"]), float(body["created"]), list(body.get("parts", [])))
 
 
 def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
@@ -122,6 +147,28 @@ def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
     if t.device != "cpu":  # a GPU graph's CPU kernels still use the host ISA
         components["cpu_isa"] = t.isa
     return Record(key, components, node_digests, [_node_text(n) for n in nodes], time.time())
+
+
+def check_precompiled(record: farm_pb2.PrecompiledRecord, key: str) -> Record:
+    """The record of a client's `PrecompiledRecord` for `key`; ValueError when it is not
+    one a client makes (an unknown component, a text over `MAX_TEXT`, over `MAX_PARTS`)."""
+    texts = [record.model, *record.components.values()]
+    texts += [t for p in record.parts for t in (p.name, p.value)]
+    if not record.model:
+        raise ValueError("a precompiled record names no model")
+    if any(len(t) > MAX_TEXT for t in texts):
+        raise ValueError(f"a precompiled record carries a text over {MAX_TEXT} characters")
+    if len(record.parts) > MAX_PARTS:
+        raise ValueError(f"a precompiled record has {len(record.parts)} parts, over {MAX_PARTS}")
+    unknown = {*record.components, *(p.component for p in record.parts)} - set(PRECOMPILED_COMPONENTS)
+    if unknown:
+        raise ValueError(f"a precompiled record names unknown components: {sorted(unknown)[:4]}")
+    return Record(key, dict(record.components), created=time.time(),
+                  parts=[[p.component, p.name, p.value] for p in record.parts])
+
+
+def precompiled_identity(record: farm_pb2.PrecompiledRecord) -> str:
+    return "precompiled:" + _digest(record.model)
 
 
 def identities(request: farm_pb2.CompileRequest, record: Record) -> list[str]:
@@ -148,17 +195,21 @@ class Explanation:
         )
 
 
-def compare(mine: Record, theirs: Record) -> Explanation:
-    """What differs between a request's record and another's (the other's key closest)."""
-    differs = tuple(c for c in COMPONENTS if mine.components.get(c) != theirs.components.get(c))
+def compare(mine: Record, theirs: Record, order: tuple[str, ...] = COMPONENTS) -> Explanation:
+    """What differs between a request's record and another's (the other's key closest),
+    components named in `order`."""
+    differs = tuple(c for c in order if mine.components.get(c) != theirs.components.get(c))
     if not differs:
         return Explanation("evicted", theirs.key, (
             f"artifact {keys.short(theirs.key)} had the same components; it left the cache "
             "(evicted, expired or refused)"
         ))
     first = differs[0]
+    part = _part_detail(mine, theirs, first)
     if first == "graph":
         detail = _graph_detail(mine, theirs)
+    elif part:
+        detail = part
     elif first in ("input_metadata",):
         detail = "the inputs' shapes, strides, dtypes, devices or kinds differ"
     else:
@@ -168,6 +219,16 @@ def compare(mine: Record, theirs: Record) -> Explanation:
         first, theirs.key,
         f"closest artifact {keys.short(theirs.key)} differs in {first}: {detail}{more}", differs,
     )
+
+
+def _part_detail(mine: Record, theirs: Record, component: str) -> str:
+    """The first of `component`'s parts that differs, in the model's order; "" if none."""
+    here = {name: value for c, name, value in mine.parts if c == component}
+    there = {name: value for c, name, value in theirs.parts if c == component}
+    for name in [*here, *(n for n in there if n not in here)]:
+        if here.get(name) != there.get(name):
+            return f"{name}: {there.get(name, '(none)')!r} there, {here.get(name, '(none)')!r} here"
+    return ""
 
 
 def _graph_detail(mine: Record, theirs: Record) -> str:
@@ -194,27 +255,44 @@ class MissIndex:
     def remember(self, request: farm_pb2.CompileRequest, key: str) -> None:
         """Records the request's components and indexes them (one pipelined round trip)."""
         record = record_of(request, key)
-        pipe = self.store.c.pipeline(transaction=False)
-        pipe.set(self.store._j("explain", key), record.to_json(), ex=RECORD_TTL_S)
-        for identity in identities(request, record):
-            index = self._index(identity)
-            pipe.zadd(index, {key: record.created})
-            pipe.zremrangebyrank(index, 0, -INDEX_SIZE - 1)
-            pipe.expire(index, RECORD_TTL_S)
-        pipe.execute()
+        self._remember(record, identities(request, record))
+
+    def remember_precompiled(self, record: farm_pb2.PrecompiledRecord, key: str) -> None:
+        """Records an uploaded package's components under its model; ValueError when the
+        record is not one a client makes."""
+        self._remember(check_precompiled(record, key), [precompiled_identity(record)])
 
     def explain(self, request: farm_pb2.CompileRequest, key: str) -> Explanation:
         """Why `key` missed: compared with the closest record of its structure or model."""
         mine = record_of(request, key)
+        return self._closest(mine, identities(request, mine), COMPONENTS)
+
+    def explain_precompiled(self, record: farm_pb2.PrecompiledRecord, key: str) -> Explanation:
+        """Why the precompiled `key` missed: compared with the closest package of its model."""
+        return self._closest(check_precompiled(record, key), [precompiled_identity(record)],
+                             PRECOMPILED_COMPONENTS)
+
+    def _remember(self, record: Record, found_under: list[str]) -> None:
+        pipe = self.store.c.pipeline(transaction=False)
+        pipe.set(self.store._j("explain", record.key), record.to_json(), ex=RECORD_TTL_S)
+        for identity in found_under:
+            index = self._index(identity)
+            pipe.zadd(index, {record.key: record.created})
+            pipe.zremrangebyrank(index, 0, -INDEX_SIZE - 1)
+            pipe.expire(index, RECORD_TTL_S)
+        pipe.execute()
+
+    def _closest(self, mine: Record, found_under: list[str], order: tuple[str, ...]) -> Explanation:
+        key = mine.key
         if self.store.c.exists(self.store._j("explain", key)):
             result = Explanation("evicted", key, (
-                "this very key was compiled before; its artifact left the cache "
+                "this very key was stored before; its artifact left the cache "
                 "(evicted, expired or refused)"
             ))
             self._keep(key, result)
             return result
         seen: list[str] = []
-        for identity in identities(request, mine):
+        for identity in found_under:
             # The store's client never decodes replies: bytes, whatever redis-py's types say.
             others = cast("list[bytes]", self.store.c.zrevrange(self._index(identity), 0, INDEX_SIZE - 1))
             for other in others:
@@ -226,7 +304,7 @@ class MissIndex:
             data = self.store.c.get(self.store._j("explain", other_key))
             if data is None:
                 continue
-            found = compare(mine, Record.from_json(data))
+            found = compare(mine, Record.from_json(data), order)
             if best is None or len(found.differs) < len(best.differs):
                 best = found
         result = best or Explanation("new", "", "no artifact of this graph or model on the farm yet")

@@ -450,8 +450,28 @@ class Farm:
         """Stores a client's precompiled package in its namespace, unread
         (services/coordinator/precompiled.py); returns its key."""
         manifest, blobs = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
-        await self._io(precompiled.store_upload, self.store.tenant(tenant.namespace), manifest, blobs)
+        store = self.store.tenant(tenant.namespace)
+        await self._io(precompiled.store_upload, store, manifest, blobs)
+        if upload.HasField("record"):
+            try:
+                await self._io(MissIndex(store).remember_precompiled, upload.record, manifest.key)
+            except redis.RedisError as e:  # it costs later explanations, never the upload
+                log.warning("key=%s: precompiled record not kept: %s", keys.short(manifest.key), e)
         return manifest.key
+
+    async def explain_precompiled(self, miss: farm_pb2.PrecompiledMiss, tenant: Tenant = OPEN) -> Explanation:
+        """Why the caller's precompiled key missed, against its namespace's packages of the
+        same model; counted by reason and kept for `torchfarm explain`."""
+        precompiled.check_key(miss.key, "precompiled miss refused")
+        try:
+            explanation = await self._io(
+                MissIndex(self.store.tenant(tenant.namespace)).explain_precompiled, miss.record, miss.key,
+            )
+        except ValueError as e:
+            raise InvalidRequest(f"precompiled miss refused: {e}") from e
+        metrics.PRECOMPILED_MISSES.labels(reason=explanation.reason).inc()
+        log.info("precompiled miss key=%s reason=%s %s", keys.short(miss.key), explanation.reason, explanation.detail)
+        return explanation
 
     def _links(self, store: Store, manifest: Manifest) -> list[ArtifactPiece] | None:
         """A pre-signed link per blob, or None where the store hands out none."""

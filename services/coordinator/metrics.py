@@ -76,6 +76,12 @@ MISSES = Counter(
     "the first differing key component, evicted, or new.",
     ["reason"],
 )
+PRECOMPILED_MISSES = Counter(
+    "torchfarm_precompiled_misses_total",
+    "Precompiled-package fetches that missed, by why no package matched "
+    "(torchfarm/explain.py): the first differing key component, evicted, or new.",
+    ["reason"],
+)
 QUOTA_REFUSALS = Counter(
     "torchfarm_quota_refusals_total",
     "Submits refused RESOURCE_EXHAUSTED because the tenant had its quota of jobs in flight.",
@@ -91,6 +97,7 @@ for _outcome in ("hit", "miss", "deduplicated", "failed", "invalid"):
     REQUESTS.labels(outcome=_outcome)
 for _reason in MISS_REASONS:
     MISSES.labels(reason=_reason)
+    PRECOMPILED_MISSES.labels(reason=_reason)
 for _code in sorted({info.status for info in REASONS.values()}):
     RPC_ERRORS.labels(code=_code)
 

@@ -5,6 +5,8 @@ model (sdk/precompile.py). The coordinator never reads it: it parses the JSON ma
 checks the key's prefix, the kind, the namespace, the size and every blob's digest,
 and stores manifest and blobs as it stores a compile artifact, for FetchArtifact.
 Who may load it is the clients' decision: only under a pinned precompile key.
+The upload's record of the key's components (`PrecompiledRecord`), checked for bounds,
+is indexed to explain later misses of the same model (torchfarm/explain.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from services.coordinator.errors import InvalidRequest, RequestTooLarge
-from torchfarm import keys
+from torchfarm import explain, keys
 from torchfarm.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, ManifestError, check_blobs
 from torchfarm.store import Store
 from torchfarm.v1 import farm_pb2
@@ -31,18 +33,28 @@ def check_upload(upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: 
         raise InvalidRequest(f"precompiled package refused: {e}") from e
     if manifest.kind != PRECOMPILED:
         raise InvalidRequest(f"precompiled package refused: its kind is {manifest.kind!r}")
-    if not manifest.key.startswith(PRECOMPILED_PREFIX) or len(manifest.key) > 128:
-        raise InvalidRequest(f"precompiled package refused: key {manifest.key[:20]!r} is not a precompiled key")
+    check_key(manifest.key, "precompiled package refused")
     if manifest.tenant != namespace:
         raise InvalidRequest("precompiled package refused: it names another namespace")
     if manifest.kernels:
         raise InvalidRequest("precompiled package refused: it carries kernels")
+    if upload.HasField("record"):
+        try:
+            explain.check_precompiled(upload.record, manifest.key)
+        except ValueError as e:
+            raise InvalidRequest(f"precompiled package refused: {e}") from e
     blobs = {b.digest: b.data for b in upload.blobs}
     try:
         check_blobs(manifest, blobs)
     except ManifestError as e:
         raise InvalidRequest(f"precompiled package refused: {e}") from e
     return manifest, blobs
+
+
+def check_key(key: str, what: str) -> None:
+    """InvalidRequest unless `key` is a precompiled key (no compile key has its prefix)."""
+    if not key.startswith(PRECOMPILED_PREFIX) or len(key) > 128:
+        raise InvalidRequest(f"{what}: key {key[:20]!r} is not a precompiled key")
 
 
 def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes]) -> None:

@@ -227,6 +227,12 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         async with _ErrorMapping(context):
             return farm_pb2.PrecompiledReply(key=await self.farm.put_precompiled(request, auth.caller()))
 
+    async def ExplainPrecompiledMiss(
+        self, request: farm_pb2.PrecompiledMiss, context: _Context
+    ) -> farm_pb2.MissExplanation:
+        async with _ErrorMapping(context):
+            return (await self.farm.explain_precompiled(request, auth.caller())).to_proto()
+
     async def CompileKernel(self, request: farm_pb2.KernelRequest, context: _Context) -> farm_pb2.KernelReply:
         async with _ErrorMapping(context):
             k = await self.kernels.compile(request, request.ByteSize(), auth.caller())

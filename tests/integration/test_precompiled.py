@@ -157,9 +157,10 @@ def test_a_changed_model_takes_the_normal_path_and_says_why(stack, tmp_path, pre
     consumer = {"TORCHFARM_PRECOMPILE_TRUSTED_KEYS_FILE": str(precompile_keys[1])}
     reshaped = _run(stack, tmp_path, "reshaped", width + 2, consumer)
     recoded = _run(stack, tmp_path, "recoded", width, consumer, MODEL.replace("* SCALE", "* SCALE * 1.0"))
-    for changed in (reshaped, recoded):
+    for changed, component in ((reshaped, "parameters"), (recoded, "model_code")):
         assert changed["frames"] >= 2, changed
-        assert any("normal path: precompiled miss" in line for line in changed["lines"]), changed
+        # The farm names what differs from the package the producer uploaded.
+        assert any(f"normal path: precompiled miss ({component}:" in line for line in changed["lines"]), changed
 
 
 @pytest.mark.precompiled_full

@@ -61,6 +61,18 @@ def _module_file(name: str) -> Path | None:
     return None
 
 
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:`, which never run."""
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
 def third_party_imports(entries: list[str]) -> dict[str, str]:
     """Top-level third-party module → the project module that imports it first."""
     seen, todo, found = set(), list(entries), {}
@@ -71,7 +83,7 @@ def third_party_imports(entries: list[str]) -> dict[str, str]:
             continue
         seen.add(name)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

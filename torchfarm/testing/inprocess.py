@@ -129,6 +129,15 @@ class InProcessStub:
     def EvictArtifacts(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Any:
         return self._unary(self.servicer.EvictArtifacts, request, timeout)
 
+    def ExplainMiss(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Any:
+        return self._unary(self.servicer.ExplainMiss, request, timeout)
+
+    def PutPrecompiled(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Any:
+        return self._unary(self.servicer.PutPrecompiled, request, timeout)
+
+    def ExplainPrecompiledMiss(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Any:
+        return self._unary(self.servicer.ExplainPrecompiledMiss, request, timeout)
+
     def Watch(self, request: Any, timeout: float | None = None, metadata: Any = ()) -> Iterator[Any]:
         return self._stream(self.servicer.Watch, request, timeout)
 

@@ -658,12 +658,49 @@ class KernelReply(_message.Message):
     def __init__(self, key: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., kind: _Optional[str] = ..., binary: _Optional[bytes] = ..., assembly: _Optional[str] = ..., metadata_json: _Optional[str] = ..., triton_version: _Optional[str] = ..., worker: _Optional[str] = ..., compile_seconds: _Optional[float] = ...) -> None: ...
 
 class PrecompiledUpload(_message.Message):
-    __slots__ = ("manifest", "blobs")
+    __slots__ = ("manifest", "blobs", "record")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     BLOBS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     manifest: bytes
     blobs: _containers.RepeatedCompositeFieldContainer[PrecompiledBlob]
-    def __init__(self, manifest: _Optional[bytes] = ..., blobs: _Optional[_Iterable[_Union[PrecompiledBlob, _Mapping]]] = ...) -> None: ...
+    record: PrecompiledRecord
+    def __init__(self, manifest: _Optional[bytes] = ..., blobs: _Optional[_Iterable[_Union[PrecompiledBlob, _Mapping]]] = ..., record: _Optional[_Union[PrecompiledRecord, _Mapping]] = ...) -> None: ...
+
+class PrecompiledRecord(_message.Message):
+    __slots__ = ("model", "components", "parts")
+    class ComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    components: _containers.ScalarMap[str, str]
+    parts: _containers.RepeatedCompositeFieldContainer[PrecompiledPart]
+    def __init__(self, model: _Optional[str] = ..., components: _Optional[_Mapping[str, str]] = ..., parts: _Optional[_Iterable[_Union[PrecompiledPart, _Mapping]]] = ...) -> None: ...
+
+class PrecompiledPart(_message.Message):
+    __slots__ = ("component", "name", "value")
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    name: str
+    value: str
+    def __init__(self, component: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class PrecompiledMiss(_message.Message):
+    __slots__ = ("key", "record")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    record: PrecompiledRecord
+    def __init__(self, key: _Optional[str] = ..., record: _Optional[_Union[PrecompiledRecord, _Mapping]] = ...) -> None: ...
 
 class PrecompiledBlob(_message.Message):
     __slots__ = ("digest", "data")

@@ -84,6 +84,11 @@ class CompileFarmStub:
                 request_serializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.SerializeToString,
                 response_deserializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.FromString,
                 _registered_method=True)
+        self.ExplainPrecompiledMiss = channel.unary_unary(
+                '/torchfarm.v1.CompileFarm/ExplainPrecompiledMiss',
+                request_serializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledMiss.SerializeToString,
+                response_deserializer=torchfarm_dot_v1_dot_farm__pb2.MissExplanation.FromString,
+                _registered_method=True)
 
 
 class CompileFarmServicer:
@@ -165,6 +170,14 @@ class CompileFarmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainPrecompiledMiss(self, request, context):
+        """Why a precompiled key missed: the caller's package of the same model that is
+        closest to the record sent, and the key component that differs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompileFarmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +230,11 @@ def add_CompileFarmServicer_to_server(servicer, server):
                     servicer.PutPrecompiled,
                     request_deserializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.FromString,
                     response_serializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.SerializeToString,
+            ),
+            'ExplainPrecompiledMiss': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainPrecompiledMiss,
+                    request_deserializer=torchfarm_dot_v1_dot_farm__pb2.PrecompiledMiss.FromString,
+                    response_serializer=torchfarm_dot_v1_dot_farm__pb2.MissExplanation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +507,33 @@ class CompileFarm:
             '/torchfarm.v1.CompileFarm/PutPrecompiled',
             torchfarm_dot_v1_dot_farm__pb2.PrecompiledUpload.SerializeToString,
             torchfarm_dot_v1_dot_farm__pb2.PrecompiledReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainPrecompiledMiss(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/torchfarm.v1.CompileFarm/ExplainPrecompiledMiss',
+            torchfarm_dot_v1_dot_farm__pb2.PrecompiledMiss.SerializeToString,
+            torchfarm_dot_v1_dot_farm__pb2.MissExplanation.FromString,
             options,
             channel_credentials,
             insecure,
