@@ -32,7 +32,7 @@ from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm import options as farm_options
 from torchfarm.codes import Rejection
-from torchfarm.fx import global_state
+from torchfarm.fx import global_state, regions
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from torchfarm.fx.guards import CaptureShapes, GuardError
@@ -156,6 +156,7 @@ class FarmBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         if self._client is not None or self.target is not None:
             specialize_float_inputs(gm)  # may restart Dynamo's trace (sdk/scalars.py)
+        regions.inline_for_training(gm, example_inputs)  # torch 2.13's backward of a reused region is wrong
         with self._lock:
             self._graphs += 1
             index = self._graphs

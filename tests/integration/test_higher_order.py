@@ -98,12 +98,7 @@ IN_EVERY_RUN = frozenset({"checkpoint_non_reentrant", "autograd_function"})
 
 
 def _marks(name: str) -> list:
-    marks = [] if name in IN_EVERY_RUN else [pytest.mark.higher_order_full]
-    if name == "nested_compile_region":
-        marks.append(pytest.mark.xfail(strict=True, reason=(
-            "the farm's artifact gives no gradient to the region's inputs (local Inductor does); "
-            "not found yet")))
-    return marks
+    return [] if name in IN_EVERY_RUN else [pytest.mark.higher_order_full]
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in sorted(BODIES)])

@@ -193,6 +193,8 @@ INTERNALS: dict[str, Internal] = {
     "compilation_time_metrics": _i("torch._dynamo.utils", "compilation_time_metrics",
                                    used_by="workers/compiler.py: compile timings"),
     "HigherOrderOperator": _i("torch._ops", "HigherOrderOperator", used_by="torchfarm/fx/encode.py"),
+    "inline_invoke_subgraph": _i("torch._higher_order_ops.passes.inline_invoke_subgraph",
+                                 "inline_invoke_subgraph", ("gm",), "torchfarm/fx/regions.py"),
     "dynamo_config": _i("torch._dynamo.config", used_by="sdk/precompile.py: caching_precompile patched"),
     "AutoDispatchBelowAutograd": _i("torch._C", "_AutoDispatchBelowAutograd",
                                     used_by="torchfarm/fx/customops.py: a stand-in's call"),
