@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("distributed_train.py")
-WIDTH = 32 + os.getpid() % 16 * 2
+WIDTH = 32 + os.getpid() % 16 * 4
+"""A multiple of 4 (the transformer views its features in four), new to the shared stack."""
 
 
 def torchrun(model: str, mode: str, ranks: int, out: Path, env: dict[str, str], steps: int = 3,
@@ -103,3 +104,15 @@ def test_two_stage_pipeline_each_stage_compiles_once(rank_env, tmp_path):
     assert [r["outcomes"] for r in farm] == [["compiled"], ["compiled"]]
     assert farm[0]["keys"] != farm[1]["keys"]
     assert farm[0]["losses"] == [] and len(farm[1]["losses"]) == 3
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("model", ["tp_mlp", "fsdp2"])
+def test_four_ranks_compile_each_graph_once(rank_env, tmp_path, model):
+    """Four ranks: every rank's graphs are the same (a quarter of the TP MLP's hidden
+    units; FSDP2's unsharded blocks), so each distinct graph compiles once and every
+    other rank joins or hits it."""
+    farm = torchrun(model, "farm", 4, tmp_path / "farm", rank_env, width=WIDTH + 8)
+    assert_same_training(farm)
+    assert_one_compile_per_graph(farm)
+    assert len({tuple(r["keys"]) for r in farm}) == 1, "the ranks' graphs had different keys"
