@@ -5,7 +5,7 @@ stand-in it built from the schema and recorded metadata (torchfarm/fx/customops.
 the artifact's generated code calls `torch.ops.tfuser.*`, which here is the real op.
 
 - forward with `fallback="error"` (no input needs gradients), at two batch sizes under
-  `dynamic=True`;
+  `dynamic=True`, and inside an activation checkpoint's subgraph;
 - an op with `register_autograd`: its backward is this process's Python, which the
   worker cannot run, so the graph that needs it compiles locally, with the reason
   naming the op, and still matches eager;
@@ -108,3 +108,23 @@ def test_a_custom_backward_falls_back_naming_the_op(stack, client_cache_dir, cap
     warnings = [r.getMessage() for r in caplog.records if "compiles locally" in r.getMessage()]
     assert warnings and "tfuser.double" in warnings[0] and "backward" in warnings[0], warnings
 
+
+
+def test_custom_ops_inside_a_checkpointed_subgraph_run_on_the_farm(stack, client_cache_dir, caplog):
+    """The ops are called in a higher-order op's body: the subgraph carries the calls'
+    recorded metadata, and the worker's stand-ins serve them there too."""
+    import torch.utils.checkpoint as checkpoint
+
+    torch.manual_seed(0)
+    model = Gated().eval()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return checkpoint.checkpoint(model, x, use_reentrant=False) + 1
+
+    compiled = sdk.compile(fn, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"), torch.no_grad():
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    farm = [r.getMessage() for r in caplog.records if r.name == "sdk.backend" and "key=" in r.getMessage()]
+    assert len(farm) == 1, farm
