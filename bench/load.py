@@ -12,9 +12,9 @@ With `--compare` (what `make bench-load` runs) it measures two farms side by sid
 run: everything on (tokens, TLS, signed artifacts that every client verifies) and
 everything off (an open farm in plaintext, unsigned artifacts, only the blob digests
 checked), and prints requests/s and p99 hit latency of each and their ratios. Target:
-with everything on, at most 10 % fewer requests/s and at most 10 % higher p99. (No
-compile sandbox setting exists in this tree; the bench measures hits, which never
-compile, so it would not enter the figures.)
+with everything on, at most 10 % fewer requests/s and at most 10 % higher p99. Both
+farms' workers run compiles in the sandbox (the default, `TORCHFARM_SANDBOX=auto`); the
+figures are hits', which compile nothing, so the sandbox does not enter them.
 
 It reports throughput, p50/p99 latency of hits (submit + fetch + verify), how many
 submits joined an in-flight compile, how many compiles the workers actually ran (the

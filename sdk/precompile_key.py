@@ -93,7 +93,8 @@ def components(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[st
     for name, m in model.named_modules():
         cls = type(m)
         qual = f"{cls.__module__}.{cls.__qualname__}"
-        classes.setdefault(qual, _class_digest(cls))
+        if qual not in classes:  # once per class: reading its source parses its file
+            classes[qual] = _class_digest(cls)
         structure.append([name, qual, m.training])
     state = [[n, *_tensor_meta(t)] for n, t in model.named_parameters()]
     state += [[n, *_tensor_meta(t)] for n, t in model.named_buffers()]
