@@ -304,12 +304,15 @@ def parse_sym_expr(text: str, symbols: Container[str], limits: GraphLimits) -> S
 
 @dataclass
 class _Totals:
-    """What the outermost graph and all its subgraphs share: symbols, and the counts
-    bounded over the whole tree."""
+    """What the outermost graph and all its subgraphs share: symbols, process groups,
+    and the counts bounded over the whole tree."""
 
     format: int
     symbols: set[str] = field(default_factory=set)
     hints: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, graph_pb2.ProcessGroup] = field(default_factory=dict)
+    """The outermost graph's groups, by name: collectives in any subgraph name them."""
+    used_groups: set[str] = field(default_factory=set)
     nodes: int = 0
     arguments: int = 0
     elements: int = 0
@@ -337,8 +340,6 @@ class _Checker:
         self.takes_subgraphs = False
         self.defined: set[str] = set()
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
-        self.groups: dict[str, graph_pb2.ProcessGroup] = {}
-        self.used_groups: set[str] = set()
         self.custom_ops = customops.declared_ops(graph)
 
     def name(self, what: str, name: str) -> None:
@@ -359,7 +360,8 @@ class _Checker:
             raise GraphTooLarge(f"{len(g.constants)} constants, more than {lim.max_nodes}")
         for sym in g.symbols:
             self.symbol(sym)
-        self.groups = collectives.check_groups(g)
+        if self.depth == 0:
+            self.totals.groups = collectives.check_groups(g)
         for const in g.constants:
             self.totals.constant_bytes += self.constant(const)
             if self.totals.constant_bytes > lim.max_constant_bytes:
@@ -385,7 +387,7 @@ class _Checker:
                 raise MalformedGraph(f"OUTPUT node {node.name!r} is not last")
             self.node(node)
             self.defined.add(node.name)
-        if unused := sorted(set(self.groups) - self.used_groups):
+        if self.depth == 0 and (unused := sorted(set(self.totals.groups) - self.totals.used_groups)):
             raise MalformedGraph(f"process groups {unused} are declared but no collective uses them")
         unused = sorted(self.subgraphs - self.referenced)
         if unused:
@@ -404,6 +406,8 @@ class _Checker:
             raise MalformedGraph(f"{self.path}format {g.format}, not its outer graph's {self.totals.format}")
         if g.symbols:
             raise MalformedGraph(f"{self.path}declares symbols; a subgraph uses its outermost graph's")
+        if g.groups:
+            raise MalformedGraph(f"{self.path}declares process groups; a subgraph uses its outermost graph's")
 
     def declare_subgraphs(self) -> None:
         """Checks each subgraph, depth first, before the nodes that name them."""
@@ -515,8 +519,8 @@ class _Checker:
                 raise DisallowedOp(node.target, kind="higher-order op" if self.takes_subgraphs else "op")
             if node.target == GETATTR:
                 _check_getattr(node, where)
-            if (group := collectives.check_collective(node, self.groups, where)) is not None:
-                self.used_groups.add(group)
+            if (group := collectives.check_collective(node, self.totals.groups, where)) is not None:
+                self.totals.used_groups.add(group)
             if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
                 a.WhichOneof("kind") == "node" for a in node.args
             ):

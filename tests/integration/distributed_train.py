@@ -28,6 +28,7 @@ if "TORCHFARM_TEST_INDUCTOR_BASE" in os.environ:  # a cache dir of its own per r
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 from torch import nn  # noqa: E402
 
 
@@ -56,6 +57,17 @@ class TensorParallelMLP(nn.Module):
         h = torch.nn.functional.gelu(torch.nn.functional.linear(x, self.w1, self.b1))
         partial = torch.nn.functional.linear(h, self.w2)
         return self.norm(_sum_forward_only(partial) + self.b2 + x)
+
+
+class Checkpointed(nn.Module):
+    """`inner` under activation checkpointing: its collectives are in a subgraph."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
 
 
 class Block(nn.Module):
@@ -90,6 +102,8 @@ class SmallTransformer(nn.Module):
 def build(name: str, width: int, rank: int, world: int) -> nn.Module:
     if name == "tp_mlp":
         return TensorParallelMLP(width, 4 * width, rank, world)
+    if name == "tp_mlp_checkpointed":
+        return Checkpointed(TensorParallelMLP(width, 4 * width, rank, world))
     if name == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 

@@ -85,6 +85,16 @@ def test_tensor_parallel_mlp_two_ranks_one_compile(rank_env, tmp_path):
 
 
 @pytest.mark.distributed
+def test_collectives_inside_a_checkpointed_subgraph_two_ranks(rank_env, tmp_path):
+    """The TP MLP under activation checkpointing: its all-reduce travels inside the
+    checkpoint's body, group and all, and the recomputing backward matches eager."""
+    farm = torchrun("tp_mlp_checkpointed", "farm", 2, tmp_path / "farm", rank_env, width=WIDTH + 4)
+    assert_same_training(farm)
+    assert_one_compile_per_graph(farm)
+    assert len({k for r in farm for k in r["keys"]}) == 1, "the ranks' graphs had different keys"
+
+
+@pytest.mark.distributed
 def test_fsdp2_small_transformer_two_ranks(rank_env, tmp_path):
     """FSDP2 compiled block by block: its all-gathers and reduce-scatters run between the
     graphs; both blocks and both ranks share one key, so one compile and three others."""

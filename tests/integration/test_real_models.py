@@ -15,7 +15,13 @@ import pytest
 pytest.importorskip("transformers")
 
 from tests.realmodels.step import TOLERANCE, train_step  # noqa: E402
-from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, KNOWN_GAPS, checkpointed  # noqa: E402
+from tests.realmodels.zoo import (  # noqa: E402
+    ARCHITECTURES,
+    BY_NAME,
+    KNOWN_GAPS,
+    checkpointed,
+    supports_checkpointing,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
 
@@ -43,14 +49,18 @@ def test_training_step_on_the_farm(arch, stack, client_cache_dir, capsys):
 
 
 CHECKPOINTED_IN_EVERY_RUN = frozenset({"bert"})
-"""Gradient checkpointing (issue 18): bert with `make test`, llama with the full zoo."""
+"""Gradient checkpointing (issue 18): bert with `make test`, every architecture that
+supports it with the full zoo."""
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, id=f"{n}-checkpointing", marks=() if n in CHECKPOINTED_IN_EVERY_RUN else pytest.mark.models_full)
-    for n in ("bert", "llama")
+    pytest.param(a.name, id=f"{a.name}-checkpointing",
+                 marks=() if a.name in CHECKPOINTED_IN_EVERY_RUN else pytest.mark.models_full)
+    for a in ARCHITECTURES
 ])
 def test_checkpointed_training_step_on_the_farm(name, stack, client_cache_dir, capsys):
+    if not supports_checkpointing(BY_NAME[name]):
+        pytest.skip(f"{name}'s model has no gradient_checkpointing_enable()")
     result = train_step(checkpointed(BY_NAME[name]), stack.address)
     with capsys.disabled():
         print(f"\n{result.line()}")

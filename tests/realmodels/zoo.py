@@ -227,6 +227,12 @@ ARCHITECTURES: tuple[Arch, ...] = (
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 
 
+def supports_checkpointing(arch: Arch) -> bool:
+    """Whether the architecture's model has `gradient_checkpointing_enable()` (builds one)."""
+    model, _ = arch.build()
+    return bool(getattr(model, "supports_gradient_checkpointing", False))
+
+
 def checkpointed(arch: Arch) -> Arch:
     """`arch` with `gradient_checkpointing_enable()`: its layers run under
     `torch.utils.checkpoint`, which reaches the farm as a subgraph (graph.proto V2)."""

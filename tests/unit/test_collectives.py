@@ -223,3 +223,37 @@ def test_a_graph_without_collectives_declares_no_group():
     assert not graph.groups
     with fake_groups(graph.groups):
         assert not dist.is_initialized()
+
+
+def _checkpointed_tp_graph() -> graph_pb2.Graph:
+    import torch.utils.checkpoint as checkpoint
+
+    def step(x, w1, w2):
+        return checkpoint.checkpoint(tp_step, x, w1, w2, use_reentrant=False)
+
+    x, w1, w2 = tp_inputs()
+    with fake_world(0, 2):
+        return capture(step, x, w1.requires_grad_(), w2.requires_grad_())
+
+
+def test_a_collective_inside_a_subgraph_names_the_outermost_graphs_group():
+    graph = _checkpointed_tp_graph()
+    (body,) = graph.subgraphs
+    assert [g.name for g in graph.groups] == ["0"] and not body.graph.groups
+    assert any(n.target == "torch.ops._c10d_functional.all_reduce" for n in body.graph.nodes)
+    validate_graph(graph)
+
+
+@pytest.mark.parametrize(("declared_in", "error"), [
+    ("both", "subgraph .* declares process groups"),
+    ("neither", "is not declared"),
+])
+def test_a_subgraph_may_not_declare_groups_nor_use_undeclared_ones(declared_in, error):
+    graph = _checkpointed_tp_graph()
+    (body,) = graph.subgraphs
+    if declared_in == "both":
+        body.graph.groups.extend(graph.groups)
+    else:
+        del graph.groups[:]
+    with pytest.raises(MalformedGraph, match=error):
+        validate_graph(graph)

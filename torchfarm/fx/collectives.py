@@ -34,9 +34,10 @@ _OP_TYPES = (resolve("OpOverload"), resolve("OpOverloadPacket"))
 
 
 def group_names(gm: torch.fx.GraphModule) -> list[str]:
-    """The group names the graph's collectives pass, sorted, each once."""
+    """The group names the graph's collectives pass, its subgraphs' included, sorted, each once."""
     names: set[str] = set()
-    for node in gm.graph.nodes:
+    nodes = [n for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes]
+    for node in nodes:
         if node.op != "call_function":
             continue
         target = f"torch.ops.{node.target}" if isinstance(
