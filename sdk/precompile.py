@@ -22,6 +22,7 @@ signed: the farm's signature never makes a package loadable.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import threading
@@ -45,6 +46,9 @@ from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.v1.farm_pb2 import PrecompiledRecord
 
 log = logging.getLogger(__name__)
+
+_Record = Callable[[], PrecompiledRecord]
+"""Builds the key's record (sdk/precompile_key.py `record`) when it is needed."""
 
 _DROPPED = "is dropped with caching_precompile=True"
 
@@ -132,14 +136,17 @@ class Gate:
             self._upload(key, fp, record)
         return result
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Fingerprint, PrecompiledRecord]:
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Fingerprint, _Record]:
+        """The key, the fingerprint, and the key's record for the farm, which only a miss
+        or an upload builds."""
         if self.backend.target is not None or self.backend.trust is None:
             raise precompile_key.Ineligible("it compiles for another target")
         parts = precompile_key.components(self.model, args, kwargs)
         fp = local_fingerprint(device_kind([*self.model.parameters(), *args]))
+        build = fp.to_dict()
         options = {"mode": self.backend.mode, "inductor": self.backend.local.config}
-        key = precompile_key.precompiled_key(parts, fp.to_dict(), options, self.backend.trust.namespace)
-        return key, fp, precompile_key.record(self.model, parts, fp.to_dict(), options)
+        key = precompile_key.precompiled_key(parts, build, options, self.backend.trust.namespace)
+        return key, fp, functools.partial(precompile_key.record, self.model, parts, build, options)
 
     def _normal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo records the frames it traces in the package only with this set.
@@ -163,7 +170,7 @@ class Gate:
             )
         return result
 
-    def _install(self, key: str, fp: Fingerprint, record: PrecompiledRecord) -> int:
+    def _install(self, key: str, fp: Fingerprint, record: _Record) -> int:
         """Fetches and verifies the package and its graphs, then installs its frames;
         Refused or FarmError when it cannot serve."""
         CompilePackage, _DynamoCacheEntry = resolve("CompilePackage"), resolve("DynamoCacheEntry")
@@ -204,23 +211,23 @@ class Gate:
             raise Refused(f"package does not fit this model ({e})") from e
         return len(entry.codes)
 
-    def _why_missed(self, key: str, record: PrecompiledRecord) -> str:
+    def _why_missed(self, key: str, record: _Record) -> str:
         """The farm's explanation of the miss; the key's coverage where it gives none."""
         client = self.backend._client
         assert client is not None
         try:
-            found = client.explain_precompiled(key, record)
+            found = client.explain_precompiled(key, record())
         except FarmError as e:
             log.debug("torchfarm: no explanation of precompiled miss %s: %s", key[4:16], e)
             return "no package for this model's code, structure, parameters, inputs and build"
         return f"{found.reason}: {found.detail}"
 
-    def _upload(self, key: str, fp: Fingerprint, record: PrecompiledRecord) -> None:
+    def _upload(self, key: str, fp: Fingerprint, record: _Record) -> None:
         try:
             manifest, blobs = self._package(key, fp)
             client = self.backend._client
             assert client is not None and self.signer is not None
-            client.put_precompiled(self.signer.sign(manifest).to_json(), blobs, record)
+            client.put_precompiled(self.signer.sign(manifest).to_json(), blobs, record())
         except (Refused, FarmError) as e:
             log.info("torchfarm: %s: no precompiled package uploaded: %s", self.backend.name, e)
             return

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchfarm.explain import MAX_PARTS, MAX_TEXT
+from torchfarm.explain import MAX_PARTS, MAX_TEXT, digest
 from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
 from torchfarm.manifest import PRECOMPILED_PREFIX
@@ -119,14 +119,10 @@ def precompiled_key(parts: Mapping[str, Any], build: Mapping[str, str], options:
     return PRECOMPILED_PREFIX + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _digest(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def _text(value: Any) -> str:
     """`value` as the record carries it: itself where short, else its digest."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= MAX_TEXT else _digest(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= MAX_TEXT else digest(value)
 
 
 def record(model: torch.nn.Module, parts: Mapping[str, Any], build: Mapping[str, str],
@@ -140,10 +136,10 @@ def record(model: torch.nn.Module, parts: Mapping[str, Any], build: Mapping[str,
         "gpu_arch": f"{b['device']}:{b['arch']}" if b["device"] != "cpu" else "",
         "compiler": b["compiler"],
         "options": _text(options),
-        "model_code": _digest(parts["code"]),
-        "module_tree": _digest(parts["structure"]),
-        "parameters": _digest(parts["state"]),
-        "input_metadata": _digest(parts["inputs"]),
+        "model_code": digest(parts["code"]),
+        "module_tree": digest(parts["structure"]),
+        "parameters": digest(parts["state"]),
+        "input_metadata": digest(parts["inputs"]),
     }
     components = {name: _text(value) for name, value in components.items()}
     inputs = parts["inputs"]

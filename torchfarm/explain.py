@@ -72,7 +72,8 @@ MAX_TEXT = 256
 """The longest model name, component value, part name or part value a record may carry."""
 
 
-def _digest(value: Any) -> str:
+def digest(value: Any) -> str:
+    """A short SHA-256 of bytes or a JSON value: what a record carries for a long component."""
     text = value if isinstance(value, bytes) else json.dumps(value, sort_keys=True).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
@@ -82,7 +83,7 @@ def _node_digest(node: graph_pb2.Node) -> str:
     copy.CopyFrom(node)
     copy.ClearField("tensor")
     copy.ClearField("symint")
-    return _digest(copy.SerializeToString(deterministic=True))
+    return digest(copy.SerializeToString(deterministic=True))
 
 
 def _node_text(node: graph_pb2.Node) -> str:
@@ -104,7 +105,7 @@ def _input_metadata(request: farm_pb2.CompileRequest) -> str:
         for n in graph.nodes if n.op == graph_pb2.Node.PLACEHOLDER
     ]
     symbols = [(s.name, s.hint, s.min, s.max) for s in graph.symbols]
-    return _digest([parts, symbols, request.specialize_hints])
+    return digest([parts, symbols, request.specialize_hints])
 
 
 @dataclass
@@ -118,6 +119,8 @@ class Record:
     created: float = 0.0
     parts: list[list[str]] = field(default_factory=list)
     """A precompiled record's [component, name, value] items, in the model's order."""
+    model: str = ""
+    """A precompiled record's model (its root class): the identity it is indexed under."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -126,7 +129,8 @@ class Record:
     def from_json(cls, data: bytes | str) -> Record:
         body = json.loads(data)
         return cls(str(body["key"]), dict(body["components"]), list(body["nodes"]),
-                   list(body["node_texts"]), float(body["created"]), list(body.get("parts", [])))
+                   list(body["node_texts"]), float(body["created"]), list(body.get("parts", [])),
+                   str(body.get("model", "")))
 
 
 def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
@@ -141,7 +145,7 @@ def record_of(request: farm_pb2.CompileRequest, key: str) -> Record:
         "compiler": t.compiler,
         "options": json.dumps(keys.options_canonical(request.options), sort_keys=True),
         "input_metadata": _input_metadata(request),
-        "graph": _digest([node_digests, [c.SerializeToString(deterministic=True).hex()
+        "graph": digest([node_digests, [c.SerializeToString(deterministic=True).hex()
                                          for c in request.graph.constants]]),
     }
     if t.device != "cpu":  # a GPU graph's CPU kernels still use the host ISA
@@ -163,12 +167,12 @@ def check_precompiled(record: farm_pb2.PrecompiledRecord, key: str) -> Record:
     unknown = {*record.components, *(p.component for p in record.parts)} - set(PRECOMPILED_COMPONENTS)
     if unknown:
         raise ValueError(f"a precompiled record names unknown components: {sorted(unknown)[:4]}")
-    return Record(key, dict(record.components), created=time.time(),
+    return Record(key, dict(record.components), created=time.time(), model=record.model,
                   parts=[[p.component, p.name, p.value] for p in record.parts])
 
 
-def precompiled_identity(record: farm_pb2.PrecompiledRecord) -> str:
-    return "precompiled:" + _digest(record.model)
+def _precompiled_identity(record: Record) -> str:
+    return "precompiled:" + digest(record.model)
 
 
 def identities(request: farm_pb2.CompileRequest, record: Record) -> list[str]:
@@ -176,7 +180,7 @@ def identities(request: farm_pb2.CompileRequest, record: Record) -> list[str]:
     found = ["structure:" + record.components["graph"]]
     model = request.label.split(" from ")[0].strip()
     if model:
-        found.append("model:" + _digest(model))
+        found.append("model:" + digest(model))
     return found
 
 
@@ -257,10 +261,9 @@ class MissIndex:
         record = record_of(request, key)
         self._remember(record, identities(request, record))
 
-    def remember_precompiled(self, record: farm_pb2.PrecompiledRecord, key: str) -> None:
-        """Records an uploaded package's components under its model; ValueError when the
-        record is not one a client makes."""
-        self._remember(check_precompiled(record, key), [precompiled_identity(record)])
+    def remember_precompiled(self, record: Record) -> None:
+        """Records an uploaded package's components (`check_precompiled`'s) under its model."""
+        self._remember(record, [_precompiled_identity(record)])
 
     def explain(self, request: farm_pb2.CompileRequest, key: str) -> Explanation:
         """Why `key` missed: compared with the closest record of its structure or model."""
@@ -269,8 +272,8 @@ class MissIndex:
 
     def explain_precompiled(self, record: farm_pb2.PrecompiledRecord, key: str) -> Explanation:
         """Why the precompiled `key` missed: compared with the closest package of its model."""
-        return self._closest(check_precompiled(record, key), [precompiled_identity(record)],
-                             PRECOMPILED_COMPONENTS)
+        mine = check_precompiled(record, key)
+        return self._closest(mine, [_precompiled_identity(mine)], PRECOMPILED_COMPONENTS)
 
     def _remember(self, record: Record, found_under: list[str]) -> None:
         pipe = self.store.c.pipeline(transaction=False)

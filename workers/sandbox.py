@@ -453,12 +453,12 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _crash(returncode: int, stderr: str, limits: Limits) -> SandboxFailed:
-    tail = [_last_line(stderr)]
+    tail = _last_line(stderr)
     if returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and limits.cpu_s):
         return SandboxFailed("cpu", f"the compile ran past its CPU limit ({limits.cpu_s}s)")
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
         return SandboxFailed("memory", "the child ran out of memory")
-    return SandboxFailed("crash", f"the sandboxed compile ended with status {returncode}: {tail[0][:500]}")
+    return SandboxFailed("crash", f"the sandboxed compile ended with status {returncode}: {tail[:500]}")
 
 
 def _write_inputs(scratch: str, op: str, request: Mapping[str, object], files: Mapping[str, bytes]) -> None:

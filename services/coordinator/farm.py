@@ -449,12 +449,12 @@ class Farm:
     async def put_precompiled(self, upload: farm_pb2.PrecompiledUpload, tenant: Tenant = OPEN) -> str:
         """Stores a client's precompiled package in its namespace, unread
         (services/coordinator/precompiled.py); returns its key."""
-        manifest, blobs = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
+        manifest, blobs, record = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
         store = self.store.tenant(tenant.namespace)
         await self._io(precompiled.store_upload, store, manifest, blobs)
-        if upload.HasField("record"):
+        if record is not None:
             try:
-                await self._io(MissIndex(store).remember_precompiled, upload.record, manifest.key)
+                await self._io(MissIndex(store).remember_precompiled, record)
             except redis.RedisError as e:  # it costs later explanations, never the upload
                 log.warning("key=%s: precompiled record not kept: %s", keys.short(manifest.key), e)
         return manifest.key

@@ -22,9 +22,11 @@ from torchfarm.v1 import farm_pb2
 log = logging.getLogger(__name__)
 
 
-def check_upload(upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: int) -> tuple[Manifest, dict[str, bytes]]:
-    """The manifest and blobs of a well-formed upload for `namespace`; InvalidRequest
-    (RequestTooLarge over `max_bytes`) otherwise."""
+def check_upload(
+    upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: int
+) -> tuple[Manifest, dict[str, bytes], explain.Record | None]:
+    """The manifest, blobs and checked record (None when it has none) of a well-formed
+    upload for `namespace`; InvalidRequest (RequestTooLarge over `max_bytes`) otherwise."""
     if upload.ByteSize() > max_bytes:
         raise RequestTooLarge(f"precompiled package of {upload.ByteSize()} bytes is over the limit of {max_bytes}")
     try:
@@ -38,9 +40,10 @@ def check_upload(upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: 
         raise InvalidRequest("precompiled package refused: it names another namespace")
     if manifest.kernels:
         raise InvalidRequest("precompiled package refused: it carries kernels")
+    record = None
     if upload.HasField("record"):
         try:
-            explain.check_precompiled(upload.record, manifest.key)
+            record = explain.check_precompiled(upload.record, manifest.key)
         except ValueError as e:
             raise InvalidRequest(f"precompiled package refused: {e}") from e
     blobs = {b.digest: b.data for b in upload.blobs}
@@ -48,7 +51,7 @@ def check_upload(upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: 
         check_blobs(manifest, blobs)
     except ManifestError as e:
         raise InvalidRequest(f"precompiled package refused: {e}") from e
-    return manifest, blobs
+    return manifest, blobs, record
 
 
 def check_key(key: str, what: str) -> None:

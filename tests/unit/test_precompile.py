@@ -80,7 +80,7 @@ def test_a_precompiled_manifest_round_trips_and_other_kinds_read_as_before():
 
 def test_a_well_formed_upload_is_accepted_unread():
     manifest, payload = _package(tenant="team-a")
-    got, blobs = check_upload(_upload(manifest, payload), "team-a", 1 << 20)
+    got, blobs, _ = check_upload(_upload(manifest, payload), "team-a", 1 << 20)
     assert got == manifest and blobs == {manifest.payload.digest: payload}
 
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 from prometheus_client import REGISTRY
-from torch import nn
 
 from sdk.errors import GraphRejected
 from sdk.precompile_key import components, precompiled_key, record
+from tests.unit.test_precompile import Net, _package
 from torchfarm import explain
-from torchfarm.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
 from torchfarm.testing.fakes import InProcessFarm
 from torchfarm.testing.inprocess import InProcessClient
 from torchfarm.v1 import farm_pb2
@@ -26,23 +25,14 @@ BUILD = {
 OPTIONS = {"mode": "", "inductor": {}}
 
 
-class Net(nn.Module):
-    def __init__(self, width: int = 8):
-        super().__init__()
-        self.lin = nn.Linear(4, width)
-
-    def forward(self, x):
-        return self.lin(x).relu()
-
-
 class Edited(Net):
-    """Net after its author edited `forward`: the same class name, other code."""
+    """Net after its author edited `forward`: the same class, by name, with other code."""
 
     def forward(self, x):
         return self.lin(x).sigmoid()
 
 
-Edited.__qualname__ = Net.__qualname__
+Edited.__module__, Edited.__qualname__ = Net.__module__, Net.__qualname__
 
 
 def _frozen() -> Net:
@@ -88,16 +78,14 @@ def _client(farm: InProcessFarm) -> InProcessClient:
 
 
 def _upload(client: InProcessClient, key: str, rec: farm_pb2.PrecompiledRecord | None) -> None:
-    payload = b"a package's payload"
-    manifest = Manifest(key=key, fingerprint=BUILD, payload=BlobRef(blob_digest(payload), len(payload)),
-                        kind=PRECOMPILED, graphs={"__compiled_fn_1": "f" * 64})
+    manifest, payload = _package(key=key)
     client.put_precompiled(manifest.to_json(), {manifest.payload.digest: payload}, rec)
 
 
 def test_the_record_names_every_component_and_leaves_out_code_and_data():
     key, rec = _case()
     assert set(rec.components) == set(explain.PRECOMPILED_COMPONENTS)
-    assert rec.model == f"{__name__}.Net"
+    assert rec.model == f"{Net.__module__}.Net"
     assert {p.component for p in rec.parts} == {"model_code", "module_tree", "parameters", "input_metadata"}
     assert all(len(v) <= explain.MAX_TEXT for v in rec.components.values())
     assert "relu" not in str(rec)  # the class's source travels as a digest only
