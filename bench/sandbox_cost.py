@@ -4,7 +4,8 @@ One small model (the MLP example, forward and backward), compiled through a loca
 of one worker whose caches are empty, with TORCHFARM_SANDBOX=off (C++ builds in the pool
 process) and with the sandbox on ("bwrap" where it runs here, else "process"), the
 cases alternating over `--rounds` rounds in one run, each with a stack of its own and a
-client in a fresh process with an empty Inductor cache. Timed: the client's first
+client in a fresh process with an empty Inductor cache. The worker warms up as a
+deployed one does (`--no-warmup`: it does not). Timed: the client's first
 compiled step (submit, the farm's compile, fetch, load, run) of the MLP, on a worker
 that has just started, then of the CNN example, on the same worker, now running (a
 long-lived worker's cold compile). Prints both side by side and their ratios.
@@ -41,11 +42,11 @@ CLIENT = textwrap.dedent("""
 CASES = {"first_step_s": "MLP, the worker just started", "running_worker_s": "CNN, the same worker, running"}
 
 
-def one(mode: str) -> dict:
+def one(mode: str, warmup: bool) -> dict:
     from torchfarm.testing.stack import LocalStack
 
     with tempfile.TemporaryDirectory(prefix="tf-sandbox-bench-") as tmp, LocalStack(
-        workers=1, workdir=Path(tmp), warmup=False, extra_env={"TORCHFARM_SANDBOX": mode}
+        workers=1, workdir=Path(tmp), warmup=warmup, extra_env={"TORCHFARM_SANDBOX": mode}
     ) as stack:
         env = {
             "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/client-inductor",
@@ -65,6 +66,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mode", default="auto", help="the sandboxed case's TORCHFARM_SANDBOX")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="the worker's warm-up (TORCHFARM_WARMUP), as a deployed worker runs it")
     args = parser.parse_args()
     from workers.sandbox import resolve
 
@@ -72,7 +75,7 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {case: {"off": [], on: []} for case in CASES}
     for r in range(args.rounds):
         for mode in ("off", on) if r % 2 == 0 else (on, "off"):
-            result = one(mode)
+            result = one(mode, args.warmup)
             for case in CASES:
                 times[case][mode].append(result[case])
             print(f"round {r + 1}: sandbox={mode:8s} " + "  ".join(

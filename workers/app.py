@@ -86,8 +86,10 @@ def _warm(sender, instance, **_: object) -> None:
         return
     from workers.priming import warm_inductor
 
+    # With a sandbox, the pool compiles nothing (workers/sandbox.py): its forkserver warms up.
+    compiles_here = sandbox_mode == "off" or settings.lower_without_gpu
     try:
-        warm_inductor(compile=bool(plan.graph))
+        warm_inductor(compile=bool(plan.graph) and compiles_here)
     except Exception as e:  # the first job then pays the same setup, and may fail on it
         log.warning("Inductor warm-up failed: %s: %s", type(e).__name__, e)
 

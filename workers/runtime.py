@@ -70,7 +70,7 @@ class WorkerContext:
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
     sandbox: Sandbox | None = None
-    """Where C++ kernel builds and whole-graph compiles run (workers/sandbox.py): a child
+    """Where every compiler run on a tenant's input happens (workers/sandbox.py): a child
     without secrets; None runs them in this process (TORCHFARM_SANDBOX=off, the fakes)."""
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ or a sandbox without one, starts a child of its own as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -45,13 +46,16 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workers.compiler import CompileResult
+    from torchfarm.targets import Target
+    from workers.aot_seam import Decomposition
+    from workers.compiler import CompileResult, LoweredGraph
     from workers.settings import WorkerSettings
+    from workers.triton_compile import KernelResult
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ RESULT_FILE = "result.json"
 REQUEST_FILE = "request.json"
 MAX_RESULT_JSON = 4 * 1024 * 1024
 """Bytes of the child's result.json the parent reads at most."""
+WATCH_S = 0.2
+"""Seconds between a run's `watch` calls."""
 
 _ENV_NAMES = frozenset({
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
@@ -118,17 +124,22 @@ class Sandbox:
     """Where runs fork from (`for_worker` gives each worker one); None: a child per run."""
     prebuilt_headers: bool = True
     """Whether the forkserver prebuilds Inductor's CPU prefix headers."""
+    warm_compile: bool = False
+    """Whether the forkserver runs the worker's warm-up compile (workers/priming.py)
+    before its first run, as a worker's main process does before its pool forks."""
 
     @property
     def degraded(self) -> bool:
         return self.mode != "bwrap"
 
     def run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
-            max_output_bytes: int, forked: bool = True) -> tuple[dict, dict[str, bytes]]:
+            max_output_bytes: int, forked: bool = True,
+            watch: Callable[[str], None] | None = None) -> tuple[dict, dict[str, bytes]]:
         """Runs `workers.sandboxed` `op` on `request` (JSON) and `files` (name → bytes) in
         a fresh scratch directory; returns its result (JSON) and output files, each
         checked: names it declared, inside the scratch, `max_output_bytes` in all.
-        `forked`: in a fork of the forkserver, if there is one and it is free."""
+        `forked`: in a fork of the forkserver, if there is one and it is free. `watch`
+        is called with the scratch directory every `WATCH_S` while the run goes on."""
         server = self.forkserver if forked else None
         if server is not None and server.acquire():
             try:
@@ -137,12 +148,12 @@ class Sandbox:
                     if not root:
                         break
                     try:
-                        return self._run(op, request, files, max_output_bytes, root, server)
+                        return self._run(op, request, files, max_output_bytes, root, server, watch)
                     except _NotTaken:
                         server.stop()
             finally:
                 server.release()
-        return self._run(op, request, files, max_output_bytes, self.scratch_root or None, None)
+        return self._run(op, request, files, max_output_bytes, self.scratch_root or None, None, watch)
 
     def close(self) -> None:
         """Stops the forkserver, if one runs (a later run starts it again)."""
@@ -150,14 +161,16 @@ class Sandbox:
             self.forkserver.stop()
 
     def _run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
-             max_output_bytes: int, root: str | None, server: Forkserver | None) -> tuple[dict, dict[str, bytes]]:
+             max_output_bytes: int, root: str | None, server: Forkserver | None,
+             watch: Callable[[str], None] | None) -> tuple[dict, dict[str, bytes]]:
         scratch = tempfile.mkdtemp(prefix="tfjob-", dir=root)
+        tick = None if watch is None else functools.partial(watch, scratch)
         try:
             _write_inputs(scratch, op, request, files)
             if server is not None:
-                server.run(self, scratch)
+                server.run(self, scratch, tick)
             else:
-                self._start_and_wait(scratch)
+                self._start_and_wait(scratch, tick)
             return _read_outputs(scratch, max_output_bytes)
         except SandboxFailed as e:
             if e.kind != "memory":
@@ -169,7 +182,7 @@ class Sandbox:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _start_and_wait(self, scratch: str) -> None:
+    def _start_and_wait(self, scratch: str, tick: Callable[[], None] | None = None) -> None:
         argv = [self.python, "-m", "workers.sandboxed", scratch]
         if self.mode == "bwrap":
             argv = bwrap_argv(scratch, self.hidden) + argv
@@ -180,7 +193,7 @@ class Sandbox:
                 stdout=err, stderr=err, start_new_session=True, preexec_fn=_limiter(self.limits),
             )
             try:
-                proc.wait(timeout=self.limits.wall_s or None)
+                _wait_ticking(proc, self.limits.wall_s or None, tick)
             except subprocess.TimeoutExpired as e:
                 _kill(proc)
                 raise SandboxFailed("cpu", f"the compile ran past its wall limit ({self.limits.wall_s:.0f}s)") from e
@@ -201,6 +214,9 @@ MAX_REPLY = 64 * 1024
 SERVER_LOG = "server.log"
 HEADERS = "headers"
 """The forkserver's directory (under its root) of prebuilt precompiled headers."""
+STREAM = "stream"
+"""A run's directory (in its scratch) of the kernel specs a lowering streams out as it
+asks for them: `<n>` for the n-th, renamed into place once written (`SpecStream`)."""
 
 
 class Forkserver:
@@ -273,7 +289,7 @@ class Forkserver:
             return ""
         return self._root
 
-    def run(self, box: Sandbox, scratch: str) -> None:
+    def run(self, box: Sandbox, scratch: str, tick: Callable[[], None] | None = None) -> None:
         """Runs the request written in `scratch` (under `root`) in a fork of the server;
         fails as `Sandbox._start_and_wait` does, or raises `_NotTaken` if the server
         ended before it took the run (it answers as it forks)."""
@@ -285,7 +301,7 @@ class Forkserver:
             raise _NotTaken from e
         self._group = int(started.get("started", 0)) if box.mode != "bwrap" else 0
         try:
-            reply = self._receive(box.limits.wall_s or None)
+            reply = self._receive(box.limits.wall_s or None, tick)
         except TimeoutError as e:
             self.stop()
             raise SandboxFailed("cpu", f"the compile ran past its wall limit ({box.limits.wall_s:.0f}s)") from e
@@ -326,6 +342,7 @@ class Forkserver:
             "outer_pid_namespace": os.readlink("/proc/self/ns/pid"),
             "vec_isa": vec_isa,
             "headers": box.prebuilt_headers,
+            "warm": box.warm_compile,
         }
         # -P: the working directory is not on the server's import path.
         argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
@@ -368,8 +385,9 @@ class Forkserver:
         self._proc.stdin.write(json.dumps(message).encode() + b"\n")
         self._proc.stdin.flush()
 
-    def _receive(self, timeout: float | None) -> dict:
-        """The server's next reply line; TimeoutError past `timeout`, EOFError if it ended."""
+    def _receive(self, timeout: float | None, tick: Callable[[], None] | None = None) -> dict:
+        """The server's next reply line; TimeoutError past `timeout`, EOFError if it ended.
+        `tick` is called every `WATCH_S` while none has come."""
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -378,8 +396,12 @@ class Forkserver:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError
+            if tick is not None:
+                left = WATCH_S if left is None else min(left, WATCH_S)
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
+                if tick is not None:
+                    tick()
                 continue
             chunk = os.read(fd, 4096)
             if not chunk:
@@ -491,7 +513,7 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     if error is not None:
         kind = error.get("kind") if isinstance(error, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
-        if kind not in ("compile", "memory", "graph", "guard") or not isinstance(message, str):
+        if kind not in _CHILD_ERRORS or not isinstance(message, str):
             raise SandboxFailed("crash", "the sandboxed compile's error is malformed")
         raise SandboxFailed(kind, message[:64 * 1024])
     names = result.get("files", [])
@@ -501,6 +523,27 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     if os.path.islink(out) or not os.path.isdir(out):
         raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory")
     return result, _read_files(out, names, max_output_bytes)
+
+
+_CHILD_ERRORS = frozenset({"compile", "memory", "graph", "guard", "rejected", "undecomposable", "whole"})
+"""The error kinds a child may report (workers/sandboxed.py's `_Refused` and `main`)."""
+
+
+def _wait_ticking(proc: subprocess.Popen, timeout: float | None, tick: Callable[[], None] | None) -> None:
+    """`proc.wait(timeout)`, calling `tick` every `WATCH_S` meanwhile."""
+    if tick is None:
+        proc.wait(timeout=timeout)
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        try:
+            proc.wait(timeout=WATCH_S if left is None else min(left, WATCH_S))
+            return
+        except subprocess.TimeoutExpired:
+            tick()
 
 
 def _read_files(out: str, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
@@ -639,9 +682,10 @@ def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tupl
     return tuple(p for p in paths if not any(p != d and p.startswith(d + os.sep) for d in dirs))
 
 
-def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
+def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False) -> Sandbox:
     """The sandbox of a worker whose mode `resolve` chose: its limits, the key files and
-    secret mounts hidden from it, and its forkserver."""
+    secret mounts hidden from it, and its forkserver (`warm_compile`: warmed up by a
+    compile, for a worker that lowers graphs)."""
     return Sandbox(
         mode=mode,
         limits=Limits(
@@ -654,6 +698,7 @@ def for_worker(settings: WorkerSettings, mode: str) -> Sandbox:
         scratch_root=settings.sandbox_dir,
         forkserver=Forkserver() if settings.sandbox_forkserver else None,
         prebuilt_headers=settings.sandbox_headers,
+        warm_compile=warm_compile,
     )
 
 
@@ -720,3 +765,180 @@ def compile_whole(
         raise SandboxFailed("crash", "the sandboxed compile's guards are malformed")
     clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
     return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=clean), tuple(guards)
+
+
+@dataclass
+class SpecStream:
+    """A run's `watch` for the lowering: hands each kernel spec the child streamed out
+    (workers/sandboxed.py's `stream/<n>`) to `on_kernel`, in order, each read through no
+    link and bounded by `max_bytes` in all. The specs are only a head start (the
+    authoritative list is the result's): a stream that breaks its rules, or an
+    `on_kernel` that raises, is logged and read no further."""
+
+    on_kernel: Callable[[bytes], None]
+    max_bytes: int
+    count: int = 0
+    total: int = 0
+    stopped: bool = False
+
+    def __call__(self, scratch: str) -> None:
+        if self.stopped:
+            return
+        try:
+            fd = os.open(os.path.join(scratch, STREAM), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return  # the child has not started lowering
+        except OSError as e:
+            self._stop(f"the stream is not a plain directory: {e}")
+            return
+        try:
+            while not self.stopped:
+                spec = self._next(fd)
+                if spec is None:
+                    return
+                self.count += 1
+                self.on_kernel(spec)
+        except Exception as e:  # the lowering goes on; its result lists every spec
+            self._stop(f"{type(e).__name__}: {e}")
+        finally:
+            os.close(fd)
+
+    def _next(self, directory: int) -> bytes | None:
+        try:
+            fd = os.open(str(self.count), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SandboxFailed("crash", f"streamed spec {self.count} is not a plain file")
+            data = f.read(self.max_bytes - self.total + 1)
+        self.total += len(data)
+        if self.total > self.max_bytes:
+            raise SandboxFailed("crash", f"the streamed specs exceed {self.max_bytes} bytes")
+        return data
+
+    def _stop(self, why: str) -> None:
+        self.stopped = True
+        log.warning("kernel streaming from the sandbox stopped: %s", why)
+
+
+def decompose(
+    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
+) -> Decomposition:
+    """The staged compile's decomposition of a `CompileRequest`, in the sandbox
+    (`workers.aot_seam.decompose_graph` there). Its fields must parse as a decomposition;
+    its graphs are decoded through the allow-list where they are used (the lowering).
+    Raises SandboxFailed of kind "undecomposable" when the graph decomposes in its lowering."""
+    from torchfarm.fx.vecisa import probe_record
+    from workers.aot_seam import Decomposition, NotDecomposable
+
+    result, files = sandbox.run(
+        "decompose", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request},
+        max_bytes, forked=not on_gpu,
+    )
+    seconds = result.get("seconds")
+    if not isinstance(seconds, (int, float)) or not set(files) <= {"dec.head", "dec.forward", "dec.backward"}:
+        raise SandboxFailed("crash", "the sandboxed decomposition's result is malformed")
+    try:
+        dec = Decomposition.from_fields({name[len("dec."):].encode(): data for name, data in files.items()})
+    except NotDecomposable as e:
+        raise SandboxFailed("crash", f"the sandboxed decomposition does not parse: {e}") from e
+    return dataclasses.replace(dec, seconds=float(seconds))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A sandboxed lowering's result, checked."""
+
+    graph: LoweredGraph
+    guards: tuple[list, ...]
+    used_decomposition: bool
+
+
+def lower_graph(
+    sandbox: Sandbox, request: bytes, decomposition: Mapping[bytes, bytes] | None, max_bytes: int,
+    installed_ops: tuple[str, ...] = (), on_kernel: Callable[[bytes], None] | None = None,
+    on_gpu: bool = False,
+) -> Lowered:
+    """The staged lowering of a `CompileRequest` in the sandbox (`workers.compiler.lower_graph`
+    there), from the stored `decomposition`'s fields when given. `on_kernel` gets each
+    kernel spec as the compile asks for it (`SpecStream`). Each spec must parse. A GPU
+    target's lowering runs in a child of its own, as `compile_whole`'s does.
+
+    Raises SandboxFailed: kind "undecomposable" when the decomposition does not fit,
+    "whole" when only the whole-graph path can compile the graph."""
+    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
+    from torchfarm.fx.vecisa import probe_record
+    from workers.compiler import LoweredGraph
+
+    fields = dict(decomposition or {})
+    names = [name.decode() for name in fields]
+    files = {"request.pb": request, **{f"dec.{name.decode()}": data for name, data in fields.items()}}
+    stream = SpecStream(on_kernel, max_bytes) if on_kernel is not None else None
+    result, out = sandbox.run(
+        "lower", {"vec_isa": probe_record(), "installed_ops": list(installed_ops), "decomposition": names},
+        files, max_bytes, forked=not on_gpu, watch=stream,
+    )
+    count, guards, timings, stats = (result.get(k) for k in ("specs", "guards", "timings", "stats"))
+    if (not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict)
+            or not isinstance(stats, dict) or not all(isinstance(g, list) for g in guards)):
+        raise SandboxFailed("crash", "the sandboxed lowering's result is malformed")
+    if set(out) != {"payload.bin", *(f"s{i}.spec" for i in range(count))}:
+        raise SandboxFailed("crash", "the sandboxed lowering's files are not the ones it declared")
+    specs = [out[f"s{i}.spec"] for i in range(count)]
+    for i, spec in enumerate(specs):
+        try:
+            KernelSpec.from_bytes(spec)
+        except KernelSpecError as e:
+            raise SandboxFailed("crash", f"the sandboxed lowering's kernel {i}: {e}") from e
+    clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+    if not {"compile", "collect"} <= set(clean):
+        raise SandboxFailed("crash", "the sandboxed lowering's timings are malformed")
+    graph = LoweredGraph(
+        payload=out["payload.bin"], specs=specs, timings=clean,
+        stats={str(k): int(v) for k, v in stats.items() if isinstance(v, int)},
+    )
+    return Lowered(graph, tuple(guards), result.get("used") is True)
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def export_package(sandbox: Sandbox, request: bytes, max_bytes: int, on_gpu: bool = False) -> tuple[bytes, dict[str, float]]:
+    """The AOTInductor package of an export `CompileRequest`, built in the sandbox, and
+    its timings. The package must be a zip file (a .pt2) within `max_bytes`."""
+    from torchfarm.fx.vecisa import probe_record
+
+    result, files = sandbox.run(
+        "export", {"vec_isa": probe_record()}, {"request.pb": request}, max_bytes, forked=not on_gpu,
+    )
+    timings = result.get("timings")
+    if set(files) != {"package.pt2"} or not isinstance(timings, dict):
+        raise SandboxFailed("crash", "the sandboxed export's result is malformed")
+    if not files["package.pt2"].startswith(_ZIP_MAGIC):
+        raise SandboxFailed("crash", "the sandboxed export's package is not a .pt2 (zip) file")
+    return files["package.pt2"], {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+
+
+def compile_triton(sandbox: Sandbox, request: bytes, target: Target, max_bytes: int) -> KernelResult:
+    """A Triton `KernelRequest` compiled for `target` in the sandbox. Its binary must be
+    code for `target` (checked here again, on what came back), its kind the target's."""
+    from torchfarm import elf
+    from workers.triton_compile import KernelResult
+
+    result, files = sandbox.run("triton", {"target": str(target)}, {"request.pb": request}, max_bytes)
+    kind, metadata, seconds = result.get("kind"), result.get("metadata"), result.get("seconds")
+    expected = "cubin" if target.device == "cuda" else "hsaco"
+    if (set(files) != {"kernel.bin", "kernel.asm"} or kind != expected or not isinstance(metadata, dict)
+            or not isinstance(seconds, (int, float))):
+        raise SandboxFailed("crash", "the sandboxed kernel compile's result is malformed")
+    try:
+        elf.check_binary(files["kernel.bin"], target.device, target.arch)
+    except elf.NotAKernel as e:
+        raise SandboxFailed("crash", f"the sandboxed kernel compile's binary is not code for {target}: {e}") from e
+    try:
+        assembly = files["kernel.asm"].decode()
+    except UnicodeDecodeError as e:
+        raise SandboxFailed("crash", "the sandboxed kernel compile's assembly is not text") from e
+    return KernelResult(kind=kind, binary=files["kernel.bin"], assembly=assembly, metadata=metadata,
+                        seconds=float(seconds))

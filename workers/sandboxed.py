@@ -9,10 +9,17 @@ It has no Redis, no keys and no network; it must not need them. Ops:
 - "build": C++ kernel specs (`in/<name>`) → their binaries (`out/<name>.bin`), built as
   many at once as `threads`;
 - "whole": a `CompileRequest` (`in/request.pb`) → decoded, compiled whole
-  (`compile_graph`): the payload, each kernel's spec and binary, the added guards.
+  (`compile_graph`): the payload, each kernel's spec and binary, the added guards;
+- "decompose": the same request → AOTAutograd's graphs (`decompose_graph`), as the
+  fields they are stored as (`out/dec.<field>`);
+- "lower": the same request (and its stored decomposition, `in/dec.<field>`) →
+  lowered (`lower_graph`): the payload, each kernel's spec, the added guards, the specs
+  streamed out under `stream/` as the compile asks for them;
+- "export": an export request → its AOTInductor package;
+- "triton": a `KernelRequest` → the Triton kernel's binary, assembly and metadata.
 
-Both replay the vector-ISA record of the parent's Inductor, so the child picks the same
-ISA (the one the manifest names) and builds nothing to find it.
+The compiling ops replay the vector-ISA record of the parent's Inductor, so the child
+picks the same ISA (the one the manifest names) and builds nothing to find it.
 
 `python -P -m workers.sandboxed --serve CONFIG` is a worker's forkserver
 (workers/sandbox.py's `Forkserver`): it imports what the ops need, asks the compiler
@@ -40,7 +47,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from workers.sandbox import HEADERS
+from workers.sandbox import HEADERS, STREAM
 
 if TYPE_CHECKING:
     from workers.sandbox import Limits
@@ -78,24 +85,25 @@ def _build(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Refused(Exception):
-    """A failure whose kind is not the compiler's: "graph" (the graph does not decode) or
-    "guard" (the compile added a guard the farm cannot ship)."""
+    """A failure whose kind is not the compiler's: "graph" (the graph does not decode),
+    "guard" (the compile added a guard the farm cannot ship), "rejected" (the kernel
+    checker refused a Triton source), or a lowering's other way: "undecomposable" (the
+    stored decomposition does not fit) and "whole" (only the whole-graph path compiles it)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
 
 
-def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The `CompileRequest` in `in/request.pb`, decoded as the parent decoded it: the
+    request, its `DecodedGraph` and its Inductor options."""
     from torchfarm.fx import global_state, toolchain, vecisa
-    from torchfarm.fx import guards as shape_guards
     from torchfarm.fx.customops import use_installed
     from torchfarm.fx.decode import decode_graph
     from torchfarm.graph_errors import GraphError
     from torchfarm.v1 import farm_pb2
-    from workers.compiler import compile_graph
-    from workers.fakepg import fake_groups
-    from workers.runtime import JobFailed, added_guards, check_options
+    from workers.runtime import JobFailed, check_options
 
     toolchain.seed_inductor()
     use_installed(tuple(str(m) for m in request.get("installed_ops", ())))
@@ -110,6 +118,32 @@ def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
             decoded = decode_graph(compile_request.graph)
     except (GraphError, JobFailed) as e:
         raise _Refused("graph", str(e)) from e
+    return compile_request, decoded, inductor_options
+
+
+def _guards(decoded: Any, mark: tuple) -> list[Any]:
+    from workers.runtime import JobFailed, added_guards
+
+    try:
+        return list(added_guards(decoded, mark))
+    except JobFailed as e:
+        raise _Refused("guard", str(e)) from e
+
+
+def _write(scratch: str, outputs: dict[str, bytes]) -> list[str]:
+    for name, data in outputs.items():
+        with open(os.path.join(scratch, "out", name), "wb") as out:
+            out.write(data)
+    return list(outputs)
+
+
+def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    from torchfarm.fx import global_state
+    from torchfarm.fx import guards as shape_guards
+    from workers.compiler import compile_graph
+    from workers.fakepg import fake_groups
+
+    compile_request, decoded, inductor_options = _decoded(scratch, request)
     mark = shape_guards.snapshot(decoded.shape_env)
     with fake_groups(compile_request.graph.groups), global_state.applied(compile_request.options):
         result = compile_graph(
@@ -117,23 +151,140 @@ def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
             dynamic=compile_request.options.dynamic, mode=compile_request.options.mode,
             inductor_options=inductor_options,
         )
-    try:
-        guards = added_guards(decoded, mark)
-    except JobFailed as e:
-        raise _Refused("guard", str(e)) from e
+    guards = _guards(decoded, mark)
     outputs = {"payload.bin": result.payload}
     for i, kernel in enumerate(result.kernels):
         outputs[f"k{i}.src"], outputs[f"k{i}.bin"] = kernel.source, kernel.binary
-    for name, data in outputs.items():
-        with open(os.path.join(scratch, "out", name), "wb") as out:
-            out.write(data)
     return {
-        "files": list(outputs), "kernels": len(result.kernels), "guards": list(guards),
+        "files": _write(scratch, outputs), "kernels": len(result.kernels), "guards": guards,
         "timings": result.timings, "stats": result.stats,
     }
 
 
-OPS = {"build": _build, "whole": _whole}
+class _Streamed:
+    """`lower_graph`'s `on_kernel` in the child: each spec written to `stream/<n>`."""
+
+    def __init__(self, scratch: str):
+        self.place = os.path.join(scratch, STREAM)
+        os.makedirs(self.place, exist_ok=True)
+        self.count = 0
+
+    def __call__(self, spec: bytes) -> None:
+        name = os.path.join(self.place, str(self.count))
+        with open(name + ".part", "wb") as f:
+            f.write(spec)
+        os.rename(name + ".part", name)
+        self.count += 1
+
+
+def _lower(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The staged lowering: `lower_graph` of the request, taking the stored
+    decomposition's graphs (`in/dec.<field>`) when there is one; the specs stream out
+    (`_Streamed`) while it runs."""
+    from torchfarm.fx import global_state
+    from torchfarm.fx import guards as shape_guards
+    from workers.aot_seam import Decomposition, NotDecomposable, using_decomposition
+    from workers.compiler import NeedsWholeGraph, lower_graph
+    from workers.fakepg import fake_groups
+
+    compile_request, decoded, inductor_options = _decoded(scratch, request)
+    used: list[str] = []
+    seam = None
+    mark = shape_guards.snapshot(decoded.shape_env)
+    try:
+        if request.get("decomposition"):
+            fields = {}
+            for name in request["decomposition"]:
+                with open(os.path.join(scratch, "in", f"dec.{name}"), "rb") as f:
+                    fields[str(name).encode()] = f.read()
+            seam = using_decomposition(Decomposition.from_fields(fields), decoded, used)
+        with fake_groups(compile_request.graph.groups), global_state.applied(compile_request.options):
+            lowered = lower_graph(
+                decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
+                dynamic=compile_request.options.dynamic, mode=compile_request.options.mode,
+                inductor_options=inductor_options, on_kernel=_Streamed(scratch), aot_seam=seam,
+            )
+    except NotDecomposable as e:
+        raise _Refused("undecomposable", str(e)) from e
+    except NeedsWholeGraph as e:
+        raise _Refused("whole", str(e)) from e
+    guards = _guards(decoded, mark)
+    outputs = {"payload.bin": lowered.payload, **{f"s{i}.spec": s for i, s in enumerate(lowered.specs)}}
+    return {
+        "files": _write(scratch, outputs), "specs": len(lowered.specs), "guards": guards,
+        "timings": lowered.timings, "stats": lowered.stats, "used": bool(used),
+    }
+
+
+def _decompose(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The staged compile's decomposition: AOTAutograd's graphs of the request, as the
+    fields they are stored as (`out/dec.<field>`)."""
+    from torchfarm.fx import global_state
+    from workers.aot_seam import NotDecomposable, decompose_graph
+    from workers.fakepg import fake_groups
+
+    compile_request, decoded, inductor_options = _decoded(scratch, request)
+    options = compile_request.options
+    try:
+        with fake_groups(compile_request.graph.groups), global_state.applied(options):
+            dec = decompose_graph(
+                decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=inductor_options,
+            )
+    except NotDecomposable as e:
+        raise _Refused("undecomposable", str(e)) from e
+    outputs = {f"dec.{name}": data for name, data in dec.to_fields().items()}
+    return {"files": _write(scratch, outputs), "seconds": dec.seconds}
+
+
+def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    """An export request (`in/request.pb`) → its AOTInductor package (`out/package.pt2`)."""
+    from torchfarm.fx import toolchain, vecisa
+    from torchfarm.graph_errors import GraphError
+    from torchfarm.v1 import farm_pb2
+    from workers.aoti import build_package
+    from workers.runtime import JobFailed, check_options
+
+    toolchain.seed_inductor()
+    if request.get("vec_isa"):
+        vecisa.seed(request["vec_isa"])
+    export_request = farm_pb2.CompileRequest()
+    with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
+        export_request.ParseFromString(f.read())
+    try:
+        result = build_package(export_request.graph, export_request.export, check_options(export_request))
+    except (GraphError, JobFailed) as e:
+        raise _Refused("graph", str(e)) from e
+    return {"files": _write(scratch, {"package.pt2": result.package}), "timings": result.timings}
+
+
+def _triton(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A Triton kernel request (`in/request.pb`) compiled for `request["target"]`: its
+    binary, assembly and metadata."""
+    from torchfarm import targets
+    from torchfarm.kernelcheck import KernelRejected
+    from torchfarm.v1 import farm_pb2
+    from workers.triton_compile import KernelCompileError, compile_kernel
+
+    kernel_request = farm_pb2.KernelRequest()
+    with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
+        kernel_request.ParseFromString(f.read())
+    try:
+        result = compile_kernel(kernel_request, targets.parse(str(request["target"])))
+    except KernelRejected as e:
+        raise _Refused("rejected", str(e)) from e
+    except KernelCompileError as e:  # told as the unsandboxed compile tells it
+        raise _Refused("compile", str(e)) from e
+    outputs = {"kernel.bin": result.binary, "kernel.asm": result.assembly.encode()}
+    return {
+        "files": _write(scratch, outputs), "kind": result.kind, "metadata": result.metadata,
+        "seconds": result.seconds,
+    }
+
+
+OPS = {
+    "build": _build, "whole": _whole, "decompose": _decompose, "lower": _lower, "export": _export,
+    "triton": _triton,
+}
 
 
 def main(scratch: str) -> int:
@@ -171,7 +322,9 @@ def serve(config: dict[str, Any]) -> int:
     limits = Limits(**config["limits"])
     root = str(config["root"])
     try:
-        headers = _preload(root, config.get("vec_isa") or {}, bool(config.get("headers", True)))
+        headers = _preload(
+            root, config.get("vec_isa") or {}, bool(config.get("headers", True)), bool(config.get("warm")),
+        )
         _answer({"ready": True})
         return _serve_runs(root, limits, own_namespace, headers)
     finally:  # a worker killed outright cannot remove it (its prebuilt headers: about 275 MB)
@@ -212,15 +365,17 @@ def _remove_all(root: str) -> None:
 
 _OPS_IMPORT = (
     "torchfarm.fx.customops", "torchfarm.fx.decode", "torchfarm.fx.global_state", "torchfarm.fx.guards",
-    "torchfarm.graph_errors", "torchfarm.v1.farm_pb2", "workers.compiler", "workers.fakepg", "workers.runtime",
+    "torchfarm.graph_errors", "torchfarm.v1.farm_pb2", "workers.aot_seam", "workers.aoti", "workers.compiler",
+    "workers.fakepg", "workers.priming", "workers.runtime", "workers.triton_compile",
 )
 
 
-def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, tuple[int, ...]]:
+def _preload(root: str, vec_isa: dict[str, Any], headers: bool, warm: bool) -> dict[str, tuple[int, ...]]:
     """Everything the ops import, the compiler's answers and the parent's vector ISA,
-    and (`headers`) Inductor's precompiled headers for CPU kernels (`_prebuild_headers`):
-    what each run would otherwise spend its first seconds on. Returns the headers'
-    digests."""
+    (`headers`) Inductor's precompiled headers for CPU kernels (`_prebuild_headers`), and
+    (`warm`) the worker's warm-up compile (workers/priming.py), a fixed graph of the
+    farm's own: what each run would otherwise spend its first seconds on. Returns the
+    headers' digests."""
     for module in _OPS_IMPORT:
         importlib.import_module(module)
     from torchfarm.fx import toolchain, vecisa
@@ -230,6 +385,13 @@ def _preload(root: str, vec_isa: dict[str, Any], headers: bool) -> dict[str, tup
         vecisa.seed(vec_isa)
     else:
         vecisa.picked()  # the probe, run here: each run's `vecisa.seed` checks it against the parent's
+    if warm:
+        from workers.priming import warm_inductor
+
+        try:
+            warm_inductor(compile=True)
+        except Exception as e:  # each run then pays the same set-up, as without it
+            print(f"the forkserver's warm-up failed: {type(e).__name__}: {e}", file=sys.stderr)
     return _prebuild_headers(os.path.join(root, HEADERS)) if headers else {}
 
 

@@ -76,7 +76,10 @@ def _context() -> WorkerContext:
 
 @functools.cache
 def _sandbox() -> sandbox.Sandbox | None:
-    return None if sandbox_mode == "off" else sandbox.for_worker(settings, sandbox_mode)
+    if sandbox_mode == "off":
+        return None
+    warm = settings.warmup and bool(plan.graph) and not settings.lower_without_gpu  # see app._warm
+    return sandbox.for_worker(settings, sandbox_mode, warm_compile=warm)
 
 
 @signals.worker_process_init.connect
@@ -207,6 +210,8 @@ def _kernel_context() -> KernelContext:
         failed_ttl_s=settings.failed_ttl_s,
         done_ttl_s=settings.done_ttl_s,
         scratch_dir=os.environ.get("TRITON_CACHE_DIR"),  # Triton's own setting, not ours
+        sandbox=_sandbox(),
+        max_output_bytes=settings.max_artifact_bytes,
     )
 
 

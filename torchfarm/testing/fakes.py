@@ -38,6 +38,8 @@ class InProcessFarm:
     """Fields of the inline worker's `WorkerSettings`."""
     store: MemoryStore = field(default_factory=memory_store)
     dispatcher: InlineDispatcher = field(default_factory=InlineDispatcher)
+    sandbox: Any = None
+    """The inline worker's `workers.sandbox.Sandbox`; None: it compiles in this process."""
 
     def __post_init__(self) -> None:
         self.farm = Farm(self.settings, self.store, self.dispatcher)
@@ -47,7 +49,9 @@ class InProcessFarm:
     def context(self) -> Any:
         """The inline worker's `WorkerContext` (built on first use: it needs torch)."""
         if self._context is None:
-            self._context = worker_context(self.store, self.dispatcher, **self.worker_settings)
+            self._context = worker_context(
+                self.store, self.dispatcher, sandbox=self.sandbox, **self.worker_settings
+            )
         return self._context
 
     def register_worker(self, name: str = "inline", ttl_s: int = 3600) -> None:

@@ -123,10 +123,12 @@ class InlineDispatcher(Dispatcher):
         return count
 
 
-def worker_context(store: Store, dispatcher: InlineDispatcher, name: str = "inline", **settings: Any) -> Any:
+def worker_context(
+    store: Store, dispatcher: InlineDispatcher, name: str = "inline", sandbox: Any = None, **settings: Any
+) -> Any:
     """A `WorkerContext` on `store` whose stage jobs go to `dispatcher`: this machine's
     fingerprint, a fresh signing key (`context.signer`) and the record seal derived from
-    it, `WorkerSettings(**settings)`."""
+    it, `WorkerSettings(**settings)`, and `sandbox` (workers/sandbox.py) if given."""
     from torchfarm.fx.fingerprint import local_fingerprint
     from torchfarm.seal import Seal
     from torchfarm.signing import Signer
@@ -142,4 +144,5 @@ def worker_context(store: Store, dispatcher: InlineDispatcher, name: str = "inli
         signer=signer,
         seal=Seal.from_signer(signer),
         send=dispatcher.send_stage,
+        sandbox=sandbox,
     )

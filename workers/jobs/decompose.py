@@ -1,7 +1,8 @@
 """The staged compile's decomposition stage, in the graph job: AOTAutograd up to its
-partition (workers/aot_seam.py), the forward and backward graphs stored in the graph
-format, then the lowering job sent to the stages queue. A graph whose decomposition
-cannot leave its job (`NotDecomposable`) is lowered here, decomposition included."""
+partition (workers/aot_seam.py; in the sandbox, when the worker has one), the forward
+and backward graphs stored in the graph format, then the lowering job sent to the
+stages queue. A graph whose decomposition cannot leave its job (`NotDecomposable`) is
+lowered here, decomposition included."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ import time
 from torchfarm import keys, routing
 from torchfarm.codes import Stage
 from torchfarm.manifest import Manifest
-from workers.aot_seam import NotDecomposable, decompose_graph
+from workers.aot_seam import Decomposition, NotDecomposable, decompose_graph
 from workers.board import StageBoard
 from workers.compiler import CompileFailed
 from workers.fakepg import fake_groups
 from workers.jobs.lower import lower
 from workers.jobs.sending import send_stage, stage_queue, stage_record
+from workers.jobs.whole import sandbox_failure
 from workers.limits import cpu_time_limit
 from workers.runtime import Prepared, WorkerContext, as_job_failure
+from workers.sandbox import SandboxFailed
+from workers.sandbox import decompose as sandbox_decompose
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +33,14 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     lowering; or, for a graph that cannot be decomposed apart, lower it here. Returns a
     manifest only when the graph was compiled whole here."""
     target = str(routing.target_of(job.request.target))
-    options = job.request.options
     ctx.store.update_job(key, stage=Stage.DECOMPOSING)
     t0 = time.perf_counter()
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
-            dec = decompose_graph(
-                job.decoded, dynamic=options.dynamic, mode=options.mode,
-                inductor_options=job.inductor_options,
-            )
+        dec = _decompose(ctx, job)
     except NotDecomposable as e:
         log.info("job key=%s decomposes in its lowering: %s", keys.short(key), e)
         ctx.store.update_job(key, decomposed=f"in the lowering: {e}"[:300])
         return lower(key, ctx, job.redecoded(), target)
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e
     record = ctx.store.get_job(key)
     queued = record.started - record.created if record is not None and record.started else 0.0
     stage = stage_record("decompose", job.decode_s + time.perf_counter() - t0, queued, ctx.name)
@@ -57,3 +54,26 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
         len(dec.backward.nodes) if dec.backward is not None else 0,
     )
     return None
+
+
+def _decompose(ctx: WorkerContext, job: Prepared) -> Decomposition:
+    """The decomposition, in the sandbox's child when there is one (it decodes the
+    request again and holds no key). Raises NotDecomposable."""
+    options = job.request.options
+    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+        try:
+            return sandbox_decompose(
+                ctx.sandbox, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
+                ctx.settings.installed_op_modules, on_gpu=job.request.target.device != "cpu",
+            )
+        except SandboxFailed as e:
+            if e.kind == "undecomposable":
+                raise NotDecomposable(str(e)) from e
+            raise sandbox_failure(e) from e
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
+            return decompose_graph(
+                job.decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,
+            )
+    except CompileFailed as e:
+        raise as_job_failure(e, ctx) from e

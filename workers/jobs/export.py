@@ -1,4 +1,5 @@
-"""The export job: request → checks → AOTInductor package → store.
+"""The export job: request → checks → AOTInductor package (in the sandbox, when the
+worker has one) → store.
 
 Each delivery goes through `workers.runtime.run_delivery`, as a compile's does. The
 artifact is a manifest of kind "export" whose payload is the AOTInductor .pt2 package,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from torchfarm import keys
 from torchfarm.codes import JobError, Stage
@@ -17,6 +19,7 @@ from torchfarm.manifest import EXPORT, BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
 from workers.aoti import ExportFailed, build_package
 from workers.compiler import cause_of
+from workers.jobs.whole import sandbox_failure
 from workers.limits import cpu_time_limit
 from workers.runtime import (
     Delivery,
@@ -28,6 +31,7 @@ from workers.runtime import (
     load_request,
     run_delivery,
 )
+from workers.sandbox import SandboxFailed, export_package
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +56,29 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
     check_build(request, ctx.fingerprint)
     inductor_options = check_options(request)
     ctx.store.update_job(key, stage=Stage.EXPORT)
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
-            result = build_package(request.graph, request.export, inductor_options)
-    except GraphError as e:
-        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-    except ExportFailed as e:
-        if cause_of(e, ctx.timeout_errors) is not None:
-            raise JobFailed(JobError.COMPILE_TIMEOUT, "the export ran past the farm's time limit") from e
-        raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
-    if len(result.package) > ctx.settings.max_artifact_bytes:
+    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+        try:
+            package, timings = export_package(
+                ctx.sandbox, request.SerializeToString(), ctx.settings.max_artifact_bytes,
+                on_gpu=request.target.device != "cpu",
+            )
+        except SandboxFailed as e:
+            raise sandbox_failure(e) from e
+    else:
+        package, timings = _export_here(ctx, request, inductor_options)
+    if len(package) > ctx.settings.max_artifact_bytes:
         raise JobFailed(
             JobError.ARTIFACT_TOO_LARGE,
-            f"the package is {len(result.package)} bytes; the farm stores at most "
-            f"{ctx.settings.max_artifact_bytes}",
+            f"the package is {len(package)} bytes; the farm stores at most {ctx.settings.max_artifact_bytes}",
         )
     ctx.store.update_job(key, stage=Stage.STORE)
-    payload = BlobRef(blob_digest(result.package), len(result.package))
-    ctx.store.put_blob(payload.digest, result.package)
+    payload = BlobRef(blob_digest(package), len(package))
+    ctx.store.put_blob(payload.digest, package)
     manifest = Manifest(
         key=key,
         fingerprint=ctx.fingerprint.to_dict(),
         payload=payload,
-        timings={**result.timings, "total": time.perf_counter() - t0},
+        timings={**timings, "total": time.perf_counter() - t0},
         worker=ctx.name,
         created=time.time(),
         tenant=ctx.store.namespace,
@@ -84,3 +88,20 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds the package
     return manifest
+
+
+def _export_here(
+    ctx: WorkerContext, request: farm_pb2.CompileRequest, inductor_options: dict[str, Any]
+) -> tuple[bytes, dict[str, float]]:
+    """The package built in this process (TORCHFARM_SANDBOX=off, or a GPU target lowered
+    without its GPU), and its timings."""
+    try:
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
+            result = build_package(request.graph, request.export, inductor_options)
+    except GraphError as e:
+        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
+    except ExportFailed as e:
+        if cause_of(e, ctx.timeout_errors) is not None:
+            raise JobFailed(JobError.COMPILE_TIMEOUT, "the export ran past the farm's time limit") from e
+        raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
+    return result.package, result.timings

@@ -42,7 +42,7 @@ from workers.jobs.sending import (
     stage_queue,
     stage_record,
 )
-from workers.jobs.whole import compile_whole
+from workers.jobs.whole import compile_whole, sandbox_failure
 from workers.limits import cpu_time_limit
 from workers.runtime import (
     JobFailed,
@@ -56,6 +56,8 @@ from workers.runtime import (
     put_blob,
     record_failure,
 )
+from workers.sandbox import Sandbox, SandboxFailed
+from workers.sandbox import lower_graph as sandbox_lower
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +143,26 @@ def lower(
 def _lower(
     key: str, ctx: WorkerContext, job: Prepared, stream: KernelStream, dec: Decomposition | None
 ) -> tuple[LoweredGraph, tuple[Any, ...]]:
-    """`lower_graph` of the job's graph, taking `dec`'s graphs when given; the lowered
-    graph and the shape guards it rests on."""
+    """`lower_graph` of the job's graph, taking `dec`'s graphs when given, in the
+    sandbox when there is one; the lowered graph and the shape guards it rests on."""
+    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+        lowered, guards, used = _lower_sandboxed(ctx, ctx.sandbox, job, stream, dec)
+    else:
+        lowered, guards, used = _lower_here(ctx, job, stream, dec)
+    if dec is not None:
+        if not used:
+            log.info("job key=%s: AOTAutograd's cache had the graph; its decomposition was not used",
+                     keys.short(key))
+        seen = {json.dumps(g) for g in guards}
+        guards = (*guards, *(g for g in dec.guards if json.dumps(g) not in seen))
+    return lowered, guards
+
+
+def _lower_here(
+    ctx: WorkerContext, job: Prepared, stream: KernelStream, dec: Decomposition | None
+) -> tuple[LoweredGraph, tuple[Any, ...], bool]:
+    """The lowering in this process (TORCHFARM_SANDBOX=off, or a GPU target lowered
+    without its GPU): the lowered graph, its added guards, whether `dec` was used."""
     decoded, options = job.decoded, job.request.options
     mark = shape_guards.snapshot(decoded.shape_env)
     used: list[str] = []
@@ -156,14 +176,32 @@ def _lower(
             )
     except CompileFailed as e:
         raise as_job_failure(e, ctx) from e
-    guards = added_guards(decoded, mark)
-    if dec is not None:
-        if not used:
-            log.info("job key=%s: AOTAutograd's cache had the graph; its decomposition was not used",
-                     keys.short(key))
-        seen = {json.dumps(g) for g in guards}
-        guards = (*guards, *(g for g in dec.guards if json.dumps(g) not in seen))
-    return lowered, guards
+    return lowered, added_guards(decoded, mark), bool(used)
+
+
+def _lower_sandboxed(
+    ctx: WorkerContext, box: Sandbox, job: Prepared, stream: KernelStream, dec: Decomposition | None
+) -> tuple[LoweredGraph, tuple[Any, ...], bool]:
+    """The lowering in the sandbox's child, which decodes the request again, holds no
+    key and streams its kernel specs back to `stream`; what it returns is checked there
+    (workers/sandbox.py) before anything here acts on it."""
+    try:
+        done = sandbox_lower(
+            box, job.request.SerializeToString(), None if dec is None else _fields(dec),
+            ctx.settings.max_artifact_bytes, ctx.settings.installed_op_modules, on_kernel=stream,
+            on_gpu=job.request.target.device != "cpu",
+        )
+    except SandboxFailed as e:
+        if e.kind == "undecomposable":
+            raise NotDecomposable(str(e)) from e
+        if e.kind == "whole":
+            raise NeedsWholeGraph(str(e)) from e
+        raise sandbox_failure(e) from e
+    return done.graph, done.guards, done.used_decomposition
+
+
+def _fields(dec: Decomposition) -> dict[bytes, bytes]:
+    return {name.encode(): data for name, data in dec.to_fields().items()}
 
 
 @dataclasses.dataclass

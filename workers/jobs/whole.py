@@ -66,6 +66,12 @@ _SANDBOX_CODES = {
 }
 
 
+def sandbox_failure(e: SandboxFailed) -> JobFailed:
+    """A sandboxed compile's failure as its job's: the graph's, a guard's, the time
+    limit's, or else the compiler's."""
+    return JobFailed(_SANDBOX_CODES.get(e.kind, JobError.COMPILE_ERROR), str(e))
+
+
 def _compile_sandboxed(ctx: WorkerContext, box: Sandbox, job: Prepared) -> tuple[CompileResult, tuple[list, ...]]:
     """The compile in the sandbox's child, which decodes the request again and holds no
     key; what it returns is checked there (workers/sandbox.py) before it is stored."""
@@ -75,7 +81,7 @@ def _compile_sandboxed(ctx: WorkerContext, box: Sandbox, job: Prepared) -> tuple
             ctx.settings.installed_op_modules, on_gpu=job.request.target.device != "cpu",
         )
     except SandboxFailed as e:
-        raise JobFailed(_SANDBOX_CODES.get(e.kind, JobError.COMPILE_ERROR), str(e)) from e
+        raise sandbox_failure(e) from e
 
 
 def _store(
