@@ -773,10 +773,12 @@ class SpecStream:
     (workers/sandboxed.py's `stream/<n>`) to `on_kernel`, in order, each read through no
     link and bounded by `max_bytes` in all. The specs are only a head start (the
     authoritative list is the result's): a stream that breaks its rules, or an
-    `on_kernel` that raises, is logged and read no further."""
+    `on_kernel` that raises, is logged and read no further, except for the errors in
+    `passing` (a time limit's), which end the run."""
 
     on_kernel: Callable[[bytes], None]
     max_bytes: int
+    passing: tuple[type[BaseException], ...] = ()
     count: int = 0
     total: int = 0
     stopped: bool = False
@@ -798,6 +800,8 @@ class SpecStream:
                     return
                 self.count += 1
                 self.on_kernel(spec)
+        except self.passing:
+            raise
         except Exception as e:  # the lowering goes on; its result lists every spec
             self._stop(f"{type(e).__name__}: {e}")
         finally:
@@ -858,12 +862,13 @@ class Lowered:
 def lower_graph(
     sandbox: Sandbox, request: bytes, decomposition: Mapping[bytes, bytes] | None, max_bytes: int,
     installed_ops: tuple[str, ...] = (), on_kernel: Callable[[bytes], None] | None = None,
-    on_gpu: bool = False,
+    on_gpu: bool = False, timeouts: tuple[type[BaseException], ...] = (),
 ) -> Lowered:
     """The staged lowering of a `CompileRequest` in the sandbox (`workers.compiler.lower_graph`
     there), from the stored `decomposition`'s fields when given. `on_kernel` gets each
-    kernel spec as the compile asks for it (`SpecStream`). Each spec must parse. A GPU
-    target's lowering runs in a child of its own, as `compile_whole`'s does.
+    kernel spec as the compile asks for it (`SpecStream`; `timeouts`, raised by it, end
+    the run). Each spec must parse. A GPU target's lowering runs in a child of its own,
+    as `compile_whole`'s does.
 
     Raises SandboxFailed: kind "undecomposable" when the decomposition does not fit,
     "whole" when only the whole-graph path can compile the graph."""
@@ -874,7 +879,7 @@ def lower_graph(
     fields = dict(decomposition or {})
     names = [name.decode() for name in fields]
     files = {"request.pb": request, **{f"dec.{name.decode()}": data for name, data in fields.items()}}
-    stream = SpecStream(on_kernel, max_bytes) if on_kernel is not None else None
+    stream = SpecStream(on_kernel, max_bytes, timeouts) if on_kernel is not None else None
     result, out = sandbox.run(
         "lower", {"vec_isa": probe_record(), "installed_ops": list(installed_ops), "decomposition": names},
         files, max_bytes, forked=not on_gpu, watch=stream,

@@ -153,3 +153,16 @@ def test_a_consumer_that_raises_stops_the_stream(tmp_path):
     stream(str(tmp_path))
     stream(str(tmp_path))
     assert calls == [b"a"] and stream.stopped
+
+
+def test_a_time_limit_raised_while_a_spec_is_handed_on_ends_the_run(tmp_path):
+    class SoftLimit(Exception):
+        pass
+
+    def consume(spec: bytes) -> None:
+        raise SoftLimit
+
+    (tmp_path / STREAM).mkdir()
+    (tmp_path / STREAM / "0").write_bytes(b"a")
+    with pytest.raises(SoftLimit):
+        SpecStream(consume, 100, (SoftLimit,))(str(tmp_path))

@@ -189,7 +189,7 @@ def _lower_sandboxed(
         done = sandbox_lower(
             box, job.request.SerializeToString(), None if dec is None else _fields(dec),
             ctx.settings.max_artifact_bytes, ctx.settings.installed_op_modules, on_kernel=stream,
-            on_gpu=job.request.target.device != "cpu",
+            on_gpu=job.request.target.device != "cpu", timeouts=ctx.timeout_errors,
         )
     except SandboxFailed as e:
         if e.kind == "undecomposable":
