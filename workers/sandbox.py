@@ -519,10 +519,14 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     names = result.get("files", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SandboxFailed("crash", "the sandboxed compile's file list is malformed")
-    out = os.path.join(scratch, "out")
-    if os.path.islink(out) or not os.path.isdir(out):
-        raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory")
-    return result, _read_files(out, names, max_output_bytes)
+    try:  # by descriptor: a leftover of the run cannot swap out/ for a link while it is read
+        out = os.open(os.path.join(scratch, "out"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory") from e
+    try:
+        return result, _read_files(out, names, max_output_bytes)
+    finally:
+        os.close(out)
 
 
 _CHILD_ERRORS = frozenset({"compile", "memory", "graph", "guard", "rejected", "undecomposable", "whole"})
@@ -546,19 +550,35 @@ def _wait_ticking(proc: subprocess.Popen, timeout: float | None, tick: Callable[
             tick()
 
 
-def _read_files(out: str, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
+def _read_files(out: int, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
+    """The files `names` of the directory open as `out`, `max_bytes` in all."""
     files: dict[str, bytes] = {}
     total = 0
     for name in names:
         _check_name(name)
-        path = os.path.join(out, name)
-        if os.path.islink(path) or not os.path.isfile(path):
-            raise SandboxFailed("crash", f"the sandboxed compile's output {name!r} is not a plain file")
-        total += os.path.getsize(path)
+        data = _read_at(out, name, max_bytes - total + 1)
+        if data is None:
+            raise SandboxFailed("crash", f"the sandboxed compile's output {name!r} is not there")
+        total += len(data)
         if total > max_bytes:
             raise SandboxFailed("crash", f"the sandboxed compile's outputs exceed {max_bytes} bytes")
-        files[name] = _read_plain(path, max_bytes + 1)
+        files[name] = data
     return files
+
+
+def _read_at(directory: int, name: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of the regular file `name` in the directory open as
+    `directory`, never through a link; None if there is no such file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ELOOP: a link
+        raise SandboxFailed("crash", f"the sandboxed compile's {name!r} is not a plain file") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SandboxFailed("crash", f"the sandboxed compile's {name!r} is not a plain file")
+        return f.read(limit)
 
 
 def _read_plain(path: str, limit: int) -> bytes:
@@ -808,14 +828,9 @@ class SpecStream:
             os.close(fd)
 
     def _next(self, directory: int) -> bytes | None:
-        try:
-            fd = os.open(str(self.count), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
-        except FileNotFoundError:
+        data = _read_at(directory, str(self.count), self.max_bytes - self.total + 1)
+        if data is None:
             return None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise SandboxFailed("crash", f"streamed spec {self.count} is not a plain file")
-            data = f.read(self.max_bytes - self.total + 1)
         self.total += len(data)
         if self.total > self.max_bytes:
             raise SandboxFailed("crash", f"the streamed specs exceed {self.max_bytes} bytes")

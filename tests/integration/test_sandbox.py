@@ -261,6 +261,18 @@ def test_a_malformed_child_result_is_refused(tmp_path, result, files):
     assert failed.value.kind == "crash"
 
 
+def test_an_out_directory_that_is_a_link_is_never_read(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "payload.bin").write_bytes(b"not the child's")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "out").symlink_to(elsewhere, target_is_directory=True)
+    (scratch / sandbox.RESULT_FILE).write_text('{"files": ["payload.bin"]}')
+    with pytest.raises(sandbox.SandboxFailed, match="not a plain directory"):
+        sandbox._read_outputs(str(scratch), 1024)
+
+
 def test_the_registration_says_where_compiles_run():
     store = memory_store()
     store.heartbeat("w0", ["cpu"], "b", 30, sandbox="process")
