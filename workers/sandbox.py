@@ -924,13 +924,16 @@ def lower_graph(
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
-def export_package(sandbox: Sandbox, request: bytes, max_bytes: int, on_gpu: bool = False) -> tuple[bytes, dict[str, float]]:
+def export_package(
+    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
+) -> tuple[bytes, dict[str, float]]:
     """The AOTInductor package of an export `CompileRequest`, built in the sandbox, and
     its timings. The package must be a zip file (a .pt2) within `max_bytes`."""
     from torchfarm.fx.vecisa import probe_record
 
     result, files = sandbox.run(
-        "export", {"vec_isa": probe_record()}, {"request.pb": request}, max_bytes, forked=not on_gpu,
+        "export", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request},
+        max_bytes, forked=not on_gpu,
     )
     timings = result.get("timings")
     if set(files) != {"package.pt2"} or not isinstance(timings, dict):

@@ -95,15 +95,12 @@ class _Refused(Exception):
         self.kind = kind
 
 
-def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """The `CompileRequest` in `in/request.pb`, decoded as the parent decoded it: the
-    request, its `DecodedGraph` and its Inductor options."""
-    from torchfarm.fx import global_state, toolchain, vecisa
+def _compile_request(scratch: str, request: dict[str, Any]) -> Any:
+    """The `CompileRequest` in `in/request.pb`, with the compiler set up as the parent's:
+    its answers, the installed custom ops, the vector ISA."""
+    from torchfarm.fx import toolchain, vecisa
     from torchfarm.fx.customops import use_installed
-    from torchfarm.fx.decode import decode_graph
-    from torchfarm.graph_errors import GraphError
     from torchfarm.v1 import farm_pb2
-    from workers.runtime import JobFailed, check_options
 
     toolchain.seed_inductor()
     use_installed(tuple(str(m) for m in request.get("installed_ops", ())))
@@ -112,6 +109,18 @@ def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str,
     compile_request = farm_pb2.CompileRequest()
     with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
         compile_request.ParseFromString(f.read())
+    return compile_request
+
+
+def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The `CompileRequest` in `in/request.pb`, decoded as the parent decoded it: the
+    request, its `DecodedGraph` and its Inductor options."""
+    from torchfarm.fx import global_state
+    from torchfarm.fx.decode import decode_graph
+    from torchfarm.graph_errors import GraphError
+    from workers.runtime import JobFailed, check_options
+
+    compile_request = _compile_request(scratch, request)
     try:
         inductor_options = check_options(compile_request)
         with global_state.applied(compile_request.options):
@@ -238,18 +247,11 @@ def _decompose(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
 def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     """An export request (`in/request.pb`) → its AOTInductor package (`out/package.pt2`)."""
-    from torchfarm.fx import toolchain, vecisa
     from torchfarm.graph_errors import GraphError
-    from torchfarm.v1 import farm_pb2
     from workers.aoti import build_package
     from workers.runtime import JobFailed, check_options
 
-    toolchain.seed_inductor()
-    if request.get("vec_isa"):
-        vecisa.seed(request["vec_isa"])
-    export_request = farm_pb2.CompileRequest()
-    with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
-        export_request.ParseFromString(f.read())
+    export_request = _compile_request(scratch, request)
     try:
         result = build_package(export_request.graph, export_request.export, check_options(export_request))
     except (GraphError, JobFailed) as e:

@@ -60,7 +60,7 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
         try:
             package, timings = export_package(
                 ctx.sandbox, request.SerializeToString(), ctx.settings.max_artifact_bytes,
-                on_gpu=request.target.device != "cpu",
+                ctx.settings.installed_op_modules, on_gpu=request.target.device != "cpu",
             )
         except SandboxFailed as e:
             raise sandbox_failure(e) from e
