@@ -57,8 +57,8 @@ def box() -> Iterator[sandbox.Sandbox]:
 
 @contextlib.contextmanager
 def _compilers_refused() -> Iterator[list[str]]:
-    """Inductor's lowering, its C++ builds and Triton's compile, refused in this process;
-    yields the list of those that were tried."""
+    """Inductor's compile entry and graph lowering, its C++ builds and Triton's compile,
+    refused in this process; yields the list of those that were tried."""
     import triton
     from torch._inductor import compile_fx, cpp_builder, graph
 
@@ -88,7 +88,7 @@ class _Mlp(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x))).softmax(-1)
 
 
-def _train_through(farm: InProcessFarm, tried: list[str]) -> None:
+def _train_through(farm: InProcessFarm) -> None:
     """One training step of `_Mlp` compiled on `farm`, against eager's."""
     backend = FarmBackend(farm.sdk_settings(fallback="error"))
     backend._client = farm.client()
@@ -133,7 +133,7 @@ def test_a_staged_training_compile_lowers_in_the_sandbox(box, tmp_path, monkeypa
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     caplog.set_level(logging.INFO, logger="workers")
     farm, tried = _farm(box)
-    _train_through(farm, tried)
+    _train_through(farm)
     assert tried == []
     ran = [t.name for t in farm.dispatcher.ran]
     assert routing.LOWER_TASK in ran and routing.ASSEMBLE_TASK in ran, ran
@@ -225,7 +225,7 @@ def test_without_a_sandbox_the_jobs_compile_in_this_process(tmp_path, monkeypatc
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     farm, tried = _farm(None)
     with pytest.raises(BackendCompilerFailed, match="Inductor ran in the process that signs"):
-        _train_through(farm, tried)
+        _train_through(farm)
     assert "Inductor" in tried
     torch._dynamo.reset()
 
