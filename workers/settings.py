@@ -63,7 +63,8 @@ class WorkerSettings:
     warmup: bool = True
     """Run Inductor's once-per-process setup (the vector ISA probe, the build hashes;
     workers/priming.py) when the worker starts, before its pool forks, instead of in
-    its first job."""
+    its first job; and its warm-up compile there, or with a sandbox in each pool
+    process's forkserver, where the compiles run."""
     kernel_job_delay_s: float = 0.0
     """Test hook: seconds each kernel-build job sleeps before it builds, so a fault test
     can kill a worker in the middle of one. Leave 0 in production."""
