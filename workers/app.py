@@ -43,8 +43,11 @@ if not settings.signing_key_file:
         "that pin the farm's keys will refuse them"
     )
 sandbox_mode = sandbox.resolve(settings.sandbox)
-"""Where C++ kernel builds run (workers/sandbox.py), decided once at start-up: an explicit
+"""Where compiles run (workers/sandbox.py), decided once at start-up: an explicit
 TORCHFARM_SANDBOX=bwrap that cannot run stops the worker here."""
+compiles_in_pool = sandbox_mode == "off" or settings.lower_without_gpu
+"""Whether Inductor runs in the pool processes (`WorkerContext.compile_sandbox` is None):
+then the main process's warm-up compile is theirs; else each forkserver warms up."""
 app.conf.include = ["workers.tasks"]
 app.conf.task_queues = None
 app.conf.task_create_missing_queues = True
@@ -86,10 +89,8 @@ def _warm(sender, instance, **_: object) -> None:
         return
     from workers.priming import warm_inductor
 
-    # With a sandbox, the pool compiles nothing (workers/sandbox.py): its forkserver warms up.
-    compiles_here = sandbox_mode == "off" or settings.lower_without_gpu
     try:
-        warm_inductor(compile=bool(plan.graph) and compiles_here)
+        warm_inductor(compile=bool(plan.graph) and compiles_in_pool)
     except Exception as e:  # the first job then pays the same setup, and may fail on it
         log.warning("Inductor warm-up failed: %s: %s", type(e).__name__, e)
 

@@ -73,6 +73,13 @@ class WorkerContext:
     """Where every compiler run on a tenant's input happens (workers/sandbox.py): a child
     without secrets; None runs them in this process (TORCHFARM_SANDBOX=off, the fakes)."""
 
+    @property
+    def compile_sandbox(self) -> Sandbox | None:
+        """The sandbox Inductor runs in, or None where it runs in this process: without a
+        sandbox, or on a worker that fakes a GPU, whose fakes live here (workers/gpuless.py).
+        Kernel builds take `sandbox` itself."""
+        return None if self.settings.lower_without_gpu else self.sandbox
+
     def __post_init__(self) -> None:
         # Operator-configured packages register their ops before any graph decodes.
         use_installed_ops(self.settings.installed_op_modules)

@@ -495,12 +495,23 @@ def _write_inputs(scratch: str, op: str, request: Mapping[str, object], files: M
 
 
 def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
-    """The child's result and the files it names, checked before anything trusts them."""
-    path = os.path.join(scratch, RESULT_FILE)
+    """The child's result and the files it names, checked before anything trusts them.
+    Read by descriptor (`_read_at`): a leftover of the run cannot swap a file or out/ for
+    a link between a check and an open, to a file only this process can read."""
     try:
-        raw = _read_plain(path, MAX_RESULT_JSON + 1)
-    except OSError as e:
+        top = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)  # the parent made it
+    except OSError as e:  # removed with a server that ended after the run
         raise SandboxFailed("crash", f"the sandboxed compile left no result: {e}") from e
+    try:
+        return _read_result(top, max_output_bytes)
+    finally:
+        os.close(top)
+
+
+def _read_result(scratch: int, max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
+    raw = _read_at(scratch, RESULT_FILE, MAX_RESULT_JSON + 1)
+    if raw is None:
+        raise SandboxFailed("crash", "the sandboxed compile left no result")
     if len(raw) > MAX_RESULT_JSON:
         raise SandboxFailed("crash", "the sandboxed compile's result is too large")
     try:
@@ -519,8 +530,8 @@ def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, 
     names = result.get("files", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SandboxFailed("crash", "the sandboxed compile's file list is malformed")
-    try:  # by descriptor: a leftover of the run cannot swap out/ for a link while it is read
-        out = os.open(os.path.join(scratch, "out"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        out = os.open("out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=scratch)
     except OSError as e:
         raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory") from e
     try:
@@ -568,7 +579,8 @@ def _read_files(out: int, names: Iterable[str], max_bytes: int) -> dict[str, byt
 
 def _read_at(directory: int, name: str, limit: int) -> bytes | None:
     """At most `limit` bytes of the regular file `name` in the directory open as
-    `directory`, never through a link; None if there is no such file."""
+    `directory`, never through a link (the child wrote it, and could have made it point
+    at a file only this process can read); None if there is no such file."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
     except FileNotFoundError:
@@ -578,16 +590,6 @@ def _read_at(directory: int, name: str, limit: int) -> bytes | None:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise SandboxFailed("crash", f"the sandboxed compile's {name!r} is not a plain file")
-        return f.read(limit)
-
-
-def _read_plain(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of the regular file at `path`, never through a link (the
-    child wrote it, and could have made it point at a file only this process can read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SandboxFailed("crash", f"the sandboxed compile's {os.path.basename(path)} is not a plain file")
         return f.read(limit)
 
 
@@ -758,12 +760,10 @@ def compile_whole(
     A GPU compile (`on_gpu`) runs in a child of its own: a fork may not use a GPU
     runtime its parent may have touched (CUDA refuses to start in a forked child)."""
     from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
-    from torchfarm.fx.vecisa import probe_record
     from workers.compiler import CompileResult, Kernel
 
     result, files = sandbox.run(
-        "whole", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request}, max_bytes,
-        forked=not on_gpu,
+        "whole", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
     if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):
@@ -783,8 +783,20 @@ def compile_whole(
         kernels.append(Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary))
     if not all(isinstance(g, list) for g in guards):
         raise SandboxFailed("crash", "the sandboxed compile's guards are malformed")
-    clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
-    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=clean), tuple(guards)
+    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=_seconds(timings)), tuple(guards)
+
+
+def _seconds(timings: dict) -> dict[str, float]:
+    """A child's timings, the numbers only."""
+    return {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+
+
+def _compiler_inputs(installed_ops: tuple[str, ...]) -> dict[str, object]:
+    """What every compiling op's child is set up with, as the parent's compiler is: the
+    vector-ISA record and the installed custom-op packages."""
+    from torchfarm.fx.vecisa import probe_record
+
+    return {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}
 
 
 @dataclass
@@ -848,12 +860,10 @@ def decompose(
     (`workers.aot_seam.decompose_graph` there). Its fields must parse as a decomposition;
     its graphs are decoded through the allow-list where they are used (the lowering).
     Raises SandboxFailed of kind "undecomposable" when the graph decomposes in its lowering."""
-    from torchfarm.fx.vecisa import probe_record
     from workers.aot_seam import Decomposition, NotDecomposable
 
     result, files = sandbox.run(
-        "decompose", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request},
-        max_bytes, forked=not on_gpu,
+        "decompose", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     seconds = result.get("seconds")
     if not isinstance(seconds, (int, float)) or not set(files) <= {"dec.head", "dec.forward", "dec.backward"}:
@@ -875,12 +885,13 @@ class Lowered:
 
 
 def lower_graph(
-    sandbox: Sandbox, request: bytes, decomposition: Mapping[bytes, bytes] | None, max_bytes: int,
+    sandbox: Sandbox, request: bytes, decomposition: Mapping[str, bytes] | None, max_bytes: int,
     installed_ops: tuple[str, ...] = (), on_kernel: Callable[[bytes], None] | None = None,
     on_gpu: bool = False, timeouts: tuple[type[BaseException], ...] = (),
 ) -> Lowered:
     """The staged lowering of a `CompileRequest` in the sandbox (`workers.compiler.lower_graph`
-    there), from the stored `decomposition`'s fields when given. `on_kernel` gets each
+    there), from the stored decomposition's fields (`Decomposition.to_fields`) when
+    given. `on_kernel` gets each
     kernel spec as the compile asks for it (`SpecStream`; `timeouts`, raised by it, end
     the run). Each spec must parse. A GPU target's lowering runs in a child of its own,
     as `compile_whole`'s does.
@@ -888,15 +899,13 @@ def lower_graph(
     Raises SandboxFailed: kind "undecomposable" when the decomposition does not fit,
     "whole" when only the whole-graph path can compile the graph."""
     from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
-    from torchfarm.fx.vecisa import probe_record
     from workers.compiler import LoweredGraph
 
     fields = dict(decomposition or {})
-    names = [name.decode() for name in fields]
-    files = {"request.pb": request, **{f"dec.{name.decode()}": data for name, data in fields.items()}}
+    files = {"request.pb": request, **{f"dec.{name}": data for name, data in fields.items()}}
     stream = SpecStream(on_kernel, max_bytes, timeouts) if on_kernel is not None else None
     result, out = sandbox.run(
-        "lower", {"vec_isa": probe_record(), "installed_ops": list(installed_ops), "decomposition": names},
+        "lower", {**_compiler_inputs(installed_ops), "decomposition": list(fields)},
         files, max_bytes, forked=not on_gpu, watch=stream,
     )
     count, guards, timings, stats = (result.get(k) for k in ("specs", "guards", "timings", "stats"))
@@ -911,7 +920,7 @@ def lower_graph(
             KernelSpec.from_bytes(spec)
         except KernelSpecError as e:
             raise SandboxFailed("crash", f"the sandboxed lowering's kernel {i}: {e}") from e
-    clean = {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+    clean = _seconds(timings)
     if not {"compile", "collect"} <= set(clean):
         raise SandboxFailed("crash", "the sandboxed lowering's timings are malformed")
     graph = LoweredGraph(
@@ -929,18 +938,15 @@ def export_package(
 ) -> tuple[bytes, dict[str, float]]:
     """The AOTInductor package of an export `CompileRequest`, built in the sandbox, and
     its timings. The package must be a zip file (a .pt2) within `max_bytes`."""
-    from torchfarm.fx.vecisa import probe_record
-
     result, files = sandbox.run(
-        "export", {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}, {"request.pb": request},
-        max_bytes, forked=not on_gpu,
+        "export", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     timings = result.get("timings")
     if set(files) != {"package.pt2"} or not isinstance(timings, dict):
         raise SandboxFailed("crash", "the sandboxed export's result is malformed")
     if not files["package.pt2"].startswith(_ZIP_MAGIC):
         raise SandboxFailed("crash", "the sandboxed export's package is not a .pt2 (zip) file")
-    return files["package.pt2"], {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+    return files["package.pt2"], _seconds(timings)
 
 
 def compile_triton(sandbox: Sandbox, request: bytes, target: Target, max_bytes: int) -> KernelResult:

@@ -55,13 +55,22 @@ if TYPE_CHECKING:
 _MEMORY_WORDS = ("out of memory", "virtual memory exhausted", "cannot allocate memory", "memoryerror")
 
 
-def _build(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+def _set_up(request: dict[str, Any]) -> None:
+    """The child's compiler set up as the parent's: its answers, the installed custom-op
+    packages, the vector ISA."""
     from torchfarm.fx import toolchain, vecisa
-    from workers.compiler import start_kernel_build
+    from torchfarm.fx.customops import use_installed
 
     toolchain.seed_inductor()
+    use_installed(tuple(str(m) for m in request.get("installed_ops", ())))
     if request.get("vec_isa"):
         vecisa.seed(request["vec_isa"])
+
+
+def _build(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    from workers.compiler import start_kernel_build
+
+    _set_up(request)
     names = [str(n) for n in request["specs"]]
     builds = []
     for name in names:
@@ -76,11 +85,7 @@ def _build(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     threads = max(1, min(len(builds), int(request.get("threads", 1))))
     with ThreadPoolExecutor(threads) as pool:
         done = list(pool.map(timed, builds))
-    files = []
-    for name, (binary, _) in zip(names, done, strict=True):
-        with open(os.path.join(scratch, "out", f"{name}.bin"), "wb") as out:
-            out.write(binary)
-        files.append(f"{name}.bin")
+    files = _write(scratch, {f"{name}.bin": binary for name, (binary, _) in zip(names, done, strict=True)})
     return {"files": files, "seconds": [s for _, s in done]}
 
 
@@ -96,16 +101,10 @@ class _Refused(Exception):
 
 
 def _compile_request(scratch: str, request: dict[str, Any]) -> Any:
-    """The `CompileRequest` in `in/request.pb`, with the compiler set up as the parent's:
-    its answers, the installed custom ops, the vector ISA."""
-    from torchfarm.fx import toolchain, vecisa
-    from torchfarm.fx.customops import use_installed
+    """The `CompileRequest` in `in/request.pb`, the compiler set up (`_set_up`)."""
     from torchfarm.v1 import farm_pb2
 
-    toolchain.seed_inductor()
-    use_installed(tuple(str(m) for m in request.get("installed_ops", ())))
-    if request.get("vec_isa"):
-        vecisa.seed(request["vec_isa"])
+    _set_up(request)
     compile_request = farm_pb2.CompileRequest()
     with open(os.path.join(scratch, "in", "request.pb"), "rb") as f:
         compile_request.ParseFromString(f.read())

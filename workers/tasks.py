@@ -36,7 +36,7 @@ from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from workers import identity, sandbox
 from workers import metrics as worker_metrics
-from workers.app import app, plan, sandbox_mode, settings
+from workers.app import app, compiles_in_pool, plan, sandbox_mode, settings
 from workers.board import StageBoard
 from workers.hard_limits import on_task_failure
 from workers.jobs.assemble import run_assembly
@@ -78,7 +78,7 @@ def _context() -> WorkerContext:
 def _sandbox() -> sandbox.Sandbox | None:
     if sandbox_mode == "off":
         return None
-    warm = settings.warmup and bool(plan.graph) and not settings.lower_without_gpu  # see app._warm
+    warm = settings.warmup and bool(plan.graph) and not compiles_in_pool
     return sandbox.for_worker(settings, sandbox_mode, warm_compile=warm)
 
 

@@ -39,7 +39,7 @@ LOWERED = {"specs": 1, "guards": [], "timings": {"compile": 1.0, "collect": 0.1}
 
 def test_a_lowering_that_keeps_its_word_is_taken():
     box = _Box(dict(LOWERED), {"payload.bin": b"P", "s0.spec": _spec()})
-    done = sandbox.lower_graph(box, b"req", {b"head": b"{}"}, 1 << 20)
+    done = sandbox.lower_graph(box, b"req", {"head": b"{}"}, 1 << 20)
     assert done.graph.payload == b"P" and done.graph.specs == [_spec()] and done.used_decomposition
     assert box.asked[0][0] == "lower" and box.asked[0][1]["decomposition"] == ["head"]
 

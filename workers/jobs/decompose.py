@@ -60,10 +60,10 @@ def _decompose(ctx: WorkerContext, job: Prepared) -> Decomposition:
     """The decomposition, in the sandbox's child when there is one (it decodes the
     request again and holds no key). Raises NotDecomposable."""
     options = job.request.options
-    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+    if ctx.compile_sandbox is not None:
         try:
             return sandbox_decompose(
-                ctx.sandbox, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
+                ctx.compile_sandbox, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
                 ctx.settings.installed_op_modules, on_gpu=job.request.target.device != "cpu",
             )
         except SandboxFailed as e:

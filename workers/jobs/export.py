@@ -56,10 +56,10 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
     check_build(request, ctx.fingerprint)
     inductor_options = check_options(request)
     ctx.store.update_job(key, stage=Stage.EXPORT)
-    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
+    if ctx.compile_sandbox is not None:
         try:
             package, timings = export_package(
-                ctx.sandbox, request.SerializeToString(), ctx.settings.max_artifact_bytes,
+                ctx.compile_sandbox, request.SerializeToString(), ctx.settings.max_artifact_bytes,
                 ctx.settings.installed_op_modules, on_gpu=request.target.device != "cpu",
             )
         except SandboxFailed as e:

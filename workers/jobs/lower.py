@@ -145,8 +145,8 @@ def _lower(
 ) -> tuple[LoweredGraph, tuple[Any, ...]]:
     """`lower_graph` of the job's graph, taking `dec`'s graphs when given, in the
     sandbox when there is one; the lowered graph and the shape guards it rests on."""
-    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
-        lowered, guards, used = _lower_sandboxed(ctx, ctx.sandbox, job, stream, dec)
+    if ctx.compile_sandbox is not None:
+        lowered, guards, used = _lower_sandboxed(ctx, ctx.compile_sandbox, job, stream, dec)
     else:
         lowered, guards, used = _lower_here(ctx, job, stream, dec)
     if dec is not None:
@@ -187,7 +187,7 @@ def _lower_sandboxed(
     (workers/sandbox.py) before anything here acts on it."""
     try:
         done = sandbox_lower(
-            box, job.request.SerializeToString(), None if dec is None else _fields(dec),
+            box, job.request.SerializeToString(), None if dec is None else dec.to_fields(),
             ctx.settings.max_artifact_bytes, ctx.settings.installed_op_modules, on_kernel=stream,
             on_gpu=job.request.target.device != "cpu", timeouts=ctx.timeout_errors,
         )
@@ -198,10 +198,6 @@ def _lower_sandboxed(
             raise NeedsWholeGraph(str(e)) from e
         raise sandbox_failure(e) from e
     return done.graph, done.guards, done.used_decomposition
-
-
-def _fields(dec: Decomposition) -> dict[bytes, bytes]:
-    return {name.encode(): data for name, data in dec.to_fields().items()}
 
 
 @dataclasses.dataclass

@@ -22,8 +22,8 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     """The whole-graph compile, in this job, to the stored and signed manifest."""
     request, decoded = job.request, job.decoded
     ctx.store.update_job(key, stage=Stage.COMPILE)
-    if ctx.sandbox is not None and not ctx.settings.lower_without_gpu:  # gpuless fakes live here
-        result, guards = _compile_sandboxed(ctx, ctx.sandbox, job)
+    if ctx.compile_sandbox is not None:
+        result, guards = _compile_sandboxed(ctx, ctx.compile_sandbox, job)
     else:
         mark = shape_guards.snapshot(decoded.shape_env)
         try:
