@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from torchfarm import collectives  # noqa: E402
+from torchfarm import collectives, dtensor  # noqa: E402
 from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 
@@ -302,6 +302,8 @@ def functions() -> list[str]:
     # Functional collectives name their group by a string; torchfarm/collectives.py
     # checks it against the graph's declared groups.
     names.update(collectives.allowed_targets())
+    # DTensor.from_local takes a mesh input and placements; torchfarm/dtensor.py checks them.
+    names.update(dtensor.allowed_functions())
     names.update(HIGHER_ORDER_OPS)
     return sorted(names)
 
@@ -312,7 +314,7 @@ def methods() -> list[str]:
         for n in dir(torch.Tensor)
         if not n.startswith("_") and callable(getattr(torch.Tensor, n, None))
     ]
-    return sorted({n for n in public if not denied(n)} | set(TENSOR_DUNDERS))
+    return sorted({n for n in public if not denied(n)} | set(TENSOR_DUNDERS) | set(dtensor.METHODS))
 
 
 def attributes() -> list[str]:

@@ -59,7 +59,7 @@ REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "b
 
 MAX_GROUP_SIZE = 1 << 16
 MAX_GROUPS = 64
-_GROUP_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z", re.ASCII)
+GROUP_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}\Z", re.ASCII)
 """Names torch gives groups: a counter ("0", "1"), or a hash of the ranks."""
 
 
@@ -90,7 +90,7 @@ def check_groups(graph: graph_pb2.Graph) -> dict[str, graph_pb2.ProcessGroup]:
     previous = None
     for group in graph.groups:
         where = f"process group {group.name!r}"
-        if not _GROUP_NAME_RE.match(group.name):
+        if not GROUP_NAME_RE.match(group.name):
             raise MalformedGraph(f"{where}: not a process group name")
         if previous is not None and group.name <= previous:
             raise MalformedGraph("process groups must be unique and sorted by name")

@@ -83,6 +83,7 @@ def _node_digest(node: graph_pb2.Node) -> str:
     copy.CopyFrom(node)
     copy.ClearField("tensor")
     copy.ClearField("symint")
+    copy.ClearField("dtensor")
     return digest(copy.SerializeToString(deterministic=True))
 
 
@@ -101,11 +102,14 @@ def _input_metadata(request: farm_pb2.CompileRequest) -> str:
             s.ClearField("hint")
     parts = [
         (n.name, n.tensor.SerializeToString(deterministic=True).hex(),
-         n.symint.expr if n.HasField("symint") else "")
+         n.symint.expr if n.HasField("symint") else "",
+         n.dtensor.SerializeToString(deterministic=True).hex())
         for n in graph.nodes if n.op == graph_pb2.Node.PLACEHOLDER
     ]
     symbols = [(s.name, s.hint, s.min, s.max) for s in graph.symbols]
-    return digest([parts, symbols, request.specialize_hints])
+    # A DTensor graph's rank and meshes are its inputs' too (torchfarm/dtensor.py).
+    meshes = [graph.rank, [m.SerializeToString(deterministic=True).hex() for m in graph.meshes]]
+    return digest([parts, symbols, request.specialize_hints, *([meshes] if graph.meshes else [])])
 
 
 @dataclass

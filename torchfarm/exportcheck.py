@@ -133,6 +133,8 @@ def validate_export(graph: graph_pb2.Graph, spec: farm_pb2.ExportSpec) -> None:
     """Raises MalformedGraph unless `spec` fits `graph` (which validate_graph passed)."""
     if graph.constants:
         raise MalformedGraph("an export graph carries its constants as weights, not inline")
+    if graph.meshes:
+        raise MalformedGraph("the farm exports no DTensor graph")
     by_name = {n.name: n for n in _placeholders(graph)}
     for node in by_name.values():
         if not node.HasField("tensor"):

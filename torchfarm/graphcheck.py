@@ -13,10 +13,11 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
   node, last; arguments only reference earlier nodes;
 - every call_function / call_method target on the allow-list, every get_attr naming a
   declared constant;
-- placeholder metadata: tensor meta or symint (not both), known dtype/device, bounded
-  rank, non-negative sizes;
+- placeholder metadata: one of tensor meta, a symint or a device mesh; known
+  dtype/device, bounded rank, non-negative sizes;
 - functional collectives naming declared, well-formed process groups
-  (`torchfarm.collectives`);
+  (`torchfarm.collectives`); DTensor inputs and placements on declared, well-formed
+  device meshes that hold the graph's rank (`torchfarm.dtensor`);
 - constants whose data length matches shape and dtype, within a total byte budget;
 - symbolic size expressions parsed by a small hand-written parser against the declared
   symbols (never evaluated as code);
@@ -36,7 +37,7 @@ from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm import allowlist, collectives, customops, graphbounds
+from torchfarm import allowlist, collectives, customops, dtensor, graphbounds
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
@@ -139,6 +140,7 @@ GETATTR = "builtins.getattr"
 """The one builtin a graph may call: it reads an allow-listed Tensor attribute."""
 
 Node = graph_pb2.Node
+_PLACEHOLDER_FIELDS = ("tensor", "symint", "dtensor", "mesh")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
 
 # ---------------------------------------------------------------------------
@@ -313,6 +315,9 @@ class _Totals:
     groups: dict[str, graph_pb2.ProcessGroup] = field(default_factory=dict)
     """The outermost graph's groups, by name: collectives in any subgraph name them."""
     used_groups: set[str] = field(default_factory=set)
+    meshes: list[graph_pb2.DeviceMesh] = field(default_factory=list)
+    """The outermost graph's device meshes: DTensor placeholders name them by index."""
+    used_meshes: set[int] = field(default_factory=set)
     nodes: int = 0
     arguments: int = 0
     elements: int = 0
@@ -362,6 +367,7 @@ class _Checker:
             self.symbol(sym)
         if self.depth == 0:
             self.totals.groups = collectives.check_groups(g)
+            self.totals.meshes = dtensor.check_meshes(g, DEVICE_TYPES)
         for const in g.constants:
             self.totals.constant_bytes += self.constant(const)
             if self.totals.constant_bytes > lim.max_constant_bytes:
@@ -389,6 +395,8 @@ class _Checker:
             self.defined.add(node.name)
         if self.depth == 0 and (unused := sorted(set(self.totals.groups) - self.totals.used_groups)):
             raise MalformedGraph(f"process groups {unused} are declared but no collective uses them")
+        if self.depth == 0 and len(self.totals.used_meshes) != len(self.totals.meshes):
+            raise MalformedGraph("a device mesh is declared but no placeholder names it")
         unused = sorted(self.subgraphs - self.referenced)
         if unused:
             raise MalformedGraph(f"{self.path}subgraph {unused[0]!r} is named by no get_attr node")
@@ -408,6 +416,8 @@ class _Checker:
             raise MalformedGraph(f"{self.path}declares symbols; a subgraph uses its outermost graph's")
         if g.groups:
             raise MalformedGraph(f"{self.path}declares process groups; a subgraph uses its outermost graph's")
+        if g.meshes or g.rank:
+            raise MalformedGraph(f"{self.path}declares device meshes or a rank; a subgraph uses its outermost graph's")
 
     def declare_subgraphs(self) -> None:
         """Checks each subgraph, depth first, before the nodes that name them."""
@@ -506,8 +516,8 @@ class _Checker:
         where = f"{self.path}node {node.name!r}"
         self.takes_subgraphs = node.op == Node.CALL_FUNCTION and node.target.startswith(HIGHER_ORDER_PREFIX)
         is_placeholder = node.op == Node.PLACEHOLDER
-        if not is_placeholder and (node.HasField("tensor") or node.HasField("symint")):
-            raise MalformedGraph(f"{where}: only placeholders carry tensor or symint metadata")
+        if not is_placeholder and any(node.HasField(f) for f in _PLACEHOLDER_FIELDS):
+            raise MalformedGraph(f"{where}: only placeholders carry tensor, symint or mesh metadata")
         if node.HasField("custom") and node.target not in self.custom_ops:
             raise MalformedGraph(f"{where}: only calls of declared custom ops carry custom metadata")
         if node.op == Node.PLACEHOLDER:
@@ -603,11 +613,16 @@ class _Checker:
         self.name("placeholder target", node.target)
         if node.args or node.kwargs:
             raise MalformedGraph(f"{where}: placeholders take no arguments")
-        if node.HasField("tensor") == node.HasField("symint"):
-            raise MalformedGraph(f"{where}: a placeholder needs tensor meta or a symint, not both")
+        if sum(node.HasField(f) for f in ("tensor", "symint", "mesh")) != 1:
+            raise MalformedGraph(f"{where}: a placeholder needs one of tensor meta, a symint or a mesh")
         if node.HasField("symint"):
             self.sym_expr(node.symint, where, size=False)
             return
+        if node.HasField("mesh"):
+            self.mesh_input(node.mesh, where)
+            return
+        if node.HasField("dtensor"):
+            self.dtensor(node.dtensor, where)
         meta = node.tensor
         if len(meta.shape) != len(meta.stride):
             raise MalformedGraph(f"{where}: shape and stride differ in length")
@@ -632,6 +647,24 @@ class _Checker:
             raise MalformedGraph(f"{where}: unknown tensor kind {meta.kind}")
         if meta.storage_offset < 0:
             raise MalformedGraph(f"{where}: negative storage offset")
+
+    def mesh_input(self, mesh: graph_pb2.MeshInput, where: str) -> None:
+        if self.depth > 0:
+            raise MalformedGraph(f"{where}: a subgraph takes no device mesh")
+        if not 0 <= mesh.mesh < len(self.totals.meshes):
+            raise MalformedGraph(f"{where}: device mesh {mesh.mesh} is not declared")
+        self.totals.used_meshes.add(mesh.mesh)
+
+    def dtensor(self, meta: graph_pb2.DTensorMeta, where: str) -> None:
+        """A DTensor's global sizes and placements; its local tensor is `node.tensor`."""
+        if self.depth > 0:
+            raise MalformedGraph(f"{where}: a subgraph's placeholders are no DTensors")
+        dtensor.check_dtensor(meta, self.totals.meshes, where)
+        if len(meta.shape) > self.limits.max_rank:
+            raise GraphTooLarge(f"{where} has rank {len(meta.shape)}, more than {self.limits.max_rank}")
+        for size in (*meta.shape, *meta.stride):
+            self.sym_expr(size, where, size=True)
+        self.totals.used_meshes.add(meta.mesh)
 
     def reference(self, name: str, where: str) -> None:
         if name not in self.defined:
@@ -679,6 +712,8 @@ class _Checker:
                 raise MalformedGraph(f"{where}: unknown memory format {arg.memory_format!r}")
         elif kind == "sym":
             self.sym_expr(arg.sym, where, size=False)
+        elif kind == "placement":
+            dtensor.check_placement(arg.placement, where)
         # none, bool_value, int_value, float_value, str_value need no check.
 
 

@@ -25,7 +25,7 @@ from torchfarm.codes import JobError, Stage
 from torchfarm.fx import global_state
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.customops import use_installed as use_installed_ops
-from torchfarm.fx.decode import DecodedGraph, decode_graph
+from torchfarm.fx.decode import DecodedGraph
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import BlobRef, blob_digest
@@ -33,6 +33,7 @@ from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
+from workers import fakepg
 from workers.compiler import CompileFailed, cause_of
 from workers.sandbox import Sandbox
 from workers.settings import WorkerSettings
@@ -240,7 +241,7 @@ class Prepared:
     def redecoded(self) -> Prepared:
         """The same, decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
         with global_state.applied(self.request.options):
-            return dataclasses.replace(self, decoded=decode_graph(self.request.graph))
+            return dataclasses.replace(self, decoded=fakepg.decoded(self.request.graph))
 
 
 def prepare(key: str, ctx: WorkerContext) -> Prepared:
@@ -253,7 +254,7 @@ def prepare(key: str, ctx: WorkerContext) -> Prepared:
     inductor_options = check_options(request)
     try:
         with global_state.applied(request.options):
-            decoded = decode_graph(request.graph)
+            decoded = fakepg.decoded(request.graph)
     except GraphError as e:
         raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
     t_decode = time.perf_counter() - t0

@@ -115,15 +115,15 @@ def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str,
     """The `CompileRequest` in `in/request.pb`, decoded as the parent decoded it: the
     request, its `DecodedGraph` and its Inductor options."""
     from torchfarm.fx import global_state
-    from torchfarm.fx.decode import decode_graph
     from torchfarm.graph_errors import GraphError
+    from workers import fakepg
     from workers.runtime import JobFailed, check_options
 
     compile_request = _compile_request(scratch, request)
     try:
         inductor_options = check_options(compile_request)
         with global_state.applied(compile_request.options):
-            decoded = decode_graph(compile_request.graph)
+            decoded = fakepg.decoded(compile_request.graph)
     except (GraphError, JobFailed) as e:
         raise _Refused("graph", str(e)) from e
     return compile_request, decoded, inductor_options
@@ -153,7 +153,7 @@ def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
     compile_request, decoded, inductor_options = _decoded(scratch, request)
     mark = shape_guards.snapshot(decoded.shape_env)
-    with fake_groups(compile_request.graph.groups), global_state.applied(compile_request.options):
+    with fake_groups(compile_request.graph), global_state.applied(compile_request.options):
         result = compile_graph(
             decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
             dynamic=compile_request.options.dynamic, mode=compile_request.options.mode,
@@ -206,7 +206,7 @@ def _lower(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
                 with open(os.path.join(scratch, "in", f"dec.{name}"), "rb") as f:
                     fields[str(name).encode()] = f.read()
             seam = using_decomposition(Decomposition.from_fields(fields), decoded, used)
-        with fake_groups(compile_request.graph.groups), global_state.applied(compile_request.options):
+        with fake_groups(compile_request.graph), global_state.applied(compile_request.options):
             lowered = lower_graph(
                 decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
                 dynamic=compile_request.options.dynamic, mode=compile_request.options.mode,
@@ -234,7 +234,7 @@ def _decompose(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     compile_request, decoded, inductor_options = _decoded(scratch, request)
     options = compile_request.options
     try:
-        with fake_groups(compile_request.graph.groups), global_state.applied(options):
+        with fake_groups(compile_request.graph), global_state.applied(options):
             dec = decompose_graph(
                 decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=inductor_options,
             )

@@ -99,7 +99,83 @@ class SmallTransformer(nn.Module):
         return h.mean(dim=1)
 
 
+class ParallelBlock(nn.Module):
+    """A pre-norm transformer block laid out for Megatron-style tensor and sequence
+    parallelism (`dtensor_plan`): attention heads and MLP columns split over the ranks,
+    the norms and residuals over the sequence."""
+
+    def __init__(self, width: int, head_dim: int = 4) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def _heads(self, p: torch.Tensor) -> torch.Tensor:
+        return p.view(p.shape[0], p.shape[1], -1, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        q, k, v = (self._heads(p(h)) for p in (self.q, self.k, self.v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        x = x + self.o(a.reshape(a.shape[0], a.shape[1], -1))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class SequenceParallelModel(nn.Module):
+    """The batch as a sequence of four tokens, through a `ParallelBlock` whose input and
+    output are this rank's shard of the sequence."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = ParallelBlock(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, features = x.shape
+        h = x.view(batch, 4, features // 4).repeat(1, 1, 4)
+        return self.block(h).mean(dim=1)
+
+
+class DTensorMLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.down(torch.nn.functional.gelu(self.up(x))) + x)
+
+
+def dtensor_parallel(name: str, width: int, world: int) -> nn.Module:
+    """The models laid out with `torch.distributed.tensor.parallel` on a 1-d mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world,))
+    if name == "dtensor_mlp":
+        return parallelize_module(DTensorMLP(width), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    model = SequenceParallelModel(width)
+    columns = ColwiseParallel(input_layouts=Shard(1))
+    plan = {
+        "norm1": SequenceParallel(), "q": columns, "k": columns, "v": columns,
+        "o": RowwiseParallel(output_layouts=Shard(1)), "norm2": SequenceParallel(),
+        "up": columns, "down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    parallelize_module(model.block, mesh, plan)
+    return model
+
+
 def build(name: str, width: int, rank: int, world: int) -> nn.Module:
+    if name in ("dtensor_mlp", "dtensor_block"):
+        return dtensor_parallel(name, width, world)
     if name == "tp_mlp":
         return TensorParallelMLP(width, 4 * width, rank, world)
     if name == "tp_mlp_checkpointed":
@@ -149,7 +225,7 @@ def compiled(model: nn.Module, mode: str) -> nn.Module:
 
 def _gradient(p: torch.Tensor) -> list[float]:
     grad = p.grad
-    if hasattr(grad, "full_tensor"):  # FSDP2's sharded DTensor gradients
+    if hasattr(grad, "full_tensor"):  # FSDP2's and tensor parallel's sharded DTensor gradients
         grad = grad.full_tensor()
     return grad.flatten().tolist()
 

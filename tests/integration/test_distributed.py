@@ -126,3 +126,21 @@ def test_four_ranks_compile_each_graph_once(rank_env, tmp_path, model):
     assert_same_training(farm)
     assert_one_compile_per_graph(farm)
     assert len({tuple(r["keys"]) for r in farm}) == 1, "the ranks' graphs had different keys"
+
+
+@pytest.mark.parametrize("model", ["dtensor_block", pytest.param("dtensor_mlp", marks=pytest.mark.distributed)])
+def test_dtensor_tensor_parallel_compiles_each_ranks_graph_once(rank_env, tmp_path, model):
+    """`parallelize_module` with ColwiseParallel, RowwiseParallel and SequenceParallel:
+    Dynamo's graphs take DTensor parameters and the device mesh, and compile on the
+    farm. DTensor's dispatch, which runs on the worker, takes the rank's own shard, so
+    each rank's graph has its rank in the key and compiles once; the same ranks started
+    again hit every graph. The width is a multiple of 16: each rank's heads are 4 wide."""
+    farm = torchrun(model, "farm", 2, tmp_path / "farm", rank_env, width=4 * WIDTH)
+    assert_same_training(farm)
+    assert [r["outcomes"] for r in farm] == [[COMPILED], [COMPILED]]
+    assert farm[0]["keys"] != farm[1]["keys"]
+    again = torchrun(model, "farm", 2, tmp_path / "again", {**rank_env, "TORCHFARM_TEST_NO_REFERENCE": "1"},
+                     width=4 * WIDTH)
+    assert [r["outcomes"] for r in again] == [[HIT], [HIT]]
+    assert [r["keys"] for r in again] == [r["keys"] for r in farm]
+    assert [r["losses"] for r in again] == [r["losses"] for r in farm]

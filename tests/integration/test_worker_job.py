@@ -34,7 +34,7 @@ class FakeTimeLimit(Exception):
 
 @pytest.fixture
 def ctx(store, monkeypatch):
-    monkeypatch.setattr(runtime, "decode_graph", lambda graph: _Decoded())
+    monkeypatch.setattr(runtime.fakepg, "decoded", lambda graph: _Decoded())
     monkeypatch.setattr(runtime, "check_build", lambda request, local: None)
     return WorkerContext(
         settings=WorkerSettings(max_artifact_bytes=1000),

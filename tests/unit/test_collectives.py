@@ -186,7 +186,7 @@ def test_a_worker_compiles_collectives_only_with_fake_groups():
         decoded = decode_graph(graph)
         compile_graph(decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode)
     decoded = decode_graph(graph)
-    with fake_groups(graph.groups):
+    with fake_groups(graph):
         result = compile_graph(decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode)
     assert result.payload
     assert not dist.is_initialized(), "the fake world outlived the compile"
@@ -204,7 +204,7 @@ def test_fake_groups_under_a_clients_own_group_names():
     ]
     from torch._C._distributed_c10d import _resolve_process_group
 
-    with fake_groups(groups):
+    with fake_groups(graph_pb2.Graph(groups=groups)):
         assert _resolve_process_group("0").size() == 4
         assert _resolve_process_group("a1b2c3").size() == 2
     assert not dist.is_initialized()
@@ -214,14 +214,14 @@ def test_fake_groups_under_a_clients_own_group_names():
 
 def test_fake_groups_refuse_a_process_with_a_real_group():
     with fake_world(0, 2), pytest.raises(NotFakeable):
-        with fake_groups([graph_pb2.ProcessGroup(name="0", size=2, ranks=[0, 1])]):
+        with fake_groups(graph_pb2.Graph(groups=[graph_pb2.ProcessGroup(name="0", size=2, ranks=[0, 1])])):
             pass
 
 
 def test_a_graph_without_collectives_declares_no_group():
     graph = capture(lambda x: x.relu() + 1, torch.randn(3))
     assert not graph.groups
-    with fake_groups(graph.groups):
+    with fake_groups(graph):
         assert not dist.is_initialized()
 
 

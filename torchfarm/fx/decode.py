@@ -39,6 +39,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from torchfarm import allowlist, customops, graphbounds
 from torchfarm.fx import customops as fx_customops
+from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
@@ -341,6 +342,7 @@ class _Decoder:
         self.symbols: dict[str, sympy.Expr] = {}
         self.env: dict[str, torch.fx.Node] = {}
         self.children: list[tuple[torch.fx.GraphModule, list[Any], _Decoder]] = []
+        self.meshes: list[Any] = []
 
     def declare(self, sym: graph_pb2.Symbol) -> None:
         if self.bound is not None:
@@ -368,7 +370,9 @@ class _Decoder:
             return int(value)
         return self.shape_env.create_symintnode(value, hint=int(hint))
 
-    def tensor(self, meta: graph_pb2.TensorMeta) -> torch.Tensor:
+    def tensor(self, meta: graph_pb2.TensorMeta, local: bool = False) -> torch.Tensor:
+        """A fake tensor of `meta`; with `local`, a DTensor's local tensor: no grad, no
+        Parameter (the DTensor made of it has them)."""
         shape = [self.size(s) for s in meta.shape]
         stride = [self.size(s) for s in meta.stride]
         dtype = getattr(torch, meta.dtype)
@@ -382,10 +386,27 @@ class _Decoder:
                 extent = 0 if empty else 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=False))
                 base = torch.empty(meta.storage_offset + extent, dtype=dtype, device=device)
                 t = base.as_strided(shape, stride, meta.storage_offset).detach()
+        if local:
+            return t
         t.requires_grad_(meta.requires_grad)
         if meta.kind == TensorMeta.PARAMETER:
             t = torch.nn.Parameter(t, requires_grad=meta.requires_grad)
         return t
+
+    def placeholder(self, pb: graph_pb2.Node) -> Any:
+        """A placeholder's example input: a fake tensor or DTensor, a SymInt, or a mesh."""
+        if pb.HasField("symint"):
+            return self.size(pb.symint)
+        if pb.HasField("mesh"):
+            return self.meshes[pb.mesh.mesh]
+        if not pb.HasField("dtensor"):
+            return self.tensor(pb.tensor)
+        local = self.tensor(pb.tensor, local=True)
+        with self.fake_mode:
+            return fx_dtensor.build_dtensor(
+                local, self.meshes[pb.dtensor.mesh], pb.dtensor, self.size,
+                requires_grad=pb.tensor.requires_grad, parameter=pb.tensor.kind == TensorMeta.PARAMETER,
+            )
 
     def value(self, arg: graph_pb2.Argument) -> Any:
         kind = arg.WhichOneof("kind")
@@ -416,6 +437,8 @@ class _Decoder:
         if kind == "immutable_dict":
             items = [self.value(a) for a in arg.immutable_dict.items]
             return dict(zip(items[::2], items[1::2], strict=False))
+        if kind == "placement":
+            return fx_dtensor.placement(arg.placement)
         raise MalformedGraph(f"unknown argument kind {kind}")
 
     def subgraph(self, graph: graph_pb2.Graph) -> torch.fx.GraphModule:
@@ -442,6 +465,7 @@ class _Decoder:
         """The GraphModule and its fake example inputs, one per placeholder."""
         for sym in self.pb.symbols:
             self.declare(sym)
+        self.meshes = [fx_dtensor.build_mesh(m, self.pb.rank) for m in self.pb.meshes]
         root = torch.nn.Module()
         attrs: dict[str, str] = {}
         for i, const in enumerate(self.pb.constants):
@@ -469,9 +493,7 @@ class _Decoder:
                 # The client's target becomes a parameter name in generated code; use
                 # FX's sanitized node name instead.
                 node.target = node.name
-                inputs.append(
-                    self.tensor(pb.tensor) if pb.HasField("tensor") else self.size(pb.symint)
-                )
+                inputs.append(self.placeholder(pb))
             elif pb.op == Node.CALL_FUNCTION:
                 fn = fx_customops.resolve(custom[pb.target]) if pb.target in custom else resolve_function(pb.target)
                 node = fx.create_node("call_function", fn, args, kwargs, name=pb.name)

@@ -36,6 +36,7 @@ import torch.fx
 
 from torchfarm import allowlist, customops
 from torchfarm.fx import customops as fx_customops
+from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx.collectives import UnresolvedGroup, describe_groups
 from torchfarm.fx.internals import resolve
 from torchfarm.fx.noops import droppable_nodes
@@ -212,6 +213,8 @@ class _Encoder:
         self.constants: set[str] = set()
         self.subgraphs: dict[str, graph_pb2.Graph] = {}
         self.constant_bytes = 0
+        self.meshes: list[object] = []
+        """The outermost graph's device meshes, in the order placeholders first name them."""
 
     # -- symbolic sizes ----------------------------------------------------
     def size(self, value: object) -> graph_pb2.SymExpr:
@@ -252,11 +255,21 @@ class _Encoder:
         )
 
     # -- placeholders ------------------------------------------------------
-    def placeholder(self, node: torch.fx.Node, example: object, out: graph_pb2.Node) -> None:
-        # A decomposed graph's nodes (workers/aot_seam.py) carry "val", Dynamo's "example_value".
-        value = node.meta.get("example_value", node.meta.get("val", example))
+    def placeholder(
+        self, node: torch.fx.Node, example: object, out: graph_pb2.Node, value: object = None,
+    ) -> None:
+        """`value`, when given, stands for the node's own fake value (a DTensor's local tensor)."""
+        if value is None:
+            # A decomposed graph's nodes (workers/aot_seam.py) carry "val", Dynamo's "example_value".
+            value = node.meta.get("example_value", node.meta.get("val", example))
         if isinstance(value, torch.SymInt):
             out.symint.CopyFrom(self.size(value))
+            return
+        if fx_dtensor.is_mesh(value) or fx_dtensor.is_mesh(example):
+            out.mesh.mesh = self.mesh_index(example if fx_dtensor.is_mesh(example) else value, node)
+            return
+        if fx_dtensor.is_dtensor(value):
+            self.dtensor(node, value, example, out)
             return
         if not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(
@@ -283,6 +296,32 @@ class _Encoder:
         meta.requires_grad = value.requires_grad
         meta.storage_offset = offset
         meta.kind = _kind(node, value, example)
+
+    def mesh_index(self, mesh: object, node: torch.fx.Node) -> int:
+        if self.root is not self:
+            raise UnsupportedGraph(f"placeholder {node.name}: a subgraph takes a device mesh")
+        for i, known in enumerate(self.meshes):
+            if fx_dtensor.same_mesh(known, mesh):
+                return i
+        self.meshes.append(mesh)
+        return len(self.meshes) - 1
+
+    def dtensor(self, node: torch.fx.Node, value: torch.Tensor, example: object, out: graph_pb2.Node) -> None:
+        """The local tensor as the placeholder's TensorMeta; its mesh, placements and
+        global sizes beside it."""
+        try:
+            placements = fx_dtensor.placements_of(value)
+        except fx_dtensor.Undescribable as e:
+            raise UnsupportedGraph(f"placeholder {node.name}: {e}") from e
+        local = fx_dtensor.local_tensor(value)
+        self.placeholder(node, local, out, local)
+        out.tensor.requires_grad = value.requires_grad
+        out.tensor.kind = _kind(node, value, example)
+        meta = out.dtensor
+        meta.mesh = self.mesh_index(fx_dtensor.mesh_of(value), node)
+        meta.placements.extend(placements)
+        meta.shape.extend(self.size(s) for s in value.shape)
+        meta.stride.extend(self.size(s) for s in value.stride())
 
     # -- constants ---------------------------------------------------------
     def constant(self, target: str) -> None:
@@ -376,16 +415,10 @@ class _Encoder:
         elif isinstance(value, slice):
             for field in ("start", "stop", "step"):
                 getattr(a.slice, field).CopyFrom(self.arg(getattr(value, field), depth + 1))
-        elif isinstance(value, torch.dtype):
-            a.dtype = dtype_name(value)
-        elif isinstance(value, torch.device):
-            a.device.CopyFrom(_device(value))
-        elif isinstance(value, torch.layout):
-            a.layout = str(value).removeprefix("torch.")
-        elif isinstance(value, torch.memory_format):
-            a.memory_format = str(value).removeprefix("torch.")
         elif isinstance(value, torch.SymInt):
             a.sym.CopyFrom(self.size(value))
+        elif _torch_constant(value, a):
+            pass
         elif type(value) in (dict, torch.fx.immutable_collections.immutable_dict):
             a.immutable_dict.SetInParent()
             for key, item in value.items():  # type: ignore[attr-defined]
@@ -452,6 +485,27 @@ class _Encoder:
             self.graph.format = graph_pb2.GRAPH_FORMAT_V2
 
 
+def _torch_constant(value: object, a: graph_pb2.Argument) -> bool:
+    """Sets `a` to a dtype, device, layout, memory format or DTensor placement; False
+    for any other value."""
+    if isinstance(value, torch.dtype):
+        a.dtype = dtype_name(value)
+    elif isinstance(value, torch.device):
+        a.device.CopyFrom(_device(value))
+    elif isinstance(value, torch.layout):
+        a.layout = str(value).removeprefix("torch.")
+    elif isinstance(value, torch.memory_format):
+        a.memory_format = str(value).removeprefix("torch.")
+    elif fx_dtensor.is_placement(value):
+        try:
+            a.placement.CopyFrom(fx_dtensor.describe_placement(value))
+        except fx_dtensor.Undescribable as e:
+            raise UnsupportedGraph(str(e)) from e
+    else:
+        return False
+    return True
+
+
 def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMeta.Kind:
     if isinstance(value, torch.nn.Parameter) or isinstance(example, torch.nn.Parameter):
         return TensorMeta.PARAMETER
@@ -480,8 +534,11 @@ def encode_graph(
     graph = encoder.graph
     try:
         graph.groups.extend(describe_groups(gm))
-    except UnresolvedGroup as e:
+        graph.meshes.extend(fx_dtensor.describe_mesh(m) for m in encoder.meshes)
+    except (UnresolvedGroup, fx_dtensor.Undescribable) as e:
         raise UnsupportedGraph(str(e)) from e
+    if encoder.meshes:
+        graph.rank = torch.distributed.get_rank()
     try:
         validate_graph(graph, limits)
     except GraphError as e:

@@ -17,13 +17,15 @@ GRAPH_FORMAT_V1: GraphFormat
 GRAPH_FORMAT_V2: GraphFormat
 
 class Graph(_message.Message):
-    __slots__ = ("format", "nodes", "constants", "symbols", "groups", "subgraphs", "custom_ops")
+    __slots__ = ("format", "nodes", "constants", "symbols", "groups", "subgraphs", "meshes", "rank", "custom_ops")
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CONSTANTS_FIELD_NUMBER: _ClassVar[int]
     SYMBOLS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     SUBGRAPHS_FIELD_NUMBER: _ClassVar[int]
+    MESHES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_OPS_FIELD_NUMBER: _ClassVar[int]
     format: GraphFormat
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
@@ -31,8 +33,10 @@ class Graph(_message.Message):
     symbols: _containers.RepeatedCompositeFieldContainer[Symbol]
     groups: _containers.RepeatedCompositeFieldContainer[ProcessGroup]
     subgraphs: _containers.RepeatedCompositeFieldContainer[Subgraph]
+    meshes: _containers.RepeatedCompositeFieldContainer[DeviceMesh]
+    rank: int
     custom_ops: _containers.RepeatedCompositeFieldContainer[CustomOp]
-    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., subgraphs: _Optional[_Iterable[_Union[Subgraph, _Mapping]]] = ..., custom_ops: _Optional[_Iterable[_Union[CustomOp, _Mapping]]] = ...) -> None: ...
+    def __init__(self, format: _Optional[_Union[GraphFormat, str]] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., constants: _Optional[_Iterable[_Union[Constant, _Mapping]]] = ..., symbols: _Optional[_Iterable[_Union[Symbol, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., subgraphs: _Optional[_Iterable[_Union[Subgraph, _Mapping]]] = ..., meshes: _Optional[_Iterable[_Union[DeviceMesh, _Mapping]]] = ..., rank: _Optional[int] = ..., custom_ops: _Optional[_Iterable[_Union[CustomOp, _Mapping]]] = ...) -> None: ...
 
 class Subgraph(_message.Message):
     __slots__ = ("name", "graph")
@@ -52,6 +56,48 @@ class ProcessGroup(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class DeviceMesh(_message.Message):
+    __slots__ = ("device_type", "shape", "ranks", "dim_names", "group_names")
+    DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    DIM_NAMES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_NAMES_FIELD_NUMBER: _ClassVar[int]
+    device_type: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    dim_names: _containers.RepeatedScalarFieldContainer[str]
+    group_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device_type: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., ranks: _Optional[_Iterable[int]] = ..., dim_names: _Optional[_Iterable[str]] = ..., group_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("shard", "replicate", "partial")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    replicate: NoneValue
+    partial: str
+    def __init__(self, shard: _Optional[int] = ..., replicate: _Optional[_Union[NoneValue, _Mapping]] = ..., partial: _Optional[str] = ...) -> None: ...
+
+class DTensorMeta(_message.Message):
+    __slots__ = ("mesh", "placements", "shape", "stride")
+    MESH_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    mesh: int
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    shape: _containers.RepeatedCompositeFieldContainer[SymExpr]
+    stride: _containers.RepeatedCompositeFieldContainer[SymExpr]
+    def __init__(self, mesh: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., shape: _Optional[_Iterable[_Union[SymExpr, _Mapping]]] = ..., stride: _Optional[_Iterable[_Union[SymExpr, _Mapping]]] = ...) -> None: ...
+
+class MeshInput(_message.Message):
+    __slots__ = ("mesh",)
+    MESH_FIELD_NUMBER: _ClassVar[int]
+    mesh: int
+    def __init__(self, mesh: _Optional[int] = ...) -> None: ...
+
 class CustomOp(_message.Message):
     __slots__ = ("target", "schema")
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -69,7 +115,7 @@ class CustomCall(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "op", "target", "args", "kwargs", "tensor", "symint", "custom")
+    __slots__ = ("name", "op", "target", "args", "kwargs", "tensor", "symint", "dtensor", "mesh", "custom")
     class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OP_UNSPECIFIED: _ClassVar[Node.Op]
@@ -91,6 +137,8 @@ class Node(_message.Message):
     KWARGS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     SYMINT_FIELD_NUMBER: _ClassVar[int]
+    DTENSOR_FIELD_NUMBER: _ClassVar[int]
+    MESH_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_FIELD_NUMBER: _ClassVar[int]
     name: str
     op: Node.Op
@@ -99,8 +147,10 @@ class Node(_message.Message):
     kwargs: _containers.RepeatedCompositeFieldContainer[Keyword]
     tensor: TensorMeta
     symint: SymExpr
+    dtensor: DTensorMeta
+    mesh: MeshInput
     custom: CustomCall
-    def __init__(self, name: _Optional[str] = ..., op: _Optional[_Union[Node.Op, str]] = ..., target: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., tensor: _Optional[_Union[TensorMeta, _Mapping]] = ..., symint: _Optional[_Union[SymExpr, _Mapping]] = ..., custom: _Optional[_Union[CustomCall, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., op: _Optional[_Union[Node.Op, str]] = ..., target: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Iterable[_Union[Keyword, _Mapping]]] = ..., tensor: _Optional[_Union[TensorMeta, _Mapping]] = ..., symint: _Optional[_Union[SymExpr, _Mapping]] = ..., dtensor: _Optional[_Union[DTensorMeta, _Mapping]] = ..., mesh: _Optional[_Union[MeshInput, _Mapping]] = ..., custom: _Optional[_Union[CustomCall, _Mapping]] = ...) -> None: ...
 
 class Keyword(_message.Message):
     __slots__ = ("name", "value")
@@ -111,7 +161,7 @@ class Keyword(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[_Union[Argument, _Mapping]] = ...) -> None: ...
 
 class Argument(_message.Message):
-    __slots__ = ("node", "none", "bool_value", "int_value", "float_value", "str_value", "list", "tuple", "slice", "dtype", "device", "layout", "memory_format", "sym", "immutable_dict")
+    __slots__ = ("node", "none", "bool_value", "int_value", "float_value", "str_value", "list", "tuple", "slice", "dtype", "device", "layout", "memory_format", "sym", "immutable_dict", "placement")
     NODE_FIELD_NUMBER: _ClassVar[int]
     NONE_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +177,7 @@ class Argument(_message.Message):
     MEMORY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     SYM_FIELD_NUMBER: _ClassVar[int]
     IMMUTABLE_DICT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     node: str
     none: NoneValue
     bool_value: bool
@@ -142,7 +193,8 @@ class Argument(_message.Message):
     memory_format: str
     sym: SymExpr
     immutable_dict: ArgumentList
-    def __init__(self, node: _Optional[str] = ..., none: _Optional[_Union[NoneValue, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., str_value: _Optional[str] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., tuple: _Optional[_Union[ArgumentList, _Mapping]] = ..., slice: _Optional[_Union[Slice, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., sym: _Optional[_Union[SymExpr, _Mapping]] = ..., immutable_dict: _Optional[_Union[ArgumentList, _Mapping]] = ...) -> None: ...
+    placement: Placement
+    def __init__(self, node: _Optional[str] = ..., none: _Optional[_Union[NoneValue, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., str_value: _Optional[str] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., tuple: _Optional[_Union[ArgumentList, _Mapping]] = ..., slice: _Optional[_Union[Slice, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., sym: _Optional[_Union[SymExpr, _Mapping]] = ..., immutable_dict: _Optional[_Union[ArgumentList, _Mapping]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
 
 class NoneValue(_message.Message):
     __slots__ = ()

@@ -71,7 +71,7 @@ def _decompose(ctx: WorkerContext, job: Prepared) -> Decomposition:
                 raise NotDecomposable(str(e)) from e
             raise sandbox_failure(e) from e
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph):
             return decompose_graph(
                 job.decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,
             )

@@ -168,7 +168,7 @@ def _lower_here(
     used: list[str] = []
     seam = using_decomposition(dec, decoded, used) if dec is not None else None
     try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
+        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph):
             lowered = lower_graph(
                 decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
                 dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,

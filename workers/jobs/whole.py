@@ -27,7 +27,7 @@ def compile_whole(key: str, ctx: WorkerContext, job: Prepared) -> Manifest:
     else:
         mark = shape_guards.snapshot(decoded.shape_env)
         try:
-            with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph.groups):
+            with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph):
                 result = compile_graph(
                     decoded.gm,
                     decoded.example_inputs,

@@ -1,0 +1,167 @@
+"""DTensors and device meshes, described for the farm and rebuilt on a worker.
+
+The client side (`torchfarm.fx.encode`) describes a Dynamo graph's DTensor inputs and
+`DeviceMesh` inputs; the worker side (`torchfarm.fx.decode`) rebuilds them with fake
+local tensors, inside the fake process groups of workers/fakepg.py. The format's rules
+are in torchfarm/dtensor.py.
+
+Behaviour pinned against torch 2.13.0 (tests/unit/test_dtensor_format.py):
+- Dynamo passes a `DeviceMesh` graph input as the mesh itself, with a `FakeScriptObject`
+  (its `real_obj` the mesh) as the placeholder's example value; a DTensor input's
+  example value is a DTensor whose local tensor is a FakeTensor;
+- `DeviceMesh(device_type, mesh, mesh_dim_names=..., _init_backend=False, _rank=r)`
+  builds a mesh with no process group; its dimensions' collectives pass the names in
+  `_dim_group_names`, resolved when they run (as `DeviceMesh.from_group` sets them);
+- a pickled mesh keeps `_rank` and `_dim_group_names` and resolves the names again on
+  load (`DeviceMesh.__setstate__`), so the mesh AOTAutograd keeps in the artifact's
+  DTensor metadata is the client's own mesh once loaded there;
+- `DTensor.__tensor_flatten__` names the local tensor `_local_tensor`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
+
+import torch
+
+from torchfarm.v1 import graph_pb2
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.distributed_c10d import GroupName
+    from torch.distributed.tensor.placement_types import Placement
+
+
+def is_mesh(value: object) -> bool:
+    # A module not yet imported has made no object: nothing is imported here.
+    module = sys.modules.get("torch.distributed.device_mesh")
+    return module is not None and isinstance(_real(value), module.DeviceMesh)
+
+
+def is_dtensor(value: object) -> TypeGuard[torch.Tensor]:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def is_placement(value: object) -> bool:
+    module = sys.modules.get("torch.distributed.tensor.placement_types")
+    return module is not None and isinstance(value, module.Placement)
+
+
+def _real(value: object) -> object:
+    """A mesh from a placeholder's example value, which Dynamo wraps in a FakeScriptObject."""
+    return getattr(value, "real_obj", value)
+
+
+class Undescribable(Exception):
+    """A mesh, DTensor or placement the format cannot hold."""
+
+
+# -- the client's side -----------------------------------------------------
+
+
+def describe_mesh(value: object) -> graph_pb2.DeviceMesh:
+    """A mesh as every rank on it sees it: layout, dimension names, group names."""
+    mesh: Any = _real(value)
+    try:
+        group_names = [mesh.get_group(d).group_name for d in range(mesh.ndim)]
+    except (RuntimeError, ValueError) as e:
+        raise Undescribable(f"the mesh's process groups: {e}") from e
+    return graph_pb2.DeviceMesh(
+        device_type=mesh.device_type,
+        shape=list(mesh.shape),
+        ranks=[int(r) for r in mesh.mesh.flatten().tolist()],
+        dim_names=list(mesh.mesh_dim_names or ()),
+        group_names=group_names,
+    )
+
+
+def same_mesh(a: object, b: object) -> bool:
+    return _real(a) is _real(b) or _real(a) == _real(b)
+
+
+def mesh_of(value: Any) -> object:
+    return value.device_mesh
+
+
+def local_tensor(value: Any) -> torch.Tensor:
+    return value._local_tensor
+
+
+def describe_placement(value: Any) -> graph_pb2.Placement:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    kind = type(value)
+    if kind is Shard:
+        return graph_pb2.Placement(shard=value.dim)
+    if kind is Replicate:
+        return graph_pb2.Placement(replicate=graph_pb2.NoneValue())
+    if kind is Partial:
+        return graph_pb2.Placement(partial=value.reduce_op)
+    raise Undescribable(f"placement {value!r}")
+
+
+def placements_of(value: Any) -> list[graph_pb2.Placement]:
+    return [describe_placement(p) for p in value.placements]
+
+
+# -- the worker's side -----------------------------------------------------
+
+
+def placement(pb: graph_pb2.Placement) -> Placement:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    kind = pb.WhichOneof("kind")
+    if kind == "shard":
+        return Shard(pb.shard)
+    if kind == "partial":
+        return Partial(pb.partial)
+    return Replicate()
+
+
+def build_mesh(pb: graph_pb2.DeviceMesh, rank: int) -> DeviceMesh:
+    """The client's mesh, as rank `rank` has it, with no process group behind it: its
+    collectives resolve its group names when they run."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    layout = torch.tensor(list(pb.ranks), dtype=torch.int).view(*pb.shape)
+    mesh = DeviceMesh(
+        pb.device_type, layout, mesh_dim_names=tuple(pb.dim_names) or None,
+        _init_backend=False, _rank=rank,
+    )
+    mesh._dim_group_names = [cast("GroupName", name) for name in pb.group_names]
+    return mesh
+
+
+def build_dtensor(
+    local: torch.Tensor, mesh: DeviceMesh, meta: graph_pb2.DTensorMeta,
+    size: Callable[[graph_pb2.SymExpr], Any], requires_grad: bool, parameter: bool,
+) -> torch.Tensor:
+    """A DTensor of `local` (a fake tensor), with the client's placements and global sizes."""
+    from torch.distributed.tensor import DTensor
+
+    value = DTensor.from_local(
+        local, mesh, [placement(p) for p in meta.placements], run_check=False,
+        shape=torch.Size([size(s) for s in meta.shape]), stride=tuple(size(s) for s in meta.stride),
+    ).detach()
+    value.requires_grad_(requires_grad)
+    return torch.nn.Parameter(value, requires_grad=requires_grad) if parameter else value
+
+
+def mesh_groups(pb: graph_pb2.DeviceMesh, rank: int) -> list[tuple[str, list[int]]]:
+    """Each dimension's group name and, in group order, the ranks of the group along that
+    dimension that holds `rank`."""
+    layout = torch.tensor(list(pb.ranks), dtype=torch.int).view(*pb.shape)
+    where = (layout == rank).nonzero()[0].tolist()
+    groups = []
+    for dim, name in enumerate(pb.group_names):
+        index: list[Any] = list(where)
+        index[dim] = slice(None)
+        groups.append((name, [int(r) for r in layout[tuple(index)].tolist()]))
+    return groups
+
+
+def ranks_of(meshes: Sequence[graph_pb2.DeviceMesh]) -> list[int]:
+    return [r for m in meshes for r in m.ranks]
