@@ -99,12 +99,15 @@ def components(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[st
     state = [[n, *_tensor_meta(t)] for n, t in model.named_parameters()]
     state += [[n, *_tensor_meta(t)] for n, t in model.named_buffers()]
     leaves, spec = pytree.tree_flatten((args, dict(kwargs)))
+    inputs = {"tree": str(spec), "leaves": [_leaf(x) for x in leaves],
+              "grad": torch.is_grad_enabled(), "autocast": global_state.autocast_now()}
+    if sdpa := global_state.sdpa_backends_now():  # only when set: the default's keys stay
+        inputs["sdpa_backends"] = sdpa
     return {
         "code": {"forward": code_digest(forward.__code__), "classes": classes},
         "structure": structure,
         "state": state,
-        "inputs": {"tree": str(spec), "leaves": [_leaf(x) for x in leaves],
-                   "grad": torch.is_grad_enabled(), "autocast": global_state.autocast_now()},
+        "inputs": inputs,
     }
 
 

@@ -78,6 +78,8 @@ def options_canonical(options: farm_pb2.CompileOptions) -> dict[str, Any]:
         canonical["no_grad"] = True
     if options.autocast:
         canonical["autocast"] = sorted((a.device_type, a.dtype) for a in options.autocast)
+    if options.sdpa_backends:
+        canonical["sdpa_backends"] = list(options.sdpa_backends)  # in priority order
     return canonical
 
 

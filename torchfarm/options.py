@@ -73,6 +73,9 @@ AUTOCAST_DEVICES = frozenset({"cpu", "cuda", "xpu", "mps", "hpu"})
 AUTOCAST_DTYPES = frozenset({"bfloat16", "float16"})
 """The lower precisions autocast casts to."""
 
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION", "OVERRIDEABLE")
+"""torch's SDPBackend names, in its default priority order (all enabled by default)."""
+
 MAX_INT_OPTION = 1 << 20
 """Integer options above this are refused (they are counts and sizes, never this big)."""
 RANGES: dict[str, tuple[int, int]] = {
@@ -110,6 +113,19 @@ def check_options(mode: str, options: list[tuple[str, str]]) -> dict[str, object
             raise OptionNotAllowed(f"Inductor option {name!r}: value {raw[:40]!r} is not allowed")
         decoded[name] = value
     return decoded
+
+
+def check_sdpa_backends(names: list[str]) -> list[str]:
+    """Validates the SDPA backends a graph was captured under: known, each once, and not
+    torch's default, which a request leaves empty (so its key is unchanged)."""
+    for name in names:
+        if name not in SDPA_BACKENDS:
+            raise OptionNotAllowed(f"SDPA backend {name[:40]!r} is not one torch has")
+    if len(set(names)) != len(names):
+        raise OptionNotAllowed("an SDPA backend given twice")
+    if tuple(names) == SDPA_BACKENDS:
+        raise OptionNotAllowed("the default SDPA backends are sent as none")
+    return names
 
 
 def check_autocast(entries: list[tuple[str, str]]) -> dict[str, str]:

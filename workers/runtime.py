@@ -220,6 +220,7 @@ def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
     """The request's Inductor options, checked against the allow-list, and its autocast."""
     try:
         options.check_autocast([(a.device_type, a.dtype) for a in request.options.autocast])
+        options.check_sdpa_backends(list(request.options.sdpa_backends))
         return options.check_options(
             request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
         )

@@ -187,6 +187,7 @@ class Farm:
                 request.options.mode, [(o.name, o.json_value) for o in request.options.inductor]
             )
             options.check_autocast([(a.device_type, a.dtype) for a in request.options.autocast])
+            options.check_sdpa_backends(list(request.options.sdpa_backends))
         except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e

@@ -146,3 +146,54 @@ def test_a_client_with_more_threads_than_the_worker_runs_its_reductions(stack, c
     proc = run_python(f"import sys; sys.argv = ['x', {stack.address!r}]\n" + MANY_THREADS,
                       {"TORCHINDUCTOR_CACHE_DIR": str(client_cache_dir)})
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), (proc.returncode, proc.stderr[-2000:])
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+
+def _wrapper_code(cache_dir) -> str:
+    return "".join(p.read_text() for p in cache_dir.rglob("*.py"))
+
+
+@pytest.mark.parametrize("backends", [None, ["MATH"]])
+def test_sdpa_backends_around_the_call_pick_the_kernel_a_local_compile_picks(
+    stack, tmp_path, monkeypatch, caplog, backends
+):
+    """`sdpa_kernel([SDPBackend.MATH])` around the call: the decomposition the worker
+    traces takes the math path (matmuls and a softmax), as a local torch.compile does,
+    where the default takes CPU flash attention; the backends are in the key."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    x = torch.randn(2, 8, 16)
+    code = {}
+    for where in ("local", "farm"):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / where))
+        model = _Attention()
+        torch._dynamo.reset()
+        compiled = torch.compile(model) if where == "local" else sdk.compile(
+            model, remote=stack.address, fallback="error")
+        caplog.clear()
+        around = sdpa_kernel([getattr(SDPBackend, b) for b in backends]) if backends else nullcontext()
+        with caplog.at_level(logging.INFO, logger="sdk"), around:
+            out = compiled(x)
+            out.backward()
+            reference = _Attention()
+            expected = reference(x)
+            expected.backward()
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, atol=1e-5, rtol=1e-5)
+        code[where] = _wrapper_code(tmp_path / where)
+        if where == "farm":
+            assert _farm_keys(caplog), "compiled on the farm"
+    flash = "_scaled_dot_product_flash_attention_for_cpu"
+    assert (flash in code["farm"]) == (flash in code["local"]) == (backends is None)

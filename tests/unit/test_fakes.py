@@ -92,6 +92,11 @@ def test_the_in_process_client_maps_the_coordinators_errors_as_over_grpc():
     with pytest.raises(GraphRejected) as bad:
         client.submit(relu_request(options={"no_such_option": "1"}))
     assert bad.value.code == "OPTION_NOT_ALLOWED"
+    unknown_sdpa = relu_request()
+    unknown_sdpa.options.sdpa_backends.append("FAST")
+    with pytest.raises(GraphRejected, match="'FAST'") as sdpa:
+        client.submit(unknown_sdpa)
+    assert sdpa.value.code == "OPTION_NOT_ALLOWED"
     with pytest.raises(RemoteCompileError) as missing:
         client.fetch("0" * 64)
     assert missing.value.code == "NOT_FOUND"

@@ -1,13 +1,14 @@
-"""torchfarm/fx/global_state.py: the grad mode and autocast a graph was captured under,
-written into its request on the client and put back around the worker's compile."""
+"""torchfarm/fx/global_state.py: the grad mode, autocast and SDPA backends a graph was
+captured under, written into its request on the client and put back around the
+worker's compile."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from torchfarm.fx import global_state
-from torchfarm.options import OptionNotAllowed
+from torchfarm.fx import global_state, internals
+from torchfarm.options import SDPA_BACKENDS, OptionNotAllowed
 from torchfarm.v1 import farm_pb2
 
 
@@ -31,7 +32,30 @@ def test_record_then_applied_gives_back_the_callers_state():
 
 def test_the_default_state_records_nothing():
     options = _recorded()
-    assert not options.no_grad and not options.autocast
+    assert not options.no_grad and not options.autocast and not options.sdpa_backends
+
+
+def test_torchs_default_sdpa_backends_are_the_farms():
+    """What a fresh process has enabled, by priority: a request sends these as none."""
+    from torch.nn.attention import _cur_sdpa_kernel_backends
+
+    assert tuple(b.name for b in _cur_sdpa_kernel_backends(with_priority=True)) == SDPA_BACKENDS
+
+
+def test_sdpa_kernel_around_the_call_is_recorded_and_applied_in_its_priority():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION], set_priority=True):
+        options = _recorded()
+    assert list(options.sdpa_backends) == ["MATH", "FLASH_ATTENTION"]
+    assert global_state.sdpa_backends_now() == []
+    with global_state.applied(options):
+        assert global_state.sdpa_backends_now() == ["MATH", "FLASH_ATTENTION"]
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled()
+        keyed = internals.resolve("inductor_config").post_grad_custom_post_pass
+        assert keyed.uuid() == "torchfarm-sdpa-backends:MATH,FLASH_ATTENTION"
+    assert global_state.sdpa_backends_now() == [] and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert internals.resolve("inductor_config").post_grad_custom_post_pass is None
 
 
 def test_autocast_for_a_device_this_machine_lacks_still_applies():

@@ -112,4 +112,11 @@ def test_global_state_enters_the_key_only_when_set():
     no_grad.options.no_grad = True
     autocast = _request()
     autocast.options.autocast.add(device_type="cpu", dtype="bfloat16")
-    assert len({keys.compute_key(r) for r in (plain, no_grad, autocast)}) == 3
+    math = _request()
+    math.options.sdpa_backends.append("MATH")
+    flash_first = _request()
+    flash_first.options.sdpa_backends.extend(["FLASH_ATTENTION", "MATH"])
+    math_first = _request()
+    math_first.options.sdpa_backends.extend(["MATH", "FLASH_ATTENTION"])  # the priority counts
+    requests = (plain, no_grad, autocast, math, flash_first, math_first)
+    assert len({keys.compute_key(r) for r in requests}) == len(requests)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm.options import OptionNotAllowed, check_autocast, check_options
+from torchfarm.options import (
+    SDPA_BACKENDS,
+    OptionNotAllowed,
+    check_autocast,
+    check_options,
+    check_sdpa_backends,
+)
 
 
 def test_modes_and_tuning_options_pass():
@@ -45,3 +51,14 @@ def test_autocast_is_checked_against_known_devices_and_precisions():
     ]:
         with pytest.raises(OptionNotAllowed, match=match):
             check_autocast(entries)
+
+
+def test_sdpa_backends_are_torchs_each_once_and_never_the_default():
+    assert check_sdpa_backends(["MATH", "FLASH_ATTENTION"]) == ["MATH", "FLASH_ATTENTION"]
+    for names, match in [
+        (["MATH", "FAST"], "'FAST' is not one torch has"),
+        (["MATH", "MATH"], "given twice"),
+        (list(SDPA_BACKENDS), "sent as none"),
+    ]:
+        with pytest.raises(OptionNotAllowed, match=match):
+            check_sdpa_backends(names)

@@ -1,20 +1,25 @@
-"""The global state Dynamo guards on and leaves out of its graphs: grad mode and autocast.
+"""The global state Dynamo leaves out of its graphs: grad mode, autocast, SDPA backends.
 
 Dynamo calls its backend under the state the frame began in, and the local backend's
 AOTAutograd traces under it: `torch.no_grad()` gets an inference graph (no backward,
-nothing saved for one), and `torch.autocast` around the call gets its casts. Neither is
-in the graph. `record` writes the caller's state into a request's options on the
-client; `applied` puts it back on the worker, around decode and compile.
+nothing saved for one), `torch.autocast` around the call gets its casts, and
+`torch.nn.attention.sdpa_kernel` around it picks the attention kernel the
+decomposition emits (on CPU, `MATH` gives matmuls and a softmax where the default gives
+`_scaled_dot_product_flash_attention_for_cpu`). None of it is in the graph. `record`
+writes the caller's state into a request's options on the client; `applied` puts it
+back on the worker, around decode and compile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
 
 from torchfarm import options as farm_options
+from torchfarm.fx.internals import resolve
 from torchfarm.v1 import farm_pb2
 
 
@@ -27,24 +32,69 @@ def autocast_now() -> list[tuple[str, str]]:
     ]
 
 
+def sdpa_backends_now() -> list[str]:
+    """The SDPA backends enabled, by priority; empty when they are torch's default."""
+    names = [b.name for b in resolve("sdpa_backends")(with_priority=True)]
+    return [] if tuple(names) == farm_options.SDPA_BACKENDS else names
+
+
 def record(options: farm_pb2.CompileOptions) -> None:
-    """Writes this thread's grad mode and autocast into `options`."""
+    """Writes this thread's grad mode, autocast and SDPA backends into `options`."""
     options.no_grad = not torch.is_grad_enabled()
     del options.autocast[:]
     for device, dtype in autocast_now():
         options.autocast.add(device_type=device, dtype=dtype)
+    options.sdpa_backends[:] = sdpa_backends_now()
+
+
+@functools.cache
+def _keyed_by() -> type:
+    """A post-grad pass that changes nothing: its `uuid` enters Inductor's and
+    AOTAutograd's cache keys, which leave the SDPA backends out (torch 2.13), so a warm
+    worker never serves a graph it traced under other backends from its own cache.
+    Made on first use: the SDK imports this module and needs no Inductor for it."""
+
+    class KeyedBy(resolve("CustomGraphPass")):  # type: ignore[misc]
+        def __init__(self, names: list[str]) -> None:
+            self.names = names
+
+        def __call__(self, graph: object) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return "torchfarm-sdpa-backends:" + ",".join(self.names)
+
+    return KeyedBy
+
+
+@contextlib.contextmanager
+def _sdpa_backends(names: list[str]) -> Iterator[None]:
+    """The SDPA backends `names` enabled, in that priority; the prior ones after."""
+    if not names:
+        yield
+        return
+    from torch.nn.attention import SDPBackend
+
+    prior = resolve("sdpa_backends")(with_priority=True)
+    resolve("set_sdpa_backends")([getattr(SDPBackend, n) for n in names], set_priority=True)
+    try:
+        with resolve("inductor_config").patch(post_grad_custom_post_pass=_keyed_by()(names)):
+            yield
+    finally:
+        resolve("set_sdpa_backends")(prior, set_priority=True)
 
 
 @contextlib.contextmanager
 def applied(options: farm_pb2.CompileOptions) -> Iterator[None]:
-    """This thread under the grad mode and autocast `options` records; raises
-    OptionNotAllowed for an autocast the farm does not take.
+    """This thread under the grad mode, autocast and SDPA backends `options` records;
+    raises OptionNotAllowed for an autocast or backend the farm does not take.
 
     Autocast is set through its thread-local switches, not `torch.autocast`, which turns
     itself off for a device this machine lacks (a CPU worker lowering for CUDA)."""
     autocast = farm_options.check_autocast([(a.device_type, a.dtype) for a in options.autocast])
+    backends = farm_options.check_sdpa_backends(list(options.sdpa_backends))
     prior = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in autocast]
-    with torch.set_grad_enabled(not options.no_grad):
+    with torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends):
         if not autocast:
             yield
             return
