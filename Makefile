@@ -41,8 +41,9 @@ test-models: setup
 test-higher-order: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_higher_order.py
 
+# The unit tests, one pytest-xdist process per core (1210 tests: 50 s on 2 cores, 77 s serial).
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow and not integration"
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --durations=25 -m "not slow and not integration"
 
 # Unit tests and one end-to-end compile on torch 2.12, in a venv made once outside the
 # checkout (2.7 GB of CUDA wheels the first time; scripts/test_second_build.sh). In .ci/run.
