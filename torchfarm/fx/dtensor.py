@@ -21,7 +21,7 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_dtensor_format.py):
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
@@ -161,7 +161,3 @@ def mesh_groups(pb: graph_pb2.DeviceMesh, rank: int) -> list[tuple[str, list[int
         index[dim] = slice(None)
         groups.append((name, [int(r) for r in layout[tuple(index)].tolist()]))
     return groups
-
-
-def ranks_of(meshes: Sequence[graph_pb2.DeviceMesh]) -> list[int]:
-    return [r for m in meshes for r in m.ranks]
