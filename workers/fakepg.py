@@ -61,7 +61,7 @@ def fake_groups(graph: graph_pb2.Graph) -> Iterator[None]:
         raise NotFakeable("this worker process already has a process group")
     FakeStore = internals.resolve("fake_pg").FakeStore  # importing it registers "fake"
 
-    world = 1 + max(max(ranks) for _, ranks in groups)
+    world = 1 + max([*(r for g in graph.groups for r in g.ranks), *(r for m in graph.meshes for r in m.ranks)])
     dist.init_process_group("fake", store=FakeStore(), rank=graph.rank, world_size=world)
     try:
         default_name = dist.group.WORLD.group_name  # type: ignore[union-attr]

@@ -8,8 +8,6 @@ a farm on gloo ranks.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,8 +15,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from tests.unit.test_collectives import fake_world
 from torchfarm import dtensor
 from torchfarm.exportcheck import validate_export
 from torchfarm.fx.encode import encode_graph
@@ -27,15 +25,6 @@ from torchfarm.graphcheck import validate_graph
 from torchfarm.keys import graph_digest
 from torchfarm.v1 import farm_pb2, graph_pb2
 from workers import fakepg
-
-
-@contextlib.contextmanager
-def fake_world(rank: int, size: int):
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class MLP(nn.Module):

@@ -82,10 +82,6 @@ def same_mesh(a: object, b: object) -> bool:
     return _real(a) is _real(b) or _real(a) == _real(b)
 
 
-def mesh_of(value: Any) -> object:
-    return value.device_mesh
-
-
 def local_tensor(value: Any) -> torch.Tensor:
     return value._local_tensor
 

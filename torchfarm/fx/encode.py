@@ -255,22 +255,22 @@ class _Encoder:
         )
 
     # -- placeholders ------------------------------------------------------
-    def placeholder(
-        self, node: torch.fx.Node, example: object, out: graph_pb2.Node, value: object = None,
-    ) -> None:
-        """`value`, when given, stands for the node's own fake value (a DTensor's local tensor)."""
-        if value is None:
-            # A decomposed graph's nodes (workers/aot_seam.py) carry "val", Dynamo's "example_value".
-            value = node.meta.get("example_value", node.meta.get("val", example))
+    def placeholder(self, node: torch.fx.Node, example: object, out: graph_pb2.Node) -> None:
+        # A decomposed graph's nodes (workers/aot_seam.py) carry "val", Dynamo's "example_value".
+        value = node.meta.get("example_value", node.meta.get("val", example))
         if isinstance(value, torch.SymInt):
             out.symint.CopyFrom(self.size(value))
             return
-        if fx_dtensor.is_mesh(value) or fx_dtensor.is_mesh(example):
-            out.mesh.mesh = self.mesh_index(example if fx_dtensor.is_mesh(example) else value, node)
+        mesh = next((v for v in (value, example) if fx_dtensor.is_mesh(v)), None)
+        if mesh is not None:
+            out.mesh.mesh = self.mesh_index(mesh, node)
             return
         if fx_dtensor.is_dtensor(value):
             self.dtensor(node, value, example, out)
             return
+        self.tensor_meta(node, value, example, out.tensor)
+
+    def tensor_meta(self, node: torch.fx.Node, value: object, example: object, meta: graph_pb2.TensorMeta) -> None:
         if not isinstance(value, torch.Tensor):
             raise UnsupportedGraph(
                 f"placeholder {node.name} is a {type(value).__name__}, not a tensor or SymInt"
@@ -288,7 +288,6 @@ class _Encoder:
         offset = value.storage_offset()
         if not isinstance(offset, int):
             raise UnsupportedGraph(f"placeholder {node.name} has a symbolic storage offset")
-        meta = out.tensor
         meta.shape.extend(self.size(s) for s in value.shape)
         meta.stride.extend(self.size(s) for s in value.stride())
         meta.dtype = dtype
@@ -314,11 +313,11 @@ class _Encoder:
         except fx_dtensor.Undescribable as e:
             raise UnsupportedGraph(f"placeholder {node.name}: {e}") from e
         local = fx_dtensor.local_tensor(value)
-        self.placeholder(node, local, out, local)
+        self.tensor_meta(node, local, local, out.tensor)
         out.tensor.requires_grad = value.requires_grad
         out.tensor.kind = _kind(node, value, example)
         meta = out.dtensor
-        meta.mesh = self.mesh_index(fx_dtensor.mesh_of(value), node)
+        meta.mesh = self.mesh_index(value.device_mesh, node)  # type: ignore[attr-defined]
         meta.placements.extend(placements)
         meta.shape.extend(self.size(s) for s in value.shape)
         meta.stride.extend(self.size(s) for s in value.stride())
