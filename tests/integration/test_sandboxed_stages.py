@@ -129,8 +129,13 @@ def _farm(box: sandbox.Sandbox | None) -> tuple[InProcessFarm, list[str]]:
 
 def test_a_staged_training_compile_lowers_in_the_sandbox(box, tmp_path, monkeypatch, caplog):
     """Decomposed in one child, lowered from that decomposition in another, the forward
-    graph's kernels streamed out to be built while the backward graph still lowers."""
+    graph's kernels streamed out to be built while the backward graph still lowers.
+
+    This small model's backward graph lowers in a few hundred milliseconds after the
+    forward graph's specs come out, so the parent reads the stream every 10 ms, not every
+    `WATCH_S`: a 200 ms tick could miss that window (it did once, in CI)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(sandbox, "WATCH_S", 0.01)
     caplog.set_level(logging.INFO, logger="workers")
     farm, tried = _farm(box)
     _train_through(farm)
