@@ -13,8 +13,8 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
   node, last; arguments only reference earlier nodes;
 - every call_function / call_method target on the allow-list, every get_attr naming a
   declared constant;
-- placeholder metadata: one of tensor meta, a symint or a device mesh; known
-  dtype/device, bounded rank, non-negative sizes;
+- placeholder metadata: one of tensor meta, a symint or a device mesh, and DTensor
+  metadata only beside tensor meta; known dtype/device, bounded rank, non-negative sizes;
 - functional collectives naming declared, well-formed process groups
   (`torchfarm.collectives`); DTensor inputs and placements on declared, well-formed
   device meshes that hold the graph's rank (`torchfarm.dtensor`);
@@ -615,6 +615,8 @@ class _Checker:
             raise MalformedGraph(f"{where}: placeholders take no arguments")
         if sum(node.HasField(f) for f in ("tensor", "symint", "mesh")) != 1:
             raise MalformedGraph(f"{where}: a placeholder needs one of tensor meta, a symint or a mesh")
+        if node.HasField("dtensor") and not node.HasField("tensor"):
+            raise MalformedGraph(f"{where}: DTensor metadata needs tensor meta for its local shard")
         if node.HasField("symint"):
             self.sym_expr(node.symint, where, size=False)
             return

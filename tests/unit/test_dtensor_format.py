@@ -200,6 +200,25 @@ def test_mesh_metadata_off_a_placeholder_is_refused(tp_graph):
     _refused(g, "only placeholders carry")
 
 
+@pytest.mark.parametrize("kind", ["mesh", "symint"])
+def test_dtensor_metadata_beside_a_mesh_or_a_symint_is_refused(tp_graph, kind):
+    """A DTensor's metadata belongs beside the tensor meta of its local shard: the
+    decoder reads it nowhere else, so anywhere else it would be an unchecked field."""
+    g = _copy(tp_graph)
+    dtensor_meta = _dtensor_node(g).dtensor
+    if kind == "mesh":
+        node = next(n for n in g.nodes if n.HasField("mesh"))
+    else:
+        nodes = list(g.nodes)
+        del g.nodes[:]
+        node = g.nodes.add(name="s0", op=graph_pb2.Node.PLACEHOLDER, target="s0")
+        node.symint.expr = "s0"
+        g.nodes.extend(nodes)
+        g.symbols.add(name="s0", hint=4, min=2)
+    node.dtensor.CopyFrom(dtensor_meta)
+    _refused(g, "DTensor metadata needs tensor meta")
+
+
 def test_an_export_of_a_dtensor_graph_is_refused(tp_graph):
     with pytest.raises(MalformedGraph, match="no DTensor graph"):
         validate_export(tp_graph, farm_pb2.ExportSpec())
