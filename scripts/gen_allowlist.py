@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from torchfarm import collectives, dtensor  # noqa: E402
+from torchfarm import collectives, dtensor, graphcheck  # noqa: E402
 from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 
@@ -124,6 +124,10 @@ HELPERS = (
     "torch._functorch.predispatch._vmap_decrement_nesting",
     "torch._functorch.predispatch._add_batch_dim",
     "torch._functorch.predispatch._remove_batch_dim",
+    # `sdpa_kernel(...)` inside the compiled code; graphcheck checks the backend names
+    # and that the second takes only nodes of the first.
+    graphcheck.SDPA_BACKEND,
+    graphcheck.SET_SDPA_KERNEL,
     # Reads a Tensor attribute (`logits.T` in CLIP); graphcheck allows it only with a
     # node and a constant name from ATTRIBUTES, so it never reaches dunders or methods.
     "builtins.getattr",

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm import allowlist, collectives, customops, dtensor, graphbounds
+from torchfarm import options as farm_options
 from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 
@@ -138,6 +139,13 @@ HIGHER_ORDER_PREFIX = "torch.ops.higher_order."
 
 GETATTR = "builtins.getattr"
 """The one builtin a graph may call: it reads an allow-listed Tensor attribute."""
+
+SDPA_BACKEND = "torch.nn.attention._backend_from_string"
+SET_SDPA_KERNEL = "torch.nn.attention._sdpa_kernel"
+"""What Dynamo puts in the graph for `sdpa_kernel(...)` inside the compiled code: each
+backend by name, then a call that enables those (and, on exit, one that enables the
+prior ones). The second changes the process's SDPA state while the worker traces; the
+worker's `global_state.applied` puts it back after."""
 
 Node = graph_pb2.Node
 _PLACEHOLDER_FIELDS = ("tensor", "symint", "dtensor", "mesh")
@@ -346,6 +354,8 @@ class _Checker:
         self.defined: set[str] = set()
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
         self.custom_ops = customops.declared_ops(graph)
+        self.sdpa_backends: set[str] = set()
+        """Nodes that name an SDPA backend (`SDPA_BACKEND` calls)."""
 
     def name(self, what: str, name: str) -> None:
         if len(name) > self.limits.max_name_chars:
@@ -523,18 +533,7 @@ class _Checker:
         if node.op == Node.PLACEHOLDER:
             self.placeholder(node, where)
         elif node.op == Node.CALL_FUNCTION:
-            if node.target in self.custom_ops:
-                self.custom_call(node, where)
-            elif not allowlist.is_allowed_function(node.target):
-                raise DisallowedOp(node.target, kind="higher-order op" if self.takes_subgraphs else "op")
-            if node.target == GETATTR:
-                _check_getattr(node, where)
-            if (group := collectives.check_collective(node, self.totals.groups, where)) is not None:
-                self.totals.used_groups.add(group)
-            if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
-                a.WhichOneof("kind") == "node" for a in node.args
-            ):
-                raise MalformedGraph(f"{where}: {node.target} without a node operand")
+            self.call_function(node, where)
         elif node.op == Node.CALL_METHOD:
             if not allowlist.is_allowed_method(node.target):
                 raise DisallowedOp(node.target, kind="method")
@@ -595,6 +594,40 @@ class _Checker:
                 f"{where}: {node.target} can produce a sequence of up to {length} items, "
                 f"more than {self.limits.max_sequence_length}"
             )
+
+    def call_function(self, node: graph_pb2.Node, where: str) -> None:
+        if node.target in self.custom_ops:
+            self.custom_call(node, where)
+        elif not allowlist.is_allowed_function(node.target):
+            raise DisallowedOp(node.target, kind="higher-order op" if self.takes_subgraphs else "op")
+        if node.target == GETATTR:
+            _check_getattr(node, where)
+        elif node.target in (SDPA_BACKEND, SET_SDPA_KERNEL):
+            self.sdpa_call(node, where)
+        if (group := collectives.check_collective(node, self.totals.groups, where)) is not None:
+            self.totals.used_groups.add(group)
+        if node.target.startswith(_PURE_PYTHON_PREFIXES) and not any(
+            a.WhichOneof("kind") == "node" for a in node.args
+        ):
+            raise MalformedGraph(f"{where}: {node.target} without a node operand")
+
+    def sdpa_call(self, node: graph_pb2.Node, where: str) -> None:
+        """`SDPA_BACKEND` of a backend torch has, by name, or `SET_SDPA_KERNEL` of
+        such nodes, each once, and a constant priority flag."""
+        args = node.args
+        if node.target == SDPA_BACKEND:
+            if len(args) != 1 or node.kwargs or args[0].WhichOneof("kind") != "str_value":
+                raise MalformedGraph(f"{where}: {SDPA_BACKEND} takes one constant backend name")
+            if args[0].str_value not in farm_options.SDPA_BACKENDS:
+                raise MalformedGraph(f"{where}: SDPA backend {args[0].str_value[:40]!r} is not one torch has")
+            self.sdpa_backends.add(node.name)
+            return
+        if (len(args) != 2 or node.kwargs or args[0].WhichOneof("kind") != "list"
+                or args[1].WhichOneof("kind") != "bool_value"):
+            raise MalformedGraph(f"{where}: {SET_SDPA_KERNEL} takes a list of backends and a constant flag")
+        names = [a.node if a.WhichOneof("kind") == "node" else "" for a in args[0].list.items]
+        if not all(name in self.sdpa_backends for name in names) or len(set(names)) != len(names):
+            raise MalformedGraph(f"{where}: {SET_SDPA_KERNEL} takes distinct {SDPA_BACKEND} nodes")
 
     def custom_call(self, node: graph_pb2.Node, where: str) -> None:
         """A custom op's recorded tensors: the same checks as a placeholder's metadata."""

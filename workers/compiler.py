@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from torchfarm import graphcheck
 from torchfarm.fx import internals
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
 from torchfarm.fx.internals import resolve
@@ -334,6 +335,12 @@ Marking them is sound here: their bodies are subgraphs of the request's graph, s
 are in the farm's key, and AOTAutograd's key pickles the GraphModule with its
 submodules' code (`FxGraphCachePickler._reduce_graph_module`)."""
 
+UNMARKED_CACHEABLE_CALLS = (graphcheck.SDPA_BACKEND, graphcheck.SET_SDPA_KERNEL)
+"""`sdpa_kernel(...)` inside the compiled code: private, so AOTAutograd bypasses its
+cache for them too. Sound for the same reason: the backends are constant arguments in
+the graph, and what runs before the switch is under the backends the request's options
+key (`global_state.applied`)."""
+
 
 def _serialized_compile(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], shapes: DynamicShapesType,
@@ -342,7 +349,7 @@ def _serialized_compile(
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
     inductor_config, functorch_config = internals.resolve("inductor_config"), internals.resolve("functorch_config")
     marked = dict(inductor_config.unsafe_marked_cacheable_functions)
-    marked.update((name, torch.__version__) for name in UNMARKED_CACHEABLE_HOPS)
+    marked.update((name, torch.__version__) for name in (*UNMARKED_CACHEABLE_HOPS, *UNMARKED_CACHEABLE_CALLS))
     with inductor_config.patch(unsafe_marked_cacheable_functions=marked), \
             functorch_config.patch(autograd_cache_allow_custom_autograd_functions=True):
         artifact = internals.standalone_compile(

@@ -159,17 +159,29 @@ class _Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
 
 
+class _MathAttention(_Attention):
+    """`_Attention` that picks the math kernel itself, inside the compiled code."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            return super().forward(x)
+
+
 def _wrapper_code(cache_dir) -> str:
     return "".join(p.read_text() for p in cache_dir.rglob("*.py"))
 
 
-@pytest.mark.parametrize("backends", [None, ["MATH"]])
+@pytest.mark.parametrize(("backends", "inside"), [(None, False), (["MATH"], False), (["MATH"], True)],
+                         ids=["default", "around", "inside"])
 def test_sdpa_backends_around_the_call_pick_the_kernel_a_local_compile_picks(
-    stack, tmp_path, monkeypatch, caplog, backends
+    stack, tmp_path, monkeypatch, caplog, backends, inside
 ):
-    """`sdpa_kernel([SDPBackend.MATH])` around the call: the decomposition the worker
-    traces takes the math path (matmuls and a softmax), as a local torch.compile does,
-    where the default takes CPU flash attention; the backends are in the key."""
+    """`sdpa_kernel([SDPBackend.MATH])` around the call, or inside the compiled code:
+    the decomposition the worker traces takes the math path (matmuls and a softmax), as
+    a local torch.compile does, where the default takes CPU flash attention; the
+    backends around the call are in the key, and those inside are in the graph."""
     from contextlib import nullcontext
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,12 +190,14 @@ def test_sdpa_backends_around_the_call_pick_the_kernel_a_local_compile_picks(
     code = {}
     for where in ("local", "farm"):
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / where))
-        model = _Attention()
+        model = _MathAttention() if inside else _Attention()
         torch._dynamo.reset()
         compiled = torch.compile(model) if where == "local" else sdk.compile(
             model, remote=stack.address, fallback="error")
         caplog.clear()
-        around = sdpa_kernel([getattr(SDPBackend, b) for b in backends]) if backends else nullcontext()
+        around = nullcontext()
+        if backends and not inside:
+            around = sdpa_kernel([getattr(SDPBackend, b) for b in backends])
         with caplog.at_level(logging.INFO, logger="sdk"), around:
             out = compiled(x)
             out.backward()

@@ -69,15 +69,17 @@ def _keyed_by() -> type:
 
 @contextlib.contextmanager
 def _sdpa_backends(names: list[str]) -> Iterator[None]:
-    """The SDPA backends `names` enabled, in that priority; the prior ones after."""
-    if not names:
-        yield
-        return
+    """The SDPA backends `names` enabled, in that priority (none: as they are); the
+    prior ones after, either way, since a graph's own `sdpa_kernel` calls switch them
+    while it decodes and compiles (`graphcheck.SET_SDPA_KERNEL`)."""
     from torch.nn.attention import SDPBackend
 
     prior = resolve("sdpa_backends")(with_priority=True)
-    resolve("set_sdpa_backends")([getattr(SDPBackend, n) for n in names], set_priority=True)
     try:
+        if not names:
+            yield
+            return
+        resolve("set_sdpa_backends")([getattr(SDPBackend, n) for n in names], set_priority=True)
         with resolve("inductor_config").patch(post_grad_custom_post_pass=_keyed_by()(names)):
             yield
     finally:
