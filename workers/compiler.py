@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -327,7 +327,9 @@ def _compile_setup(
     return patch, shapes, fake_mode
 
 
-UNMARKED_CACHEABLE_HOPS = ("torch.ops.higher_order.cond", "torch.ops.higher_order.while_loop")
+UNMARKED_CACHEABLE_HOPS = (
+    "torch.ops.higher_order.cond", "torch.ops.higher_order.while_loop", "torch.ops.higher_order.wrap",
+)
 """Higher-order ops the farm allows that torch 2.13 does not mark cacheable; nor is
 `autograd_function_apply` by default. AOTAutograd bypasses its cache for a graph that
 calls one, and a bypassed compile serializes no artifact (`serialize` fails on a None).
@@ -335,11 +337,32 @@ Marking them is sound here: their bodies are subgraphs of the request's graph, s
 are in the farm's key, and AOTAutograd's key pickles the GraphModule with its
 submodules' code (`FxGraphCachePickler._reduce_graph_module`)."""
 
-UNMARKED_CACHEABLE_CALLS = (graphcheck.SDPA_BACKEND, graphcheck.SET_SDPA_KERNEL)
-"""`sdpa_kernel(...)` inside the compiled code: private, so AOTAutograd bypasses its
-cache for them too. Sound for the same reason: the backends are constant arguments in
-the graph, and what runs before the switch is under the backends the request's options
-key (`global_state.applied`)."""
+UNMARKED_CACHEABLE_CALLS = (
+    "torch.amp.autocast_mode._enter_autocast", "torch.amp.autocast_mode._exit_autocast",
+    graphcheck.SDPA_BACKEND, graphcheck.SET_SDPA_KERNEL,
+    "torch._check", "torch._check_index", "torch._check_value", "torch.nn.functional._threshold",
+    *(f"torch._sym_{f}" for f in "acos asin atan cos cosh log2 sin sinh tan tanh".split()),
+)
+"""Allow-listed functions AOTAutograd bypasses its cache for, by their private names:
+`torch.autocast` and `sdpa_kernel` inside the compiled code (a float32 island under
+autocast, `torch.autocast(..., enabled=False)`), checks, and symbolic math on sizes. Sound for the same reason: each
+is a function of its arguments, which are in the graph; the two switches set what
+their constant arguments say, and what runs outside them is under the state the
+request's options key (`global_state.applied`). tests/unit/test_cacheable.py holds the
+whole allow-list to this."""
+
+
+@contextlib.contextmanager
+def cacheable_calls() -> Iterator[None]:
+    """AOTAutograd's cache, and so its serialization, takes every higher-order op and
+    function the farm allows (`UNMARKED_CACHEABLE_HOPS`, `UNMARKED_CACHEABLE_CALLS`)
+    and `autograd.Function`s."""
+    inductor_config, functorch_config = internals.resolve("inductor_config"), internals.resolve("functorch_config")
+    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
+    marked.update((name, torch.__version__) for name in (*UNMARKED_CACHEABLE_HOPS, *UNMARKED_CACHEABLE_CALLS))
+    with inductor_config.patch(unsafe_marked_cacheable_functions=marked), \
+            functorch_config.patch(autograd_cache_allow_custom_autograd_functions=True):
+        yield
 
 
 def _serialized_compile(
@@ -347,11 +370,7 @@ def _serialized_compile(
     patch: dict[str, Any], fake_mode: Any,
 ) -> bytes:
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
-    inductor_config, functorch_config = internals.resolve("inductor_config"), internals.resolve("functorch_config")
-    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
-    marked.update((name, torch.__version__) for name in (*UNMARKED_CACHEABLE_HOPS, *UNMARKED_CACHEABLE_CALLS))
-    with inductor_config.patch(unsafe_marked_cacheable_functions=marked), \
-            functorch_config.patch(autograd_cache_allow_custom_autograd_functions=True):
+    with cacheable_calls():
         artifact = internals.standalone_compile(
             gm,
             list(example_inputs),

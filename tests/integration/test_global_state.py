@@ -45,6 +45,38 @@ def test_autocast_around_the_call_casts_as_eager_does(stack, client_cache_dir, c
     assert all(p.grad is not None for p in model.parameters())
 
 
+class _FloatIsland(torch.nn.Module):
+    """Part of the forward kept in float32 under autocast, as rotary embeddings keep
+    their angles: `torch.autocast(..., enabled=False)` inside the compiled code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        with torch.autocast("cpu", enabled=False):
+            angles = h.float().cos()
+        return self.b(h * angles.to(h.dtype))
+
+
+def test_autocast_inside_the_compiled_code_compiles_on_the_farm(stack, client_cache_dir, caplog):
+    model, eager, x = _FloatIsland(), _FloatIsland(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+        ref = eager(x)
+    assert _farm_keys(caplog), "compiled on the farm"
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    out.float().square().sum().backward()
+    ref.float().square().sum().backward()
+    for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, atol=5e-2, rtol=5e-2)
+
+
 def test_no_grad_gets_an_inference_graph_and_grad_a_training_one(stack, client_cache_dir, caplog):
     model, x = _mlp(), torch.randn(4, 16)
     torch._dynamo.reset()
