@@ -14,16 +14,27 @@ from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 from torchfarm.allowlist import load_allowlist
 from torchfarm.fx.decode import resolve_function
 from torchfarm.fx.encode import encode_graph
+from torchfarm.graph_errors import MalformedGraph
 from workers.compiler import cacheable_calls, compile_graph
 from workers.fakepg import decoded
 
+PINNED = load_allowlist().torch_version == torch.__version__
+"""This torch is the one the allow-list was generated from (not the second build's)."""
+
 
 def _bypassed(names: list[str]) -> list[str]:
+    """Those of `names` AOTAutograd bypasses its cache for; on another torch than the
+    allow-list's, those this one lacks are left out."""
     graph = torch.fx.Graph()
     refused = []
     for name in names:
         try:
-            check_node_safe(graph.call_function(resolve_function(name), ()))
+            target = resolve_function(name)
+        except MalformedGraph:
+            assert not PINNED, f"{name} does not resolve"
+            continue
+        try:
+            check_node_safe(graph.call_function(target, ()))
         except BypassAOTAutogradCache:
             refused.append(name)
     return refused
@@ -36,6 +47,7 @@ def test_every_allowed_function_is_cacheable_for_aotautograd():
         assert _bypassed(names) == []
 
 
+@pytest.mark.skipif(not PINNED, reason="what torch bypasses is the pinned build's")
 def test_without_the_marking_torch_bypasses_some():
     """What the test above would catch: torch 2.13 takes these for uncacheable."""
     refused = _bypassed(sorted(load_allowlist().functions))
