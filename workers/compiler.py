@@ -345,11 +345,11 @@ UNMARKED_CACHEABLE_CALLS = (
 )
 """Allow-listed functions AOTAutograd bypasses its cache for, by their private names:
 `torch.autocast` and `sdpa_kernel` inside the compiled code (a float32 island under
-autocast, `torch.autocast(..., enabled=False)`), checks, and symbolic math on sizes. Sound for the same reason: each
-is a function of its arguments, which are in the graph; the two switches set what
-their constant arguments say, and what runs outside them is under the state the
-request's options key (`global_state.applied`). tests/unit/test_cacheable.py holds the
-whole allow-list to this."""
+autocast, `torch.autocast(..., enabled=False)`), checks, and symbolic math on sizes.
+Sound for the same reason: each is a function of its arguments, which are in the
+graph; the two switches set what their constant arguments say, and what runs outside
+them is under the state the request's options key (`global_state.applied`).
+tests/unit/test_cacheable.py holds the whole allow-list to this."""
 
 
 @contextlib.contextmanager
