@@ -72,3 +72,39 @@ def test_an_unknown_autocast_is_refused_before_anything_changes():
     with pytest.raises(OptionNotAllowed, match="int8"), global_state.applied(options):
         pass
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.slow  # a real compile
+def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
+    """Decoding puts back what a graph's helper calls change (torchfarm/fx/decode.py);
+    the compile runs them again. A hostile graph that enters a vmap level and never
+    leaves it would leave the worker thread inside vmap for the next tenant's jobs."""
+    import contextlib
+
+    from torchfarm.fx.encode import encode_graph
+    from workers.compiler import CompileFailed, compile_graph
+    from workers.fakepg import decoded
+
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # noqa: ANN202
+        graphs.append(encode_graph(gm, inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x: torch.vmap(torch.sin)(x) + 1, backend=backend)(torch.randn(3, 4))
+    finally:
+        torch._dynamo.reset()
+    graph = graphs[0]
+    kept = [n for n in graph.nodes if not n.target.endswith("_vmap_decrement_nesting")]
+    assert len(kept) == len(graph.nodes) - 1
+    del graph.nodes[:]
+    graph.nodes.extend(kept)
+    level = internals.resolve("vmap_current_level")
+    with global_state.applied(farm_pb2.CompileOptions()):
+        graph_in = decoded(graph)
+        assert level() is None
+        with contextlib.suppress(CompileFailed):
+            compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
+    assert level() is None

@@ -40,6 +40,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torchfarm import allowlist, customops, graphbounds
 from torchfarm.fx import customops as fx_customops
 from torchfarm.fx import dtensor as fx_dtensor
+from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
@@ -187,49 +188,6 @@ def _check_int_result(result: object) -> None:
     n = _int_value(result)
     if n is not None and n.bit_length() > MAX_INT_BITS:
         raise MalformedGraph(f"integer result needs {n.bit_length()} bits")
-
-
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
-
-
-def _autocast_nesting() -> int:
-    level = torch.autocast_increment_nesting()
-    torch.autocast_decrement_nesting()
-    return level - 1
-
-
-@contextlib.contextmanager
-def _preserve_global_state() -> Iterator[None]:
-    """Puts back the thread-local state Dynamo's helper ops change.
-
-    Propagation runs `_set_grad_enabled`, `_enter_autocast` and `_vmap_increment_nesting`
-    for real. A Dynamo graph balances them, but a truncated or hostile one would leave
-    the worker with grad off or autocast on for every later job.
-    """
-    grad = torch.is_grad_enabled()
-    autocast = [
-        (d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
-    ]
-    autocast_cache = torch.is_autocast_cache_enabled()
-    autocast_nesting = _autocast_nesting()
-    current_level = resolve("vmap_current_level")
-    vmap_level = current_level()
-    guard = resolve("GlobalStateGuard")()
-    try:
-        with resolve("PreserveDispatchKeyGuard")():
-            yield
-    finally:
-        while (level := current_level()) is not None and (vmap_level is None or level > vmap_level):
-            resolve("vmap_decrement_nesting")()
-        resolve("set_grad_enabled")(grad)
-        for device, enabled, dtype in autocast:
-            torch.set_autocast_enabled(device, enabled)
-            torch.set_autocast_dtype(device, dtype)
-        torch.set_autocast_cache_enabled(autocast_cache)
-        while _autocast_nesting() > autocast_nesting:
-            torch.autocast_decrement_nesting()
-        if not guard.check():
-            log.error("global state still differs after decoding: %s", guard.reason())
 
 
 class _Propagate(FakeTensorProp):
@@ -510,7 +468,7 @@ class _Decoder:
 
     def run(self) -> DecodedGraph:
         gm, inputs = self.build()
-        with _preserve_global_state():
+        with global_state.preserved():
             propagate = _Propagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
             propagate.propagate_dont_convert_inputs(*inputs)
@@ -556,7 +514,7 @@ def decode_graph_into(
         gm, made = decoder.build()
         values = made if inputs is None else list(inputs)
         if propagate:
-            with _preserve_global_state():
+            with global_state.preserved():
                 _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
                 decoder.propagate_subgraphs()
         else:

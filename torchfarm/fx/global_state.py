@@ -7,13 +7,15 @@ nothing saved for one), `torch.autocast` around the call gets its casts, and
 decomposition emits (on CPU, `MATH` gives matmuls and a softmax where the default gives
 `_scaled_dot_product_flash_attention_for_cpu`). None of it is in the graph. `record`
 writes the caller's state into a request's options on the client; `applied` puts it
-back on the worker, around decode and compile.
+back on the worker, around decode and compile, and after them (`preserved`) what the
+graph's own helper calls changed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -21,6 +23,52 @@ import torch
 from torchfarm import options as farm_options
 from torchfarm.fx.internals import resolve
 from torchfarm.v1 import farm_pb2
+
+log = logging.getLogger(__name__)
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+@contextlib.contextmanager
+def preserved() -> Iterator[None]:
+    """Puts back the thread-local state Dynamo's helper ops change.
+
+    Decoding (fake propagation) and the compile run `_set_grad_enabled`, `_enter_autocast`
+    and `_vmap_increment_nesting` for real. A Dynamo graph balances them, but a truncated
+    or hostile one would leave the worker with grad off, autocast on or inside a vmap
+    level for every later job. `applied` holds a job in it; the decoder, each propagation.
+    """
+    grad = torch.is_grad_enabled()
+    autocast = [
+        (d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
+    ]
+    autocast_cache = torch.is_autocast_cache_enabled()
+    autocast_nesting = _autocast_nesting()
+    current_level = resolve("vmap_current_level")
+    vmap_level = current_level()
+    guard = resolve("GlobalStateGuard")()
+    try:
+        with resolve("PreserveDispatchKeyGuard")():
+            yield
+    finally:
+        while (level := current_level()) is not None and (vmap_level is None or level > vmap_level):
+            resolve("vmap_decrement_nesting")()
+        resolve("set_grad_enabled")(grad)
+        for device, enabled, dtype in autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(autocast_cache)
+        while _autocast_nesting() > autocast_nesting:
+            torch.autocast_decrement_nesting()
+        if not guard.check():
+            log.error("global state still differs after the graph ran: %s", guard.reason())
+
 
 
 def autocast_now() -> list[tuple[str, str]]:
@@ -96,7 +144,7 @@ def applied(options: farm_pb2.CompileOptions) -> Iterator[None]:
     autocast = farm_options.check_autocast([(a.device_type, a.dtype) for a in options.autocast])
     backends = farm_options.check_sdpa_backends(list(options.sdpa_backends))
     prior = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in autocast]
-    with torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends):
+    with preserved(), torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends):
         if not autocast:
             yield
             return
