@@ -144,8 +144,8 @@ SDPA_BACKEND = "torch.nn.attention._backend_from_string"
 SET_SDPA_KERNEL = "torch.nn.attention._sdpa_kernel"
 """What Dynamo puts in the graph for `sdpa_kernel(...)` inside the compiled code: each
 backend by name, then a call that enables those (and, on exit, one that enables the
-prior ones). The second changes the process's SDPA state while the worker traces; the
-worker's `global_state.applied` puts it back after."""
+prior ones). The second changes the process's SDPA state while the worker traces;
+`global_state.preserved` puts it back after."""
 
 Node = graph_pb2.Node
 _PLACEHOLDER_FIELDS = ("tensor", "symint", "dtensor", "mesh")

@@ -11,9 +11,9 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  registers the prims the allow-list names
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_node_safe
 
+from tests.unit.test_collectives import capture
 from torchfarm.allowlist import load_allowlist
 from torchfarm.fx.decode import resolve_function
-from torchfarm.fx.encode import encode_graph
 from torchfarm.graph_errors import MalformedGraph
 from workers.compiler import cacheable_calls, compile_graph
 from workers.fakepg import decoded
@@ -63,17 +63,9 @@ def test_autocast_inside_the_compiled_code_compiles_to_an_artifact():
             y = x.float() @ x.float().T
         return y.cos() + x
 
-    graphs = []
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # noqa: ANN202
-        graphs.append(encode_graph(gm, inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
     try:
-        torch.compile(fn, backend=backend)(torch.randn(4, 4, requires_grad=True))
+        graph = decoded(capture(fn, torch.randn(4, 4, requires_grad=True)))
     finally:
         torch._dynamo.reset()
-    graph = decoded(graphs[0])
     result = compile_graph(graph.gm, graph.example_inputs, fake_mode=graph.fake_mode)
     assert result.payload

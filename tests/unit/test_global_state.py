@@ -81,22 +81,14 @@ def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
     leaves it would leave the worker thread inside vmap for the next tenant's jobs."""
     import contextlib
 
-    from torchfarm.fx.encode import encode_graph
+    from tests.unit.test_collectives import capture
     from workers.compiler import CompileFailed, compile_graph
     from workers.fakepg import decoded
 
-    graphs = []
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # noqa: ANN202
-        graphs.append(encode_graph(gm, inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
     try:
-        torch.compile(lambda x: torch.vmap(torch.sin)(x) + 1, backend=backend)(torch.randn(3, 4))
+        graph = capture(lambda x: torch.vmap(torch.sin)(x) + 1, torch.randn(3, 4))
     finally:
         torch._dynamo.reset()
-    graph = graphs[0]
     kept = [n for n in graph.nodes if not n.target.endswith("_vmap_decrement_nesting")]
     assert len(kept) == len(graph.nodes) - 1
     del graph.nodes[:]

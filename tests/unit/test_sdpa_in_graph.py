@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch._dynamo.exc import BackendCompilerFailed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tests.unit.test_collectives import capture
 from torchfarm.allowlist import load_allowlist
 from torchfarm.fx import global_state
-from torchfarm.fx.encode import UnsupportedGraph, encode_graph
+from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.graph_errors import MalformedGraph
 from torchfarm.graphcheck import SDPA_BACKEND, SET_SDPA_KERNEL, validate_graph
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -27,22 +28,14 @@ def _attention(q: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def sdpa_graph() -> graph_pb2.Graph:
-    captured: list[graph_pb2.Graph] = []
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]):  # noqa: ANN202
-        captured.append(encode_graph(gm, inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
     try:
-        torch.compile(_attention, backend=backend, fullgraph=True)(torch.randn(2, 4, 8, 16))
+        return capture(_attention, torch.randn(2, 4, 8, 16))
     except BackendCompilerFailed as e:
         if load_allowlist().torch_version == torch.__version__ or not isinstance(e.inner_exception, UnsupportedGraph):
             raise
         pytest.skip(f"this torch's Dynamo records sdpa_kernel otherwise: {e.inner_exception}")
     finally:
         torch._dynamo.reset()
-    return captured[0]
 
 
 def _copy(graph: graph_pb2.Graph) -> graph_pb2.Graph:

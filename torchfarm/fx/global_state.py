@@ -39,12 +39,14 @@ def _autocast_nesting() -> int:
 def preserved() -> Iterator[None]:
     """Puts back the thread-local state Dynamo's helper ops change.
 
-    Decoding (fake propagation) and the compile run `_set_grad_enabled`, `_enter_autocast`
-    and `_vmap_increment_nesting` for real. A Dynamo graph balances them, but a truncated
-    or hostile one would leave the worker with grad off, autocast on or inside a vmap
-    level for every later job. `applied` holds a job in it; the decoder, each propagation.
+    Decoding (fake propagation) and the compile run `_set_grad_enabled`, `_enter_autocast`,
+    `_vmap_increment_nesting` and `sdpa_kernel`'s switch (`graphcheck.SET_SDPA_KERNEL`)
+    for real. A Dynamo graph balances them, but a truncated or hostile one would leave
+    the worker with grad off, autocast on, inside a vmap level or with SDPA backends
+    off for every later job. `applied` holds a job in it; the decoder, each propagation.
     """
     grad = torch.is_grad_enabled()
+    sdpa = resolve("sdpa_backends")(with_priority=True)
     autocast = [
         (d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
     ]
@@ -66,6 +68,7 @@ def preserved() -> Iterator[None]:
         torch.set_autocast_cache_enabled(autocast_cache)
         while _autocast_nesting() > autocast_nesting:
             torch.autocast_decrement_nesting()
+        resolve("set_sdpa_backends")(sdpa, set_priority=True)
         if not guard.check():
             log.error("global state still differs after the graph ran: %s", guard.reason())
 
@@ -117,17 +120,15 @@ def _keyed_by() -> type:
 
 @contextlib.contextmanager
 def _sdpa_backends(names: list[str]) -> Iterator[None]:
-    """The SDPA backends `names` enabled, in that priority (none: as they are); the
-    prior ones after, either way, since a graph's own `sdpa_kernel` calls switch them
-    while it decodes and compiles (`graphcheck.SET_SDPA_KERNEL`)."""
+    """The SDPA backends `names` enabled, in that priority; the prior ones after."""
+    if not names:
+        yield
+        return
     from torch.nn.attention import SDPBackend
 
     prior = resolve("sdpa_backends")(with_priority=True)
+    resolve("set_sdpa_backends")([getattr(SDPBackend, n) for n in names], set_priority=True)
     try:
-        if not names:
-            yield
-            return
-        resolve("set_sdpa_backends")([getattr(SDPBackend, n) for n in names], set_priority=True)
         with resolve("inductor_config").patch(post_grad_custom_post_pass=_keyed_by()(names)):
             yield
     finally:
