@@ -22,7 +22,14 @@ import torch
 
 from sdk import artifact, report
 from sdk.client import FarmClient, parse_address
-from sdk.errors import ArtifactRejected, ConfigError, FarmError, FarmUnavailable, GraphRejected
+from sdk.errors import (
+    ArtifactRejected,
+    ConfigError,
+    FarmError,
+    FarmUnavailable,
+    GraphRejected,
+    RemoteCompileError,
+)
 from sdk.metrics import FALLBACKS
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
@@ -31,7 +38,7 @@ from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm import keys
 from torchfarm import options as farm_options
-from torchfarm.codes import Rejection
+from torchfarm.codes import JobError, Rejection
 from torchfarm.fx import global_state, regions
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
@@ -245,7 +252,13 @@ class FarmBackend:
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
-            reply, status = self._client.submit_and_wait(request, track, expected_key)
+            try:
+                reply, status = self._client.submit_and_wait(request, track, expected_key)
+            except RemoteCompileError as e:
+                if e.code != JobError.RANK_SPECIFIC or request.per_rank:
+                    raise
+                log.info("torchfarm: graph %d of %s compiles per rank: %s", index, self.name, e)
+                return self._complete(self._again(prepared, per_rank=True), in_backend)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
@@ -259,13 +272,7 @@ class FarmBackend:
             manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
             guards = self._shape_guards(prepared, manifest, reply.key, in_backend)
             if guards is None:
-                again = farm_pb2.CompileRequest()
-                again.CopyFrom(request)
-                again.specialize_hints = True
-                key = keys.compute_key(again, self.trust.namespace)
-                return self._complete(
-                    dataclasses.replace(prepared, request=again, key=key), in_backend
-                )
+                return self._complete(self._again(prepared, specialize_hints=True), in_backend)
             compiled = artifact.load(manifest, blobs)
             t5 = time.perf_counter()
         outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
@@ -288,6 +295,15 @@ class FarmBackend:
             kernels=len(manifest.kernels), bytes=manifest.total_bytes(),
         )
         return self._keyed(compiled, reply.key)
+
+    def _again(self, prepared: _Prepared, **fields: bool) -> _Prepared:
+        """The prepared request with `fields` set, and its key."""
+        assert self.trust is not None
+        again = farm_pb2.CompileRequest()
+        again.CopyFrom(prepared.request)
+        for name, value in fields.items():
+            setattr(again, name, value)
+        return dataclasses.replace(prepared, request=again, key=keys.compute_key(again, self.trust.namespace))
 
     def _shape_guards(
         self, prepared: _Prepared, manifest: Any, key: str, in_backend: bool

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from sdk.errors import ArtifactRejected
 from torchfarm.codes import Rejection
+from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, local_outputs
@@ -124,7 +125,7 @@ def load_compiled(payload: bytes) -> Callable[..., Any]:
     AOTCompiledArtifact = resolve("AOTCompiledArtifact")
 
     t0 = time.perf_counter()
-    with count_kernel_builds() as builds:
+    with count_kernel_builds() as builds, fx_dtensor.meshes_at_this_rank():
         try:
             artifact = AOTCompiledArtifact.deserialize(payload)
         except Exception as e:

@@ -55,6 +55,7 @@ class JobError(_ProtoEnum):
     WRONG_TARGET = "WRONG_TARGET"
     RECORD_TAMPERED = "RECORD_TAMPERED"
     INVALID_KERNEL_SPEC = "INVALID_KERNEL_SPEC"
+    RANK_SPECIFIC = "RANK_SPECIFIC"
 
 
 class Reason(_ProtoEnum):
@@ -166,6 +167,8 @@ JOB_ERRORS: dict[JobError, JobErrorInfo] = {
     # Someone wrote to the farm's Redis: nothing was signed; an operator must look.
     JobError.RECORD_TAMPERED: JobErrorInfo(retryable=False),
     JobError.INVALID_KERNEL_SPEC: JobErrorInfo(retryable=False),
+    # Not a failure of the graph: the SDK submits it again keyed with its rank.
+    JobError.RANK_SPECIFIC: JobErrorInfo(retryable=False),
 }
 """Every job error's meaning for the client. None raises: a graph the farm could not
 compile still compiles locally, with a warning (sdk/errors.py RemoteCompileError)."""

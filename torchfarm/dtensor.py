@@ -14,7 +14,9 @@ and `to_local` between the layers. The graph carries:
 
 The graph also holds the client's rank (`Graph.rank`): DTensor's dispatch runs on the
 worker, during AOTAutograd, and takes this rank's shard and offsets from the mesh, so
-the compiled code of one rank can be wrong on another. The key holds the rank.
+the compiled code of one rank can be wrong on another. The key leaves the rank out
+unless the request is `per_rank`: a worker compiles a rank-shared graph only once it has
+found the code the same at every rank that sends it (workers/ranks.py).
 
 This module imports no torch: the coordinator validates DTensor graphs with it.
 """

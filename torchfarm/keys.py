@@ -21,6 +21,12 @@ artifact; the shapes stay in as expressions over the symbols, with the symbols' 
 What Inductor decided from the hints comes back as shape guards in the manifest
 (torchfarm/fx/guards.py). When those are false for a client's hints, it resubmits with
 `specialize_hints`, and the key then covers the hints too.
+
+A graph with device meshes (DTensor) carries its rank, and the key leaves it out: the
+ranks that send the same graph share one key, so one compile. The worker compiles it
+only where it proves the compile the same at every such rank (workers/ranks.py); where
+it is not, the job fails RANK_SPECIFIC and each rank resubmits with `per_rank`, and its
+key then covers the rank. A per-rank key is the one such graphs had before.
 """
 
 from __future__ import annotations
@@ -35,9 +41,13 @@ KEY_VERSION = "torchfarm.key/3"
 """Changes whenever the key's inputs change, so old and new keys never collide."""
 
 
-def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True) -> str:
+def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True, rank: bool = True) -> str:
     """A digest of the graph's deterministic protobuf encoding; with `hints=False`, of
-    the encoding with every symbol's and size expression's hint cleared."""
+    the encoding with every symbol's and size expression's hint cleared; with
+    `rank=False`, with its rank cleared."""
+    if not rank and graph.rank:
+        graph = _copy(graph)
+        graph.ClearField("rank")
     if not hints and graph.symbols:
         graph = _without_hints(graph)
     return "sha256:" + hashlib.sha256(graph.SerializeToString(deterministic=True)).hexdigest()
@@ -46,9 +56,19 @@ def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True) -> str:
 _HINTED = (graph_pb2.SymExpr.DESCRIPTOR, graph_pb2.Symbol.DESCRIPTOR)
 
 
-def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
+def _copy(graph: graph_pb2.Graph) -> graph_pb2.Graph:
     copy = graph_pb2.Graph()
     copy.CopyFrom(graph)
+    return copy
+
+
+def rank_shared(request: farm_pb2.CompileRequest) -> bool:
+    """Whether the request's key leaves its graph's rank out (see the module's text)."""
+    return bool(request.graph.meshes) and not request.per_rank and not request.HasField("export")
+
+
+def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
+    copy = _copy(graph)
     stack: list[Any] = [copy]
     while stack:
         message = stack.pop()
@@ -85,9 +105,10 @@ def options_canonical(options: farm_pb2.CompileOptions) -> dict[str, Any]:
 
 def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, Any]:
     target, build = request.target, request.build
-    return {
+    shared = rank_shared(request)
+    canonical: dict[str, Any] = {
         "namespace": namespace,
-        "graph": graph_digest(request.graph, hints=request.specialize_hints),
+        "graph": graph_digest(request.graph, hints=request.specialize_hints, rank=not shared),
         "specialize_hints": request.specialize_hints,
         "target": {
             "device": target.device,
@@ -104,6 +125,9 @@ def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, An
         },
         "options": options_canonical(request.options),
     }
+    if shared:
+        canonical["ranks"] = "shared"  # never a per-rank key, whose graph has rank 0
+    return canonical
 
 
 EXPORT_KEY_VERSION = "torchfarm.export/1"

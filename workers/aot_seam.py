@@ -141,51 +141,10 @@ def decompose_graph(
 ) -> Decomposition:
     """AOTAutograd's decomposed graphs of `decoded`, encoded. Raises `NotDecomposable`,
     or `compiler.CompileFailed` when AOTAutograd itself fails."""
-    graph_compile = resolve("graph_compile")
-
     names = {str(expr): name for name, expr in decoded.symbols.items() if expr.is_Symbol}
-    example_inputs = decoded.example_inputs
-    patch, shapes, fake_mode = compiler._compile_setup(
-        example_inputs, decoded.fake_mode, dynamic, mode, inductor_options
-    )
-    got: dict[str, Any] = {}
-    real_capture = graph_compile.aot_dispatch_autograd_graph
-    real_base = graph_compile.aot_dispatch_base_graph
-    real_partition = graph_compile._aot_stage2a_partition
-
-    def capture(*args: Any, fw_metadata: Any, **kwargs: Any) -> Any:
-        got["before"] = _meta_view(fw_metadata)
-        return real_capture(*args, fw_metadata=fw_metadata, **kwargs)
-
-    def partition(*args: Any) -> Any:
-        out = real_partition(*args)
-        maybe_subclass_meta, fw_metadata = args[2], args[3]  # 2.13 passes a partition_fn after
-        _check_plain(maybe_subclass_meta, fw_metadata)
-        got.update(kind=JOINT, out=out, meta=fw_metadata)
-        raise _Captured
-
-    def base(*args: Any, fw_metadata: Any, **kwargs: Any) -> Any:
-        got["before"] = _meta_view(fw_metadata)
-        out = real_base(*args, fw_metadata=fw_metadata, **kwargs)
-        _check_plain(out[3], fw_metadata)
-        got.update(kind=INFERENCE, out=out, meta=fw_metadata)
-        raise _Captured
-
     mark = shape_guards.snapshot(decoded.shape_env)
     t0 = time.perf_counter()
-    with compiler._COMPILE_LOCK, _patched(graph_compile, {
-        "aot_dispatch_autograd_graph": capture,
-        "aot_dispatch_base_graph": base,
-        "_aot_stage2a_partition": partition,
-    }):
-        try:
-            compiler._serialized_compile(decoded.gm, example_inputs, shapes, patch, fake_mode)
-        except Exception as e:
-            reason = compiler.wrong_path(e)
-            if isinstance(reason, NotDecomposable):
-                raise reason from None
-            if reason is None:
-                raise compiler.CompileFailed(f"{type(e).__name__}: {e}") from e
+    got = _graphs_of(decoded, dynamic, mode, inductor_options, plain=True)
     seconds = time.perf_counter() - t0
     if "kind" not in got:
         # An AOTAutograd cache hit on this worker traces nothing: the lowering is as cheap.
@@ -219,6 +178,76 @@ def decompose_graph(
     return Decomposition(
         JOINT, _encode(fw, names), _encode(bw, names), names, joint_partition, guards, seconds
     )
+
+
+def traced_code(
+    decoded: DecodedGraph, *, dynamic: bool = False, mode: str = "",
+    inductor_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """The Python code of AOTAutograd's graphs of `decoded` (forward and backward, or the
+    one inference graph), traced as the compile would trace them, tensor subclasses
+    included, and stopped there. AOTAutograd's cache is off, so every call traces.
+    Raises `compiler.CompileFailed` when AOTAutograd fails."""
+    with resolve("functorch_config").patch(enable_autograd_cache=False):
+        got = _graphs_of(decoded, dynamic, mode, inductor_options, plain=False)
+    if got["kind"] == INFERENCE:
+        return [got["out"][0].code]
+    fw, bw = got["out"][:2]
+    return [fw.code, bw.code]
+
+
+def _graphs_of(
+    decoded: DecodedGraph, dynamic: bool, mode: str, inductor_options: dict[str, Any] | None,
+    *, plain: bool,
+) -> dict[str, Any]:
+    """Runs the compile up to AOTAutograd's graphs: `kind`, JOINT or INFERENCE; `out`, what
+    the partition (or the inference capture) returned; `meta`, the runtime metadata, and
+    `before`, a view of it before tracing. Absent `kind`, AOTAutograd's cache answered.
+    With `plain`, a graph of tensor subclasses raises `NotDecomposable`."""
+    graph_compile = resolve("graph_compile")
+    example_inputs = decoded.example_inputs
+    patch, shapes, fake_mode = compiler._compile_setup(
+        example_inputs, decoded.fake_mode, dynamic, mode, inductor_options
+    )
+    got: dict[str, Any] = {}
+    real_capture = graph_compile.aot_dispatch_autograd_graph
+    real_base = graph_compile.aot_dispatch_base_graph
+    real_partition = graph_compile._aot_stage2a_partition
+
+    def capture(*args: Any, fw_metadata: Any, **kwargs: Any) -> Any:
+        got["before"] = _meta_view(fw_metadata)
+        return real_capture(*args, fw_metadata=fw_metadata, **kwargs)
+
+    def partition(*args: Any) -> Any:
+        out = real_partition(*args)
+        maybe_subclass_meta, fw_metadata = args[2], args[3]  # 2.13 passes a partition_fn after
+        if plain:
+            _check_plain(maybe_subclass_meta, fw_metadata)
+        got.update(kind=JOINT, out=out, meta=fw_metadata)
+        raise _Captured
+
+    def base(*args: Any, fw_metadata: Any, **kwargs: Any) -> Any:
+        got["before"] = _meta_view(fw_metadata)
+        out = real_base(*args, fw_metadata=fw_metadata, **kwargs)
+        if plain:
+            _check_plain(out[3], fw_metadata)
+        got.update(kind=INFERENCE, out=out, meta=fw_metadata)
+        raise _Captured
+
+    with compiler._COMPILE_LOCK, _patched(graph_compile, {
+        "aot_dispatch_autograd_graph": capture,
+        "aot_dispatch_base_graph": base,
+        "_aot_stage2a_partition": partition,
+    }):
+        try:
+            compiler._serialized_compile(decoded.gm, example_inputs, shapes, patch, fake_mode)
+        except Exception as e:
+            reason = compiler.wrong_path(e)
+            if isinstance(reason, NotDecomposable):
+                raise reason from None
+            if reason is None:
+                raise compiler.CompileFailed(f"{type(e).__name__}: {e}") from e
+    return got
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ here is the first `size` ranks of the fake world, and the worker is rank 0. The 
 itself is the same on every rank (torchfarm/collectives.py), so nothing rank-specific
 is compiled in. A graph with DTensor device meshes is the exception: DTensor's dispatch
 picks this rank's shard while AOTAutograd traces it, so the worker takes the client's
-rank (`Graph.rank`, in the key) and its groups the client's members.
+rank (`Graph.rank`) and its groups the client's members; workers/ranks.py decides
+whether the ranks can share that compile.
 
 Behaviour pinned against torch 2.13.0 (tests/unit/test_collectives.py):
 - `torch.testing._internal.distributed.fake_pg` registers the "fake" backend on import;

@@ -148,6 +148,21 @@ class DTensorMLP(nn.Module):
         return self.norm(self.down(torch.nn.functional.gelu(self.up(x))) + x)
 
 
+class VocabParallelModel(nn.Module):
+    """Token ids made from the batch, through an embedding whose rows `RowwiseParallel`
+    splits over the ranks: each rank masks the ids outside its rows, so its graph
+    compiles to code with its own offsets."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(4 * width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 100).long() % self.emb.num_embeddings
+        return self.out(self.emb(ids).mean(dim=1))
+
+
 def dtensor_parallel(name: str, width: int, world: int) -> nn.Module:
     """The models laid out with `torch.distributed.tensor.parallel` on a 1-d mesh."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -162,6 +177,8 @@ def dtensor_parallel(name: str, width: int, world: int) -> nn.Module:
     mesh = init_device_mesh("cpu", (world,))
     if name == "dtensor_mlp":
         return parallelize_module(DTensorMLP(width), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if name == "dtensor_vocab":
+        return parallelize_module(VocabParallelModel(width), mesh, {"emb": RowwiseParallel()})
     model = SequenceParallelModel(width)
     columns = ColwiseParallel(input_layouts=Shard(1))
     plan = {
@@ -174,7 +191,7 @@ def dtensor_parallel(name: str, width: int, world: int) -> nn.Module:
 
 
 def build(name: str, width: int, rank: int, world: int) -> nn.Module:
-    if name in ("dtensor_mlp", "dtensor_block"):
+    if name in ("dtensor_mlp", "dtensor_block", "dtensor_vocab"):
         return dtensor_parallel(name, width, world)
     if name == "tp_mlp":
         return TensorParallelMLP(width, 4 * width, rank, world)

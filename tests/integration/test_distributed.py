@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sdk.report import COMPILED, HIT, JOINED
+from torchfarm.codes import JobError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -129,18 +130,30 @@ def test_four_ranks_compile_each_graph_once(rank_env, tmp_path, model):
 
 
 @pytest.mark.parametrize("model", ["dtensor_block", pytest.param("dtensor_mlp", marks=pytest.mark.distributed)])
-def test_dtensor_tensor_parallel_compiles_each_ranks_graph_once(rank_env, tmp_path, model):
+def test_dtensor_tensor_parallel_compiles_once_for_every_rank(rank_env, tmp_path, model):
     """`parallelize_module` with ColwiseParallel, RowwiseParallel and SequenceParallel:
     Dynamo's graphs take DTensor parameters and the device mesh, and compile on the
-    farm. DTensor's dispatch, which runs on the worker, takes the rank's own shard, so
-    each rank's graph has its rank in the key and compiles once; the same ranks started
-    again hit every graph. The width is a multiple of 16: each rank's heads are 4 wide."""
+    farm. The ranks' graphs differ in the rank alone, which the key leaves out, and the
+    worker found the compile the same at both: one compile, the other rank joins it; the
+    same ranks started again hit. The width is a multiple of 16: each rank's heads are 4 wide."""
     farm = torchrun(model, "farm", 2, tmp_path / "farm", rank_env, width=4 * WIDTH)
     assert_same_training(farm)
-    assert [r["outcomes"] for r in farm] == [[COMPILED], [COMPILED]]
-    assert farm[0]["keys"] != farm[1]["keys"]
+    assert_one_compile_per_graph(farm)
+    assert farm[0]["keys"] == farm[1]["keys"] and len(farm[0]["keys"]) == 1
     again = torchrun(model, "farm", 2, tmp_path / "again", {**rank_env, "TORCHFARM_TEST_NO_REFERENCE": "1"},
                      width=4 * WIDTH)
     assert [r["outcomes"] for r in again] == [[HIT], [HIT]]
     assert [r["keys"] for r in again] == [r["keys"] for r in farm]
     assert [r["losses"] for r in again] == [r["losses"] for r in farm]
+
+
+def test_a_dtensor_graph_whose_ranks_compile_differently_compiles_per_rank(stack, rank_env, tmp_path):
+    """A vocabulary-parallel embedding: each rank's code masks its own rows. The shared
+    job fails RANK_SPECIFIC, and each rank resubmits keyed with its rank and compiles its
+    own graph, which trains as eager does."""
+    farm = torchrun("dtensor_vocab", "farm", 2, tmp_path / "farm", rank_env, width=WIDTH)
+    assert_same_training(farm)
+    assert [r["outcomes"] for r in farm] == [[COMPILED], [COMPILED]]
+    assert farm[0]["keys"] != farm[1]["keys"]
+    shared = [j for j in stack.store().recent_jobs() if j.error_code == JobError.RANK_SPECIFIC]
+    assert len(shared) == 1 and "differs from rank" in shared[0].message

@@ -15,13 +15,16 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_dtensor_format.py):
 - a pickled mesh keeps `_rank` and `_dim_group_names` and resolves the names again on
   load (`DeviceMesh.__setstate__`), so the mesh AOTAutograd keeps in the artifact's
   DTensor metadata is the client's own mesh once loaded there;
-- `DTensor.__tensor_flatten__` names the local tensor `_local_tensor`.
+- `DTensor.__tensor_flatten__` names the local tensor `_local_tensor`;
+- a mesh's rank and its coordinates are `_rank` and `_coordinate_on_dim`, kept by pickle,
+  so `meshes_at_this_rank` sets them on load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
@@ -157,3 +160,37 @@ def mesh_groups(pb: graph_pb2.DeviceMesh, rank: int) -> list[tuple[str, list[int
         index[dim] = slice(None)
         groups.append((name, [int(r) for r in layout[tuple(index)].tolist()]))
     return groups
+
+
+@contextlib.contextmanager
+def meshes_at_this_rank() -> Iterator[None]:
+    """Within the block, a `DeviceMesh` unpickled takes this process's rank and its
+    coordinates in the mesh, not those it was pickled with. The ranks of a group share
+    one artifact (torchfarm/keys.py), compiled at one of them, whose DTensor metadata
+    holds that rank's mesh; the SDK loads artifacts inside this. Without a process group,
+    or before DTensor is imported (no artifact of this process holds a mesh), it does
+    nothing."""
+    module = sys.modules.get("torch.distributed.device_mesh")
+    if module is None or not torch.distributed.is_initialized():
+        yield
+        return
+    cls = module.DeviceMesh
+    original = cls.__dict__.get("__setstate__")
+
+    def setstate(mesh: Any, state: dict) -> None:
+        if original is not None:
+            original(mesh, state)
+        else:
+            mesh.__dict__.update(state)
+        mesh._rank = rank = torch.distributed.get_rank()
+        where = (mesh.mesh == rank).nonzero()
+        mesh._coordinate_on_dim = tuple(where[0].tolist()) if where.size(0) else None
+
+    cls.__setstate__ = setstate
+    try:
+        yield
+    finally:
+        if original is None:
+            del cls.__setstate__
+        else:
+            cls.__setstate__ = original

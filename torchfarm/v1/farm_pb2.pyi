@@ -80,13 +80,14 @@ class Option(_message.Message):
     def __init__(self, name: _Optional[str] = ..., json_value: _Optional[str] = ...) -> None: ...
 
 class CompileRequest(_message.Message):
-    __slots__ = ("graph", "target", "build", "options", "label", "specialize_hints", "export")
+    __slots__ = ("graph", "target", "build", "options", "label", "specialize_hints", "per_rank", "export")
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     BUILD_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     SPECIALIZE_HINTS_FIELD_NUMBER: _ClassVar[int]
+    PER_RANK_FIELD_NUMBER: _ClassVar[int]
     EXPORT_FIELD_NUMBER: _ClassVar[int]
     graph: _graph_pb2.Graph
     target: Target
@@ -94,8 +95,9 @@ class CompileRequest(_message.Message):
     options: CompileOptions
     label: str
     specialize_hints: bool
+    per_rank: bool
     export: ExportSpec
-    def __init__(self, graph: _Optional[_Union[_graph_pb2.Graph, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., build: _Optional[_Union[Build, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., label: _Optional[str] = ..., specialize_hints: _Optional[bool] = ..., export: _Optional[_Union[ExportSpec, _Mapping]] = ...) -> None: ...
+    def __init__(self, graph: _Optional[_Union[_graph_pb2.Graph, _Mapping]] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., build: _Optional[_Union[Build, _Mapping]] = ..., options: _Optional[_Union[CompileOptions, _Mapping]] = ..., label: _Optional[str] = ..., specialize_hints: _Optional[bool] = ..., per_rank: _Optional[bool] = ..., export: _Optional[_Union[ExportSpec, _Mapping]] = ...) -> None: ...
 
 class ExportSpec(_message.Message):
     __slots__ = ("weights", "in_spec", "out_spec", "dims")
@@ -170,6 +172,7 @@ class JobError(_message.Message):
         WRONG_TARGET: _ClassVar[JobError.Code]
         RECORD_TAMPERED: _ClassVar[JobError.Code]
         INVALID_KERNEL_SPEC: _ClassVar[JobError.Code]
+        RANK_SPECIFIC: _ClassVar[JobError.Code]
     CODE_UNSPECIFIED: JobError.Code
     COMPILE_ERROR: JobError.Code
     COMPILE_TIMEOUT: JobError.Code
@@ -189,6 +192,7 @@ class JobError(_message.Message):
     WRONG_TARGET: JobError.Code
     RECORD_TAMPERED: JobError.Code
     INVALID_KERNEL_SPEC: JobError.Code
+    RANK_SPECIFIC: JobError.Code
     def __init__(self) -> None: ...
 
 class Failure(_message.Message):

@@ -15,6 +15,7 @@ from torchfarm import keys
 from torchfarm.codes import Stage
 from torchfarm.fx import global_state
 from torchfarm.manifest import Manifest
+from workers import ranks
 from workers.jobs.decompose import decompose_or_lower
 from workers.jobs.whole import compile_whole
 from workers.runtime import Delivery, WorkerContext, in_tenant, prepare, run_delivery
@@ -44,6 +45,7 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
     with global_state.applied(job.request.options):
+        ranks.check_shared(job)
         if ctx.settings.pipeline == "staged" and ctx.send is not None:
             return decompose_or_lower(key, ctx, job)
         return compile_whole(key, ctx, job)

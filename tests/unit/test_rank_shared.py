@@ -1,0 +1,120 @@
+"""One compile for the ranks of a DTensor graph (workers/ranks.py): the key leaves the rank
+out, the worker proves the ranks' compiles the same or fails RANK_SPECIFIC, and a mesh
+loaded from an artifact compiled at another rank takes this process's rank.
+
+tests/integration/test_distributed.py trains both kinds of graph through a farm on gloo
+ranks.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+from tests.unit.test_collectives import fake_world
+from tests.unit.test_dtensor_format import capture_tp
+from torchfarm import keys
+from torchfarm.codes import JobError
+from torchfarm.fx import dtensor as fx_dtensor
+from torchfarm.fx.encode import encode_graph
+from torchfarm.v1 import farm_pb2, graph_pb2
+from workers import fakepg, ranks
+from workers.runtime import JobFailed, Prepared
+
+
+class VocabParallel(nn.Module):
+    """An embedding split over the ranks by rows: each rank masks the ids outside its
+    own rows, so its code holds its own offsets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(16, 8), nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(ids))
+
+
+def capture_vocab_parallel(rank: int, world: int = 2) -> graph_pb2.Graph:
+    graphs: list[graph_pb2.Graph] = []
+
+    def backend(gm, example_inputs):
+        graphs.append(encode_graph(gm, example_inputs))
+        return gm.forward
+
+    with fake_world(rank, world):
+        mesh = init_device_mesh("cpu", (world,))
+        model = parallelize_module(VocabParallel(), mesh, {"emb": RowwiseParallel()})
+        torch._dynamo.reset()
+        torch.compile(model, backend=backend, fullgraph=True)(torch.randint(0, 16, (4,)))
+    (graph,) = graphs
+    return graph
+
+
+def _job(graph: graph_pb2.Graph, **fields: bool) -> Prepared:
+    request = farm_pb2.CompileRequest(graph=graph, **fields)
+    return Prepared(request, fakepg.decoded(graph), {}, 0.0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def tp_graphs() -> list[graph_pb2.Graph]:
+    return [capture_tp(0), capture_tp(1)]
+
+
+def test_the_ranks_of_a_group_share_a_key_unless_per_rank(tp_graphs):
+    requests = [farm_pb2.CompileRequest(graph=g) for g in tp_graphs]
+    assert keys.compute_key(requests[0]) == keys.compute_key(requests[1])
+    per_rank = [farm_pb2.CompileRequest(graph=g, per_rank=True) for g in tp_graphs]
+    assert keys.compute_key(per_rank[0]) != keys.compute_key(per_rank[1])
+    assert keys.compute_key(per_rank[0]) != keys.compute_key(requests[0])
+    plain = farm_pb2.CompileRequest(graph=graph_pb2.Graph())
+    assert not keys.rank_shared(plain) and keys.rank_shared(requests[1])
+
+
+def test_a_graph_the_same_at_every_rank_passes(tp_graphs):
+    ranks.check_shared(_job(tp_graphs[1]))
+
+
+def test_a_graph_with_rank_offsets_fails_rank_specific_and_per_rank_passes():
+    graph = capture_vocab_parallel(1)
+    with pytest.raises(JobFailed) as failed:
+        ranks.check_shared(_job(graph))
+    assert failed.value.code == JobError.RANK_SPECIFIC
+    assert "rank 0's compile of this graph differs from rank 1's" in str(failed.value)
+    ranks.check_shared(_job(graph, per_rank=True))  # what the SDK resubmits: compiled as it is
+
+
+def test_the_checked_ranks_are_those_that_send_the_same_bytes():
+    """On a 2x2 mesh each rank's pair of groups is its own: no other rank sends its bytes."""
+    square = graph_pb2.DeviceMesh(device_type="cpu", shape=[2, 2], ranks=[0, 1, 2, 3], group_names=["5", "6"])
+    assert ranks.sharing_ranks(graph_pb2.Graph(meshes=[square], rank=3)) == [3]
+    line = graph_pb2.DeviceMesh(device_type="cpu", shape=[4], ranks=[0, 1, 2, 3], group_names=["0"])
+    assert ranks.sharing_ranks(graph_pb2.Graph(meshes=[line], rank=2)) == [0, 1, 2, 3]
+    pair = graph_pb2.ProcessGroup(name="7", size=2, ranks=[2, 3])
+    assert ranks.sharing_ranks(graph_pb2.Graph(meshes=[line], groups=[pair], rank=2)) == [2, 3]
+
+
+def test_more_ranks_than_the_farm_checks_compile_per_rank(tp_graphs, monkeypatch):
+    monkeypatch.setattr(ranks, "MAX_CHECKED_RANKS", 0)
+    with pytest.raises(JobFailed, match="compiles per rank") as failed:
+        ranks.check_shared(_job(tp_graphs[0]))
+    assert failed.value.code == JobError.RANK_SPECIFIC
+
+
+def test_a_mesh_pickled_at_one_rank_loads_at_this_processs_rank():
+    with fake_world(0, 2):
+        try:
+            blob = pickle.dumps(init_device_mesh("cpu", (2,)))
+        except (TypeError, pickle.PicklingError, RuntimeError) as e:
+            pytest.skip(f"this torch pickles no DeviceMesh, so no artifact holds one: {e}")
+    with fake_world(1, 2):
+        assert pickle.loads(blob).get_coordinate() == (0,)  # what torch keeps
+        with fx_dtensor.meshes_at_this_rank():
+            mesh = pickle.loads(blob)
+        assert mesh.get_coordinate() == (1,) and mesh.get_rank() == 1
+        assert pickle.loads(blob).get_coordinate() == (0,)  # the patch ends with the block
