@@ -169,7 +169,7 @@ def decompose_graph(
             seconds=seconds,
         )
     fw, bw, n_saved, n_symints, detach, _ = got["out"]
-    joint_partition = {  # not `partition`: that names the hook above
+    joint_partition = {
         **saved,
         "num_fw_outs_saved_for_bw": n_saved,
         "num_symints_saved_for_bw": n_symints,
