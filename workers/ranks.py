@@ -69,6 +69,8 @@ def check_shared(job: Prepared) -> None:
             f"{MAX_CHECKED_RANKS + 1}, so it compiles per rank",
         )
     t0 = time.perf_counter()
+    # Traced from a decode of its own, as every rank's: tracing adds guards to the
+    # ShapeEnv of the job's decode, which the compile goes on to use.
     mine = _code_at(graph, graph.rank, job)
     for rank in others:
         if _code_at(graph, rank, job) != mine:

@@ -16,12 +16,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
-from tests.unit.test_collectives import fake_world
+from tests.unit.test_collectives import capture, fake_world
 from tests.unit.test_dtensor_format import capture_tp
 from torchfarm import keys
 from torchfarm.codes import JobError
 from torchfarm.fx import dtensor as fx_dtensor
-from torchfarm.fx.encode import encode_graph
 from torchfarm.v1 import farm_pb2, graph_pb2
 from workers import fakepg, ranks
 from workers.runtime import JobFailed, Prepared
@@ -41,19 +40,10 @@ class VocabParallel(nn.Module):
 
 
 def capture_vocab_parallel(rank: int, world: int = 2) -> graph_pb2.Graph:
-    graphs: list[graph_pb2.Graph] = []
-
-    def backend(gm, example_inputs):
-        graphs.append(encode_graph(gm, example_inputs))
-        return gm.forward
-
     with fake_world(rank, world):
         mesh = init_device_mesh("cpu", (world,))
         model = parallelize_module(VocabParallel(), mesh, {"emb": RowwiseParallel()})
-        torch._dynamo.reset()
-        torch.compile(model, backend=backend, fullgraph=True)(torch.randint(0, 16, (4,)))
-    (graph,) = graphs
-    return graph
+        return capture(model, torch.randint(0, 16, (4,)))
 
 
 def _job(graph: graph_pb2.Graph, **fields: bool) -> Prepared:
