@@ -180,20 +180,41 @@ def decompose_graph(
     )
 
 
-def traced_code(
+def traced_graphs(
     decoded: DecodedGraph, *, dynamic: bool = False, mode: str = "",
     inductor_options: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The Python code of AOTAutograd's graphs of `decoded` (forward and backward, or the
+    """A listing of each of AOTAutograd's graphs of `decoded` (forward and backward, or the
     one inference graph), traced as the compile would trace them, tensor subclasses
     included, and stopped there. AOTAutograd's cache is off, so every call traces.
     Raises `compiler.CompileFailed` when AOTAutograd fails."""
     with resolve("functorch_config").patch(enable_autograd_cache=False):
         got = _graphs_of(decoded, dynamic, mode, inductor_options, plain=False)
-    if got["kind"] == INFERENCE:
-        return [got["out"][0].code]
-    fw, bw = got["out"][:2]
-    return [fw.code, bw.code]
+    graphs = got["out"][:1] if got["kind"] == INFERENCE else got["out"][:2]
+    return [listing(gm) for gm in graphs]
+
+
+def listing(gm: torch.fx.GraphModule) -> str:
+    """`gm`'s graph, a line a node: the node's op, target, arguments and value (a tensor's
+    dtype, device, shape and strides), every node named by its position. Two graphs that
+    list the same compute the same, whatever names tracing gave their nodes: torch 2.12
+    numbers the nodes of the first trace in a process apart from the next ones'."""
+    position: dict[torch.fx.Node, str] = {}
+    lines = []
+    for node in gm.graph.nodes:
+        position[node] = f"%{len(position)}"
+        target = "" if node.op == "placeholder" else node.target
+        args = torch.fx.node.map_arg((node.args, node.kwargs), position.__getitem__)
+        lines.append(f"{position[node]} {node.op} {target} {args!r} {_value(node.meta.get('val'))}")
+    return "\n".join(lines)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {value.device} {tuple(value.shape)} {tuple(value.stride())}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_value(v) for v in value) + ")"
+    return repr(value) if isinstance(value, (torch.SymInt, int, float, bool)) else type(value).__name__
 
 
 def _graphs_of(

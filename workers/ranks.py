@@ -6,10 +6,10 @@ coordinates. The ranks of a tensor-parallel group send the same graph with their
 rank, and the key leaves the rank out (torchfarm/keys.py), so they share one job. Before
 it compiles, the job proves that sharing sound: it traces the graph as every rank that
 sends the same bytes would (the ranks whose groups, along every mesh dimension and for
-every collective, are the client's), and compares AOTAutograd's code. The same code
-everywhere compiles once, at the client's rank. Other code anywhere (a vocabulary-
-parallel embedding masks its own rows, a rank's random offset) fails the job
-RANK_SPECIFIC, and each rank submits again with `per_rank`, keyed with its rank.
+every collective, are the client's), and compares AOTAutograd's graphs node by node,
+values included (`aot_seam.listing`). The same graphs everywhere compile once, at the
+client's rank. Other graphs anywhere (a vocabulary-parallel embedding masks its own
+rows, a rank's random offset) fail the job RANK_SPECIFIC, and each rank submits again with `per_rank`, keyed with its rank.
 
 The traces run in the job's process, as the decode does: fake tensors, no code made.
 More than `MAX_CHECKED_RANKS` such ranks are not traced; the graph compiles per rank.
@@ -53,7 +53,7 @@ def sharing_ranks(graph: graph_pb2.Graph) -> list[int]:
 
 
 def check_shared(job: Prepared) -> None:
-    """Raises JobFailed(RANK_SPECIFIC) unless the job's graph compiles to the same code at
+    """Raises JobFailed(RANK_SPECIFIC) unless the job's graph traces to the same graphs at
     every rank that shares its key; a per-rank request, or one without meshes, passes."""
     request = job.request
     if not keys.rank_shared(request):
@@ -71,9 +71,9 @@ def check_shared(job: Prepared) -> None:
     t0 = time.perf_counter()
     # Traced from a decode of its own, as every rank's: tracing adds guards to the
     # ShapeEnv of the job's decode, which the compile goes on to use.
-    mine = _code_at(graph, graph.rank, job)
+    mine = _graphs_at(graph, graph.rank, job)
     for rank in others:
-        if _code_at(graph, rank, job) != mine:
+        if _graphs_at(graph, rank, job) != mine:
             raise JobFailed(
                 JobError.RANK_SPECIFIC,
                 f"rank {rank}'s compile of this graph differs from rank {graph.rank}'s; "
@@ -83,15 +83,16 @@ def check_shared(job: Prepared) -> None:
              sorted([graph.rank, *others]), time.perf_counter() - t0)
 
 
-def _code_at(graph: graph_pb2.Graph, rank: int, job: Prepared) -> list[str]:
-    """AOTAutograd's code for `graph` as rank `rank` sends it."""
+def _graphs_at(graph: graph_pb2.Graph, rank: int, job: Prepared) -> list[str]:
+    """AOTAutograd's graphs of `graph` as rank `rank` sends it, listed
+    (`aot_seam.listing`)."""
     at = graph_pb2.Graph()
     at.CopyFrom(graph)
     at.rank = rank
     options = job.request.options
     try:
         with fakepg.fake_groups(at):
-            return aot_seam.traced_code(
+            return aot_seam.traced_graphs(
                 decode_graph(at), dynamic=options.dynamic, mode=options.mode,
                 inductor_options=job.inductor_options,
             )

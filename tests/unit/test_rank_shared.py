@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.unit.test_collectives import capture, fake_world
 from tests.unit.test_dtensor_format import capture_tp
@@ -22,7 +23,7 @@ from torchfarm import keys
 from torchfarm.codes import JobError
 from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.v1 import farm_pb2, graph_pb2
-from workers import fakepg, ranks
+from workers import aot_seam, fakepg, ranks
 from workers.runtime import JobFailed, Prepared
 
 
@@ -68,6 +69,23 @@ def test_the_ranks_of_a_group_share_a_key_unless_per_rank(tp_graphs):
 
 def test_a_graph_the_same_at_every_rank_passes(tp_graphs):
     ranks.check_shared(_job(tp_graphs[1]))
+
+
+def test_graphs_list_the_same_whatever_tracing_named_their_nodes():
+    """torch 2.12 numbers the nodes of a process's first trace apart from the next ones'."""
+    def f(add: float):
+        return lambda x: torch.relu(x).sum(0) + add
+
+    gm = make_fx(f(1.0))(torch.randn(2, 3))
+    listed = aot_seam.listing(gm)
+    for i, node in enumerate(gm.graph.nodes):
+        node.name = f"renamed_{i}"
+        if node.op == "placeholder":
+            node.target = node.name
+    assert aot_seam.listing(gm) == listed
+    assert aot_seam.listing(make_fx(f(2.0))(torch.randn(2, 3))) != listed
+    assert aot_seam.listing(make_fx(f(1.0))(torch.randn(2, 4))) != listed
+    assert "torch.float32 cpu (2, 3) (3, 1)" in listed
 
 
 def test_a_graph_with_rank_offsets_fails_rank_specific_and_per_rank_passes():
