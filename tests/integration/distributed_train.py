@@ -148,6 +148,19 @@ class DTensorMLP(nn.Module):
         return self.norm(self.down(torch.nn.functional.gelu(self.up(x))) + x)
 
 
+class MLPStack(nn.Module):
+    """Two `DTensorMLP` blocks, for FSDP2 composed with tensor parallelism."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(DTensorMLP(width) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 class VocabParallelModel(nn.Module):
     """Token ids made from the batch, through an embedding whose rows `RowwiseParallel`
     splits over the ranks: each rank masks the ids outside its rows, so its graph
@@ -190,6 +203,22 @@ def dtensor_parallel(name: str, width: int, world: int) -> nn.Module:
     return model
 
 
+def fsdp2_tensor_parallel(width: int, world: int) -> nn.Module:
+    """`MLPStack` on a 2-d mesh: each block tensor parallel along "tp" (two ranks), and
+    FSDP2 sharding it along "dp"."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    model = MLPStack(width)
+    for block in model.blocks:
+        parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
 def build(name: str, width: int, rank: int, world: int) -> nn.Module:
     if name in ("dtensor_mlp", "dtensor_block", "dtensor_vocab"):
         return dtensor_parallel(name, width, world)
@@ -197,6 +226,8 @@ def build(name: str, width: int, rank: int, world: int) -> nn.Module:
         return TensorParallelMLP(width, 4 * width, rank, world)
     if name == "tp_mlp_checkpointed":
         return Checkpointed(TensorParallelMLP(width, 4 * width, rank, world))
+    if name == "fsdp2_tp":
+        return fsdp2_tensor_parallel(width, world)
     if name == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
@@ -233,7 +264,7 @@ def compiled(model: nn.Module, mode: str) -> nn.Module:
     compile_fn = _compiler(mode)
     if compile_fn is None:
         return model
-    if isinstance(model, SmallTransformer):
+    if isinstance(model, (SmallTransformer, MLPStack)):
         for i, block in enumerate(model.blocks):
             model.blocks[i] = compile_fn(block)
         return model
