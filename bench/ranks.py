@@ -3,7 +3,10 @@ compiling locally, side by side in one run.
 
 - farm: a fresh local stack (empty cache, one worker); every rank calls
   `sdk.compile(model, fallback="error")`; the ranks' identical graphs share a key, so the
-  farm compiles each distinct graph once while the other ranks join that compile;
+  farm compiles each distinct graph once while the other ranks join that compile. The
+  worker has served one unrelated compile first, as a running farm's worker has: a
+  worker just started brings its sandbox's forkserver up during its first job (imports,
+  headers; 40 s on two cores shared with four starting ranks). `--fresh-worker` skips it;
 - local: every rank runs `torch.compile` with an empty Inductor cache dir of its own.
 
 The ranks are tests/integration/distributed_train.py under torchrun. Reported: the wall
@@ -60,11 +63,26 @@ def run_ranks(mode: str, args: argparse.Namespace, env: dict[str, str], work: Pa
     }
 
 
+WARM_UP = """
+import sys, torch, sdk
+sdk.compile(torch.nn.Linear(3, 5), remote=sys.argv[1], fallback="error")(torch.randn(2, 3)).sum().backward()
+"""
+"""One compile of a graph that shares no kernel with the ranks' models."""
+
+
+def warm_worker(env: dict[str, str], work: Path, address: str) -> None:
+    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(work / "warm-up")}
+    done = subprocess.run([sys.executable, "-c", WARM_UP, address], env=full_env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the warm-up compile failed:\n{done.stderr[-4000:]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--model", default="tp_mlp", choices=("tp_mlp", "fsdp2"))
+    parser.add_argument("--model", default="tp_mlp", choices=("tp_mlp", "fsdp2", "dtensor_block", "fsdp2_tp"))
     parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--fresh-worker", action="store_true", help="no warm-up compile before the ranks")
     args = parser.parse_args()
     from torchfarm.testing.stack import LocalStack
 
@@ -73,6 +91,8 @@ def main() -> int:
         local = run_ranks("local", args, {}, work)
         with LocalStack(workers=1, workdir=work / "stack", warmup=False) as stack:
             env = {**stack.client_env(), "TORCHFARM_TRUSTED_KEYS_FILE": str(stack.trusted_keys_file)}
+            if not args.fresh_worker:
+                warm_worker(env, work, stack.address)
             farm = run_ranks("farm", args, env, work)
     ratio = farm["wall_to_first_steps_s"] / local["wall_to_first_steps_s"]
     print(f"{args.ranks} gloo ranks, model {args.model} width {args.width}")
