@@ -126,3 +126,56 @@ def test_a_mesh_pickled_at_one_rank_loads_at_this_processs_rank():
             mesh = pickle.loads(blob)
         assert mesh.get_coordinate() == (1,) and mesh.get_rank() == 1
         assert pickle.loads(blob).get_coordinate() == (0,)  # the patch ends with the block
+
+
+def _shared_tp(rank: int) -> tuple[graph_pb2.Graph, object]:
+    """The "tp" submesh of a 2x2 mesh at `rank`, described and put in the shared form."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh["tp"]
+    graph = graph_pb2.Graph(meshes=[fx_dtensor.describe_mesh(tp)], rank=rank)
+    fx_dtensor.share_submesh(graph, tp)
+    return graph, tp
+
+
+def test_a_submesh_is_sent_as_its_siblings_send_it():
+    """Rank 3 of a 2x2 mesh describes its "tp" pair (2, 3) as the pair (0, 1) at rank 1,
+    under group names of the whole mesh that this process resolves to its own group."""
+    from torch._C._distributed_c10d import _resolve_process_group
+
+    with fake_world(3, 4):
+        graph, tp = _shared_tp(3)
+        (pb,) = graph.meshes
+        assert list(pb.ranks) == [0, 1] and graph.rank == 1 and list(pb.dim_names) == ["tp"]
+        (name,) = pb.group_names
+        assert name.startswith("tf.") and name != tp.get_group(0).group_name
+        assert _resolve_process_group(name).group_name == tp.get_group(0).group_name
+    with fake_world(0, 4):
+        graph0, _ = _shared_tp(0)
+        assert graph0.meshes[0] == pb and graph0.rank == 0
+
+
+def test_a_whole_mesh_and_a_second_mesh_of_the_same_layout_keep_their_own_form():
+    with fake_world(2, 4):
+        whole = init_device_mesh("cpu", (4,))
+        graph = graph_pb2.Graph(meshes=[fx_dtensor.describe_mesh(whole)], rank=2)
+        fx_dtensor.share_submesh(graph, whole)
+        assert graph.meshes[0] == fx_dtensor.describe_mesh(whole) and graph.rank == 2
+        _shared_tp(2)
+        second, tp = _shared_tp(2)  # a new 2x2 mesh: new groups, the shared names taken
+        assert second.meshes[0] == fx_dtensor.describe_mesh(tp) and second.rank == 2
+
+
+def test_a_mesh_compiled_in_the_shared_form_loads_as_this_processs_submesh():
+    """The worker's mesh, built from the shared form at rank 1 and pickled into the
+    artifact, is rank 3's own "tp" submesh once loaded there."""
+    with fake_world(3, 4):
+        graph, tp = _shared_tp(3)
+        try:
+            blob = pickle.dumps(fx_dtensor.build_mesh(graph.meshes[0], graph.rank))
+        except (TypeError, pickle.PicklingError, RuntimeError) as e:
+            pytest.skip(f"this torch pickles no DeviceMesh, so no artifact holds one: {e}")
+        with fx_dtensor.meshes_at_this_rank():
+            mesh = pickle.loads(blob)
+        assert mesh == tp and mesh.mesh.tolist() == [2, 3] and list(mesh.get_coordinate()) == [1]
+        assert mesh.get_group(0).group_name == tp.get_group(0).group_name
+

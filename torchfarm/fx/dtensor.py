@@ -17,12 +17,16 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_dtensor_format.py):
   DTensor metadata is the client's own mesh once loaded there;
 - `DTensor.__tensor_flatten__` names the local tensor `_local_tensor`;
 - a mesh's rank and its coordinates are `_rank` and `_coordinate_on_dim`, kept by pickle,
-  so `meshes_at_this_rank` sets them on load.
+  so `meshes_at_this_rank` sets them on load;
+- a submesh (`mesh["tp"]`) knows its whole mesh (`_get_root_mesh`), and a group
+  registered under a second name resolves by either (tests/unit/test_rank_shared.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
@@ -79,6 +83,51 @@ def describe_mesh(value: object) -> graph_pb2.DeviceMesh:
         dim_names=list(mesh.mesh_dim_names or ()),
         group_names=group_names,
     )
+
+
+_SHARED: dict[tuple[str, ...], Any] = {}
+"""This process's submeshes described in their shared form, by their shared group names."""
+
+
+def share_submesh(graph: graph_pb2.Graph, value: object) -> None:
+    """Describes `graph`'s one mesh, `value`, as every rank of its siblings would, when it
+    is a slice of a larger mesh (`mesh["tp"]` of a 2-d mesh): the siblings' graphs are
+    then the same bytes, and share a key and a compile. The layout is the sibling's at
+    coordinate 0 of the other dimensions, the rank the one at this rank's place in it,
+    and each dimension's group name one made from the whole mesh's layout, which this
+    process registers as another name of its own group. An artifact compiled for the
+    shared form runs its collectives under those names, and a mesh in its DTensor
+    metadata loads as this process's (`meshes_at_this_rank`). Any other mesh, or a
+    shared name this process already gave another group, is left as it is."""
+    from torch.distributed.distributed_c10d import GroupName
+
+    from torchfarm.fx.internals import resolve
+
+    mesh: Any = _real(value)
+    root = mesh._get_root_mesh()
+    names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
+    if root is mesh or not names or not root_names or not set(names) <= set(root_names):
+        return
+    dims = [root_names.index(n) for n in names]
+    where = root.get_coordinate()
+    if dims != sorted(dims) or where is None:
+        return
+    sibling = root.mesh[tuple(slice(None) if d in dims else 0 for d in range(root.ndim))]
+    layout = json.dumps([mesh.device_type, list(root.shape), root.mesh.flatten().tolist(), list(root_names)])
+    digest = hashlib.sha256(layout.encode()).hexdigest()[:16]
+    shared = [f"tf.{digest}.{d}" for d in dims]
+    groups = [mesh.get_group(i) for i in range(mesh.ndim)]
+    for name, group in zip(shared, groups, strict=True):
+        try:
+            if resolve("resolve_process_group")(GroupName(name)).group_name != group.group_name:
+                return  # another mesh of the same layout: this one keeps its own names
+        except RuntimeError:
+            resolve("register_process_group")(GroupName(name), group)
+    _SHARED[tuple(shared)] = mesh
+    pb = graph.meshes[0]
+    pb.ranks[:] = [int(r) for r in sibling.flatten().tolist()]
+    pb.group_names[:] = shared
+    graph.rank = int(sibling[tuple(where[d] for d in dims)])
 
 
 def same_mesh(a: object, b: object) -> bool:
@@ -165,7 +214,8 @@ def mesh_groups(pb: graph_pb2.DeviceMesh, rank: int) -> list[tuple[str, list[int
 @contextlib.contextmanager
 def meshes_at_this_rank() -> Iterator[None]:
     """Within the block, a `DeviceMesh` unpickled takes this process's rank and its
-    coordinates in the mesh, not those it was pickled with. The ranks of a group share
+    coordinates in the mesh, not those it was pickled with; one in a submesh's shared
+    form (`share_submesh`) becomes this process's submesh. The ranks of a group share
     one artifact (torchfarm/keys.py), compiled at one of them, whose DTensor metadata
     holds that rank's mesh; the SDK loads artifacts inside this. Without a process group,
     or before DTensor is imported (no artifact of this process holds a mesh), it does
@@ -182,6 +232,10 @@ def meshes_at_this_rank() -> Iterator[None]:
             original(mesh, state)
         else:
             mesh.__dict__.update(state)
+        own = _SHARED.get(tuple(getattr(mesh, "_dim_group_names", None) or ()))
+        if own is not None:
+            mesh.__dict__.update(own.__dict__)
+            return
         mesh._rank = rank = torch.distributed.get_rank()
         where = (mesh.mesh == rank).nonzero()
         mesh._coordinate_on_dim = tuple(where[0].tolist()) if where.size(0) else None

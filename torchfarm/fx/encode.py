@@ -538,6 +538,8 @@ def encode_graph(
         raise UnsupportedGraph(str(e)) from e
     if encoder.meshes:
         graph.rank = torch.distributed.get_rank()
+        if len(encoder.meshes) == 1 and not graph.groups:
+            fx_dtensor.share_submesh(graph, encoder.meshes[0])
     try:
         validate_graph(graph, limits)
     except GraphError as e:

@@ -201,9 +201,10 @@ INTERNALS: dict[str, Internal] = {
     "AutoDispatchBelowAutograd": _i("torch._C", "_AutoDispatchBelowAutograd",
                                     used_by="torchfarm/fx/customops.py: a stand-in's call"),
     "resolve_process_group": _i("torch._C._distributed_c10d", "_resolve_process_group",
-                                used_by="torchfarm/fx/collectives.py: a group's name to its members"),
+                                used_by="torchfarm/fx/collectives.py: a group's name to its members; "
+                                "torchfarm/fx/dtensor.py: a shared name taken"),
     "register_process_group": _i("torch._C._distributed_c10d", "_register_process_group",
-                                 used_by="workers/fakepg.py"),
+                                 used_by="workers/fakepg.py; torchfarm/fx/dtensor.py: a submesh's shared names"),
     "unregister_process_group": _i("torch._C._distributed_c10d", "_unregister_process_group",
                                    used_by="workers/fakepg.py"),
     "sdpa_backends": _i("torch.nn.attention", "_cur_sdpa_kernel_backends", ("with_priority",),
