@@ -7,7 +7,9 @@ and `to_local` between the layers. The graph carries:
 
 - each mesh as a `graph_pb2.DeviceMesh`: its whole layout of global ranks and, per
   dimension, the name of the process group that dimension's collectives pass (the
-  worker registers fake groups under those names, workers/fakepg.py);
+  worker registers fake groups under those names, workers/fakepg.py). A slice of a
+  larger mesh may come in the form every slice sends, with names the client made
+  (torchfarm/fx/dtensor.py `share_submesh`);
 - a DTensor input as its local tensor's `TensorMeta` plus a `DTensorMeta` (the mesh,
   the placements, the global shape and stride);
 - a mesh input as a `MeshInput`, and placements in arguments as `Placement`.
@@ -16,7 +18,7 @@ The graph also holds the client's rank (`Graph.rank`): DTensor's dispatch runs o
 worker, during AOTAutograd, and takes this rank's shard and offsets from the mesh, so
 the compiled code of one rank can be wrong on another. The key leaves the rank out
 unless the request is `per_rank`: a worker compiles a rank-shared graph only once it has
-found the code the same at every rank that sends it (workers/ranks.py).
+found the traced graphs the same at every rank that sends it (workers/ranks.py).
 
 This module imports no torch: the coordinator validates DTensor graphs with it.
 """

@@ -6,10 +6,13 @@ coordinates. The ranks of a tensor-parallel group send the same graph with their
 rank, and the key leaves the rank out (torchfarm/keys.py), so they share one job. Before
 it compiles, the job proves that sharing sound: it traces the graph as every rank that
 sends the same bytes would (the ranks whose groups, along every mesh dimension and for
-every collective, are the client's), and compares AOTAutograd's graphs node by node,
-values included (`aot_seam.listing`). The same graphs everywhere compile once, at the
-client's rank. Other graphs anywhere (a vocabulary-parallel embedding masks its own
-rows, a rank's random offset) fail the job RANK_SPECIFIC, and each rank submits again with `per_rank`, keyed with its rank.
+every collective, are the client's; a graph on a slice of a larger mesh comes in the
+form every slice sends, torchfarm/fx/dtensor.py `share_submesh`, so those are the
+slice's ranks), and compares AOTAutograd's graphs node by node, values included
+(`aot_seam.listing`). The same graphs everywhere compile once, at the client's rank.
+Other graphs anywhere (a vocabulary-parallel embedding masks its own rows, a rank's
+random offset) fail the job RANK_SPECIFIC, and each rank submits again with
+`per_rank`, keyed with its rank.
 
 The traces run in the job's process, as the decode does: fake tensors, no code made.
 More than `MAX_CHECKED_RANKS` such ranks are not traced; the graph compiles per rank.

@@ -104,7 +104,7 @@ def share_submesh(graph: graph_pb2.Graph, value: object) -> None:
     from torchfarm.fx.internals import resolve
 
     mesh: Any = _real(value)
-    root = mesh._get_root_mesh()
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
     names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
     if root is mesh or not names or not root_names or not set(names) <= set(root_names):
         return
