@@ -1,6 +1,7 @@
 """One compile for the ranks of a DTensor graph (workers/ranks.py): the key leaves the rank
-out, the worker proves the ranks' compiles the same or fails RANK_SPECIFIC, and a mesh
-loaded from an artifact compiled at another rank takes this process's rank.
+out, the worker proves the ranks' compiles the same (AOTAutograd's graphs, listed) or
+fails RANK_SPECIFIC, a mesh loaded from an artifact compiled at another rank takes this
+process's rank, and a slice of a larger mesh is sent in the form every slice sends.
 
 tests/integration/test_distributed.py trains both kinds of graph through a farm on gloo
 ranks.
