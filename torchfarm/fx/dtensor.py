@@ -117,17 +117,29 @@ def share_submesh(graph: graph_pb2.Graph, value: object) -> None:
     digest = hashlib.sha256(layout.encode()).hexdigest()[:16]
     shared = [f"tf.{digest}.{d}" for d in dims]
     groups = [mesh.get_group(i) for i in range(mesh.ndim)]
-    for name, group in zip(shared, groups, strict=True):
-        try:
-            if resolve("resolve_process_group")(GroupName(name)).group_name != group.group_name:
-                return  # another mesh of the same layout: this one keeps its own names
-        except RuntimeError:
+    taken = [_group_named(name) for name in shared]
+    if any(t not in (None, g.group_name) for t, g in zip(taken, groups, strict=True)):
+        return  # another mesh of the same layout: this one keeps its own names
+    for name, group, t in zip(shared, groups, taken, strict=True):
+        if t is None:
             resolve("register_process_group")(GroupName(name), group)
     _SHARED[tuple(shared)] = mesh
     pb = graph.meshes[0]
     pb.ranks[:] = [int(r) for r in sibling.flatten().tolist()]
     pb.group_names[:] = shared
     graph.rank = int(sibling[tuple(where[d] for d in dims)])
+
+
+def _group_named(name: str) -> str | None:
+    """The real name of the group this process knows by `name`; None if it knows none."""
+    from torch.distributed.distributed_c10d import GroupName
+
+    from torchfarm.fx.internals import resolve
+
+    try:
+        return str(resolve("resolve_process_group")(GroupName(name)).group_name)
+    except RuntimeError:
+        return None
 
 
 def same_mesh(a: object, b: object) -> bool:
