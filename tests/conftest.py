@@ -7,8 +7,10 @@ stack (redis-server + coordinator + Celery workers, free loopback ports) → add
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +35,20 @@ os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
 from tests.realmodels.zoo import INSTALLED_OPS  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
-from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+from torchfarm.testing.stack import (  # noqa: E402
+    INDUCTOR_SEED_ENV,
+    LocalStack,
+    free_port,
+    start_redis_server,
+)
+
+# Every worker of every stack here starts with the vector-ISA probe's test programs in
+# its fresh Inductor cache dir, built once for the session by the first stack that
+# starts (`seed_isa_probe`), as a worker restarted on its own machine finds them. The
+# tests of the probe itself run it in cache dirs of their own.
+if INDUCTOR_SEED_ENV not in os.environ:  # pytest-xdist's workers share their controller's
+    os.environ[INDUCTOR_SEED_ENV] = tempfile.mkdtemp(prefix="torchfarm-test-isa-probe-")
+    atexit.register(shutil.rmtree, os.environ[INDUCTOR_SEED_ENV], ignore_errors=True)
 
 
 @pytest.fixture
@@ -111,9 +126,10 @@ def s3_blob_url(s3_endpoint):
 
 @pytest.fixture(scope="session")
 def session_s3_stack(tmp_path_factory, s3_blob_url):
-    """A local stack that keeps its blobs in S3 (moto), the manifests in its Redis."""
+    """A local stack that keeps its blobs in S3 (moto), the manifests in its Redis. Its
+    worker skips the warm-up, as session_stack's does."""
     workdir = tmp_path_factory.mktemp("s3stack")
-    with LocalStack(workers=1, workdir=workdir, blob_url=s3_blob_url) as s:
+    with LocalStack(workers=1, workdir=workdir, blob_url=s3_blob_url, warmup=False) as s:
         yield s
 
 

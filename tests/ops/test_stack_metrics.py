@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from torchfarm.testing.stack import LocalStack
+import os
+import stat
+
+import pytest
+
+from torchfarm.testing.stack import INDUCTOR_SEED_ENV, LocalStack, seed_isa_probe
+
+
+@pytest.fixture(autouse=True)
+def _no_seed(monkeypatch):
+    """The stacks here start no real worker: none of them needs the probe's programs."""
+    monkeypatch.delenv(INDUCTOR_SEED_ENV, raising=False)
 
 
 def test_metrics_ports_and_multiprocess_dirs(tmp_path):
@@ -50,3 +61,43 @@ def test_workers_of_stacks_with_one_cache_root_share_caches_by_index(tmp_path, m
     monkeypatch.setattr(alone, "_spawn", lambda n, cmd, env=None: seen.__setitem__(("c", n), env))
     alone.start_worker(0)
     assert seen[("c", "worker0")]["TRITON_CACHE_DIR"] == str(tmp_path / "c" / "worker0" / "triton")
+
+
+def test_each_worker_cache_starts_with_the_seed_and_a_restart_keeps_its_own(tmp_path, monkeypatch):
+    seed = tmp_path / "seed"
+    (seed / "ab").mkdir(parents=True)
+    (seed / "ab" / "probe.so").write_bytes(b"\x7fELF")
+    (seed / ".seeded").touch()  # probed already: no probe process runs
+    monkeypatch.setenv(INDUCTOR_SEED_ENV, str(seed))
+    stack = LocalStack(workers=2, workdir=tmp_path / "stack")
+    assert stack.inductor_seed == seed
+    seen = {}
+    monkeypatch.setattr(stack, "_spawn", lambda n, cmd, env=None: seen.__setitem__(n, env))
+    stack.start_worker(0)
+    cache = tmp_path / "stack" / "worker0" / "inductor"
+    assert seen["worker0"]["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert (cache / "ab" / "probe.so").read_bytes() == b"\x7fELF"
+    assert sorted(p.name for p in cache.iterdir()) == ["ab"]  # not the seed's lock or mark
+    (cache / "ab" / "kernel.so").write_bytes(b"built")
+    stack.start_worker(0)  # restarted: its cache is its own, not the seed's again
+    assert (cache / "ab" / "kernel.so").exists()
+    bare = LocalStack(workdir=tmp_path / "bare", inductor_seed=None)
+    monkeypatch.setattr(bare, "_spawn", lambda n, cmd, env=None: None)
+    bare.start_worker(0)
+    assert not (tmp_path / "bare" / "worker0" / "inductor").exists()
+
+
+def test_the_seed_is_probed_once_in_its_own_cache_dir(tmp_path):
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'echo "$TORCHINDUCTOR_CACHE_DIR" >> {calls}\n'
+        'mkdir -p "$TORCHINDUCTOR_CACHE_DIR/xy" && touch "$TORCHINDUCTOR_CACHE_DIR/xy/isa.so"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    seed = tmp_path / "seed"
+    assert seed_isa_probe(seed, str(python)) == seed
+    assert seed_isa_probe(seed, str(python)) == seed
+    assert calls.read_text().splitlines() == [str(seed)]
+    assert (seed / "xy" / "isa.so").exists() and os.path.exists(seed / ".seeded")

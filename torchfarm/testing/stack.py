@@ -14,6 +14,7 @@ nothing is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -50,6 +51,36 @@ def _die_with_parent(cmd: list[str]) -> list[str]:
     and Python code between fork and exec can then crash the child."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd
+
+
+INDUCTOR_SEED_ENV = "TORCHFARM_STACK_INDUCTOR_SEED"
+
+_PROBE = "from torchfarm.fx.internals import resolve; resolve('pick_vec_isa')()"
+
+
+def _path_from_env(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def seed_isa_probe(cache_dir: Path, python: str = sys.executable) -> Path:
+    """`cache_dir`, holding what Inductor's vector-ISA probe builds (`pick_vec_isa()`, a
+    test program per ISA the CPU reports: 4.9 s on the 2-core development machine), run
+    in a process of `python` the first time; returns `cache_dir`. The files are keyed by
+    their source, the compiler's version and the torch version, so a process of another
+    build builds its own beside them. Holds a lock while it runs, for concurrent test
+    processes."""
+    import fcntl
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".seeding", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = cache_dir / ".seeded"
+        if not done.exists():
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+            subprocess.run([python, "-c", _PROBE], env=env, check=True, timeout=300)
+            done.touch()
+    return cache_dir
 
 
 def free_port() -> int:
@@ -122,6 +153,11 @@ class LocalStack:
     default the stack's workdir, new with the stack. Stacks given one root find there
     what the worker of the same index in an earlier stack compiled, as a worker
     restarted on the same machine does; the workers of one stack never share a cache."""
+    inductor_seed: Path | None = field(default_factory=lambda: _path_from_env(INDUCTOR_SEED_ENV))
+    """An Inductor cache dir whose files each worker's fresh cache dir starts with: the
+    vector-ISA probe's test programs (`seed_isa_probe`), so a worker's first compile
+    dlopens them instead of building six of them. None, the default unless
+    TORCHFARM_STACK_INDUCTOR_SEED names one, starts every worker cache empty."""
     warmup: bool = True
     """Workers warm Inductor up before they register (workers/priming.py, about 15 s on
     the 2-core development machine). Tests that do not test it turn it off: the first
@@ -324,6 +360,11 @@ class LocalStack:
         env["TORCHFARM_NAME"] = f"cpu{i}"
         # Each worker has a cache dir of its own, as a worker on its own machine would.
         caches = (self.cache_root or self.root) / f"worker{i}"
+        if self.inductor_seed is not None and not (caches / "inductor").exists():
+            shutil.copytree(
+                seed_isa_probe(self.inductor_seed, self.python), caches / "inductor",
+                ignore=shutil.ignore_patterns(".seeding", ".seeded"),
+            )
         env["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
         env["TRITON_CACHE_DIR"] = str(caches / "triton")
         # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
@@ -372,31 +413,34 @@ class LocalStack:
         os.killpg(self.procs[name].pid, sig)
 
     def stop_process(self, name: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        p = self.procs.pop(name, None)
-        if p is None:
-            return
-        try:
+        self.stop_processes([name], timeout_s)
+
+    def stop_processes(self, names: list[str], timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stops the named processes at once: each gets SIGTERM, then `timeout_s` from
+        then to exit, then SIGKILL with what it left in its group."""
+        procs = {name: p for name in names if (p := self.procs.pop(name, None)) is not None}
+        for p in procs.values():
             if p.poll() is None:
                 # The leader only: a Celery worker then drains (finishes its compile and
                 # takes no new one) and stops its own pool; a SIGTERM to the whole group
                 # would kill the pool process mid-compile instead.
-                os.kill(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    log.warning("%s did not stop in %.0fs; killing it", name, timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name, p in procs.items():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0fs; killing it", name, timeout_s)
             # Whatever the leader left in its group (pool processes, compile workers) goes too.
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
     def stop(self) -> None:
-        for name in [n for n in self.procs if n.startswith("worker")]:
-            self.stop_process(name)
+        self.stop_processes([n for n in self.procs if n.startswith("worker")])
         self.stop_process("coordinator")
-        self.stop_process("redis")
-        self.stop_process("state-redis")
+        self.stop_processes(["redis", "state-redis"])
         self._withdraw_key()
         if self._tmp is not None:
             self._tmp.cleanup()
