@@ -64,9 +64,10 @@ def _path_from_env(name: str) -> Path | None:
 
 
 def seed_isa_probe(cache_dir: Path, python: str = sys.executable) -> Path:
-    """`cache_dir`, holding what Inductor's vector-ISA probe builds (`pick_vec_isa()`, a
-    test program per ISA the CPU reports: 4.9 s on the 2-core development machine), run
-    in a process of `python` the first time; returns `cache_dir`. The files are keyed by
+    """`cache_dir`, holding what Inductor's vector-ISA probe builds (`pick_vec_isa()`: a
+    test program per ISA and sub-feature the CPU reports, 8.7 to 11.7 s on the 2-core
+    development machine under the test suite's load, 1.5 s once they are there), run in
+    a process of `python` the first time; returns `cache_dir`. The files are keyed by
     their source, the compiler's version and the torch version, so a process of another
     build builds its own beside them. Holds a lock while it runs, for concurrent test
     processes."""
