@@ -1,5 +1,11 @@
 """Resource limits around one compile, in the pool process that runs it.
 
+`SOFT_LIMIT` notes whether Celery's soft time limit fired during the task the pool
+process runs. The limit raises its exception wherever the compile happens to be, and
+torch sometimes catches it there and fails later with another (seen under load: a 1 s
+limit, then "TypeError: 'NoneType' object is not callable" 11 s on), with no chain of
+causes leading back to the limit. The note makes that failure COMPILE_TIMEOUT too.
+
 `cpu_time_limit` bounds the CPU seconds a compile may burn with RLIMIT_CPU: past it the
 kernel sends SIGXCPU, whose default action ends the process. That is a real crash of the
 compiler process, as a runaway or pathological compile would be in production: Celery's
@@ -12,7 +18,43 @@ from __future__ import annotations
 
 import contextlib
 import resource
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+SOFT_LIMIT_SIGNAL = signal.SIGUSR1
+"""What billiard's pool sends a pool process at the soft time limit (`SIG_SOFT_TIMEOUT`
+in billiard/pool.py); its handler there raises `SoftTimeLimitExceeded`."""
+
+
+class SoftLimitNote:
+    """Whether the soft time limit fired since the current task started."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def task_started(self, **_: object) -> None:
+        """Celery's `task_prerun`, in the pool process: forgets the last task's limit and
+        wraps the pool's handler, which billiard installs after `worker_process_init`."""
+        self.fired = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        handler = signal.getsignal(SOFT_LIMIT_SIGNAL)
+        if callable(handler) and not getattr(handler, "notes_soft_limit", False):
+            signal.signal(SOFT_LIMIT_SIGNAL, self._noting(handler))
+
+    def _noting(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[..., Any]:
+        def noting(signum: int, frame: FrameType | None) -> Any:
+            self.fired = True
+            return handler(signum, frame)
+
+        noting.notes_soft_limit = True  # type: ignore[attr-defined]
+        return noting
+
+
+SOFT_LIMIT = SoftLimitNote()
 
 
 @contextlib.contextmanager

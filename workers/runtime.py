@@ -67,6 +67,10 @@ class WorkerContext:
     timeout_errors: tuple[type[BaseException], ...] = ()
     """The task runner's time-limit exceptions (Celery's soft limit): a compile that
     failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
+    timed_out: Callable[[], bool] = lambda: False
+    """Whether the task runner's time limit fired during this task (workers/limits.py's
+    `SOFT_LIMIT`): a compile that failed after it fails COMPILE_TIMEOUT, even where torch
+    caught the limit's exception and failed with another."""
     send: Callable[[str, list[Any], str], None] | None = None
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
@@ -264,7 +268,7 @@ def prepare(key: str, ctx: WorkerContext) -> Prepared:
 
 def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
     """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
-    if cause_of(e, ctx.timeout_errors) is not None:
+    if ctx.timed_out() or cause_of(e, ctx.timeout_errors) is not None:
         return JobFailed(JobError.COMPILE_TIMEOUT, "the compile ran past the farm's time limit")
     return JobFailed(JobError.COMPILE_ERROR, str(e))
 

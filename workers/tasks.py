@@ -46,11 +46,13 @@ from workers.jobs.graph import run_job
 from workers.jobs.lower import run_lowering
 from workers.jobs.sending import HANDED_ON
 from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
+from workers.limits import SOFT_LIMIT
 from workers.runtime import WorkerContext, fail_job
 from workers.stackroom import in_stack_room
 
 # A task killed at the hard time limit runs nothing more; the main process ends its job.
 signals.task_failure.connect(on_task_failure, weak=False)
+signals.task_prerun.connect(SOFT_LIMIT.task_started, weak=False)
 
 
 @functools.cache
@@ -69,6 +71,7 @@ def _context() -> WorkerContext:
         signer=signer,
         seal=_seal(signer),
         timeout_errors=(SoftTimeLimitExceeded,),
+        timed_out=lambda: SOFT_LIMIT.fired,
         send=_send,
         sandbox=_sandbox(),
     )

@@ -4,6 +4,8 @@ allow-list, and a time limit that Inductor wrapped in its own exception."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -112,6 +114,23 @@ def test_disallowed_option_never_reaches_the_compiler(ctx, store, monkeypatch):
     key = _submit(store, "", options={"cpp.cxx": '[null, "/bin/sh"]'})
     run_job(key, ctx)
     assert store.get_job(key).error_code == "OPTION_NOT_ALLOWED"
+
+
+def test_a_failure_after_the_time_limit_fired_is_compile_timeout(ctx, store, monkeypatch):
+    """Torch caught the soft limit's exception where it landed and failed later with
+    another (seen: "TypeError: 'NoneType' object is not callable" 11 s after a 1 s
+    limit): no chain leads back to the limit, but the limit fired in this task."""
+    def swallowed(*a, **k):
+        raise CompileFailed("TypeError: 'NoneType' object is not callable")
+
+    monkeypatch.setattr(whole, "compile_graph", swallowed)
+    key = _submit(store, "")
+    run_job(key, ctx)
+    assert store.get_job(key).error_code == "COMPILE_ERROR"  # the limit did not fire
+    timed_out = dataclasses.replace(ctx, timed_out=lambda: True)
+    key = _submit(store, "", dtype="float64")
+    run_job(key, timed_out)
+    assert store.get_job(key).error_code == "COMPILE_TIMEOUT"
 
 
 def test_time_limit_wrapped_by_inductor_is_compile_timeout(ctx, store, monkeypatch):
