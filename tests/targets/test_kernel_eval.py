@@ -142,6 +142,22 @@ def test_compile_errors_carry_the_diagnostic_not_the_workers_state(monkeypatch, 
     assert len(out.encode()) <= kernel_errors.MAX_CLIENT_MESSAGE_BYTES
 
 
+def test_a_megabyte_of_one_identifier_is_cleaned_in_one_pass(monkeypatch):
+    """A tenant's kernel can make Triton quote a line of any length. The URL pattern's
+    unbounded scheme scanned each start of a run of letters to the run's end: quadratic,
+    17 s for 100 kB on the 2-core machine, and this megabyte would have run for about
+    half an hour (pytest's timeout ends it first)."""
+    from workers import kernel_errors
+
+    monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
+    raw = "CompilationError: at 1:0:\n" + "a" * 1_000_000 + f" http://user:{SECRET}@host/x\n"
+    out = kernel_errors.client_message(raw)
+    assert out.startswith("CompilationError: at 1:0:") and "[... cut ...]" in out
+    assert "http://<redacted>@host" in out and "planted-eval-secret" not in out
+    long_scheme = kernel_errors.client_message("see " + "s" * 40 + "://user:pw@host")
+    assert "pw@" not in long_scheme  # a scheme past 32 characters still loses its credentials
+
+
 def test_a_real_compile_error_reaches_the_client_bounded_and_clean(monkeypatch):
     from workers import kernel_errors
 
