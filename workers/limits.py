@@ -1,10 +1,10 @@
 """Resource limits around one compile, in the pool process that runs it.
 
 `SOFT_LIMIT` notes whether Celery's soft time limit fired during the task the pool
-process runs. The limit raises its exception wherever the compile happens to be, and
-torch sometimes catches it there and fails later with another (seen under load: a 1 s
-limit, then "TypeError: 'NoneType' object is not callable" 11 s on), with no chain of
-causes leading back to the limit. The note makes that failure COMPILE_TIMEOUT too.
+process runs. The limit raises its exception wherever the compile happens to be. Seen
+under load: a 1 s limit, then "TypeError: 'NoneType' object is not callable" 11 s on,
+with no chain of causes leading back to the limit, as if torch had caught the limit's
+exception where it landed. The note makes such a failure COMPILE_TIMEOUT too.
 
 `cpu_time_limit` bounds the CPU seconds a compile may burn with RLIMIT_CPU: past it the
 kernel sends SIGXCPU, whose default action ends the process. That is a real crash of the
@@ -34,6 +34,7 @@ class SoftLimitNote:
 
     def __init__(self) -> None:
         self.fired = False
+        self._installed: Callable[[int, FrameType | None], Any] | None = None
 
     def task_started(self, **_: object) -> None:
         """Celery's `task_prerun`, in the pool process: forgets the last task's limit and
@@ -42,15 +43,17 @@ class SoftLimitNote:
         if threading.current_thread() is not threading.main_thread():
             return
         handler = signal.getsignal(SOFT_LIMIT_SIGNAL)
-        if callable(handler) and not getattr(handler, "notes_soft_limit", False):
-            signal.signal(SOFT_LIMIT_SIGNAL, self._noting(handler))
+        if callable(handler) and handler is not self._installed:
+            self._installed = self._noting(handler)
+            signal.signal(SOFT_LIMIT_SIGNAL, self._installed)
 
-    def _noting(self, handler: Callable[[int, FrameType | None], Any]) -> Callable[..., Any]:
+    def _noting(
+        self, handler: Callable[[int, FrameType | None], Any]
+    ) -> Callable[[int, FrameType | None], Any]:
         def noting(signum: int, frame: FrameType | None) -> Any:
             self.fired = True
             return handler(signum, frame)
 
-        noting.notes_soft_limit = True  # type: ignore[attr-defined]
         return noting
 
 

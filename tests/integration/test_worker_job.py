@@ -117,9 +117,9 @@ def test_disallowed_option_never_reaches_the_compiler(ctx, store, monkeypatch):
 
 
 def test_a_failure_after_the_time_limit_fired_is_compile_timeout(ctx, store, monkeypatch):
-    """Torch caught the soft limit's exception where it landed and failed later with
-    another (seen: "TypeError: 'NoneType' object is not callable" 11 s after a 1 s
-    limit): no chain leads back to the limit, but the limit fired in this task."""
+    """A compile that failed with no chain back to the limit, after the limit fired in
+    this task (seen: "TypeError: 'NoneType' object is not callable" 11 s after a 1 s
+    limit, as if torch had caught the limit's exception where it landed)."""
     def swallowed(*a, **k):
         raise CompileFailed("TypeError: 'NoneType' object is not callable")
 

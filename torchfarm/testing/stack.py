@@ -55,7 +55,9 @@ def _die_with_parent(cmd: list[str]) -> list[str]:
 
 INDUCTOR_SEED_ENV = "TORCHFARM_STACK_INDUCTOR_SEED"
 
-_PROBE = "from torchfarm.fx.internals import resolve; resolve('pick_vec_isa')()"
+_PROBE = "from torchfarm.fx import vecisa; vecisa.picked()"
+_SEED_LOCK, _SEED_DONE = ".seeding", ".seeded"
+"""The seed dir's lock file and its mark of a finished probe; no worker's cache gets them."""
 
 
 def _path_from_env(name: str) -> Path | None:
@@ -74,9 +76,9 @@ def seed_isa_probe(cache_dir: Path, python: str = sys.executable) -> Path:
     import fcntl
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".seeding", "w") as lock:
+    with open(cache_dir / _SEED_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        done = cache_dir / ".seeded"
+        done = cache_dir / _SEED_DONE
         if not done.exists():
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
             subprocess.run([python, "-c", _PROBE], env=env, check=True, timeout=300)
@@ -364,7 +366,7 @@ class LocalStack:
         if self.inductor_seed is not None and not (caches / "inductor").exists():
             shutil.copytree(
                 seed_isa_probe(self.inductor_seed, self.python), caches / "inductor",
-                ignore=shutil.ignore_patterns(".seeding", ".seeded"),
+                ignore=shutil.ignore_patterns(_SEED_LOCK, _SEED_DONE),
             )
         env["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
         env["TRITON_CACHE_DIR"] = str(caches / "triton")
