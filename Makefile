@@ -13,10 +13,10 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check . && $(PY) -m mypy
 
-# One pytest-xdist process per core and one more: an integration test spends about half
-# its time waiting on its farm's processes, so one process per core left a core idle
-# (2 cores: 36 min serial, 19 min with 3 processes). Each process takes whole files, so
-# the stack a module or class shares starts once.
+# One pytest-xdist process per core and one more. Run serially, the suite kept 0.77 of
+# 2 cores busy (its tests wait on their farms' processes); 3 processes kept both over
+# 86 % busy, 36 min serial against 19. Each process takes whole files, so the stack a
+# module or class shares starts once.
 TEST_PROCS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 test: setup lint proto-check
