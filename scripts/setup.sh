@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v g++ >/dev/null || need+=(g++)
+# The workers' compile sandbox (workers/sandbox.py); without it the tests run its
+# "process" mode only.
+command -v bwrap >/dev/null || need+=(bubblewrap)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 # WITH_PROMETHEUS=1 (CI sets it): Prometheus' server and promtool, for tests/ops; without
 # them those tests skip.
