@@ -635,16 +635,30 @@ def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: boo
     return [*argv, "--bind", scratch, scratch, "--chdir", chdir or scratch]
 
 
+_CHILD_PACKAGES = ("workers", "torchfarm")
+"""What the child (`python -m workers.sandboxed`) imports of the farm."""
+
+
 def python_under_tmp(scratch: str) -> list[str]:
     """The interpreter's directories that lie under /tmp (a venv or a checkout made
     there), which the child's private /tmp would hide: bound back read-only. Never /tmp
-    itself, nor a directory holding `scratch` (its siblings are other runs')."""
+    itself, nor a directory holding `scratch` (its siblings are other runs'). The import
+    path's '' is the working directory, and the farm's packages count wherever they were
+    imported from: an editable install finds them on no import path."""
+    imported_from = [
+        os.path.dirname(os.path.dirname(os.path.abspath(init)))
+        for name in _CHILD_PACKAGES
+        if (init := getattr(sys.modules.get(name), "__file__", None))
+    ]
     candidates = {
         os.path.abspath(p)
         for p in (sys.prefix, os.path.dirname(sys.executable), *sys.path,
                   *os.environ.get("PYTHONPATH", "").split(os.pathsep))
         if p
     }
+    candidates.update(imported_from)
+    if "" in sys.path:
+        candidates.add(os.getcwd())
     chosen: list[str] = []
     for path in sorted(candidates, key=len):
         if (

@@ -87,3 +87,37 @@ def test_a_python_under_tmp_is_bound_back_read_only_but_never_tmp_or_the_scratch
     assert "/tmp" not in bound and str(tmp_path / "box") not in bound and "/usr/lib" not in bound
     argv = bwrap_argv(str(scratch), ("/etc/torchfarm",))
     assert argv.index(str(checkout)) < argv.index("--bind")
+
+
+def test_a_checkout_under_tmp_found_only_through_the_working_directory_is_bound_back(tmp_path, monkeypatch):
+    """`python -c` in a checkout under /tmp imports the farm through '' (the working
+    directory): the child, which runs `-m workers.sandboxed`, needs the checkout bound
+    back too (it failed with "No module named 'workers'")."""
+    import sys
+
+    from workers.sandbox import python_under_tmp
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    monkeypatch.setattr(sys, "path", ["", "/usr/lib"])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert str(checkout) in python_under_tmp(str(tmp_path / "box" / "tfjob-1"))
+
+
+def test_the_packages_the_child_imports_are_bound_back_wherever_they_were_found(tmp_path, monkeypatch):
+    """An editable install maps `workers` and `torchfarm` to a checkout that is on no
+    import path: the directory each was imported from is bound back."""
+    import sys
+    import types
+
+    from workers.sandbox import python_under_tmp
+
+    checkout = tmp_path / "checkout"
+    (checkout / "workers").mkdir(parents=True)
+    fake = types.ModuleType("workers")
+    fake.__file__ = str(checkout / "workers" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "workers", fake)
+    monkeypatch.setattr(sys, "path", ["/usr/lib"])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert str(checkout) in python_under_tmp(str(tmp_path / "box" / "tfjob-1"))
