@@ -5,8 +5,11 @@ Every call to the farm's service must carry `authorization: Bearer <token>` meta
 interceptor looks the token up in the `TokenTable` (reloaded when its file changes,
 tokensource.py) and answers UNAUTHENTICATED when it is missing, unknown or expired,
 before the servicer sees the request. The standard health service stays open, so
-probes and load balancers need no token. A peer host that has failed too often is
-answered RESOURCE_EXHAUSTED, before its token is looked at (ratelimit.py).
+probes and load balancers need no token. Failures only are throttled (ratelimit.py): a
+call whose token does not verify, from an address or naming a tenant that has failed too
+often lately, is answered RESOURCE_EXHAUSTED (AUTH_THROTTLED); a call whose token
+verifies is never throttled. The address is the peer's, or behind a trusted proxy the
+client's it forwards (proxies.py).
 
 **An unauthenticated request is never read.** grpc.aio runs the interceptor with the
 call's metadata only, before any message arrives; a *unary* handler then has grpc read
@@ -37,6 +40,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +48,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.coordinator import metrics
+from services.coordinator.proxies import TrustedProxies, forwarded_for
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.tokensource import TokenSource
 from torchfarm.codes import Reason
-from torchfarm.tokens import OPEN, Tenant, TokenRefused, TokenTable
+from torchfarm.tokens import OPEN, Tenant, TokenError, TokenRefused, TokenTable, namespace_of
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,10 @@ def failure_limiter(settings: CoordinatorSettings) -> FailureLimiter:
     return FailureLimiter(settings.auth_failure_burst, settings.auth_failure_per_s)
 
 
+def trusted_proxies(settings: CoordinatorSettings) -> TrustedProxies:
+    return TrustedProxies.parse(settings.trusted_proxies)
+
+
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
     """TLS credentials when a certificate is configured (mutual when a client CA is)."""
     if not settings.tls_cert_file:
@@ -102,11 +111,18 @@ def _bearer(metadata: tuple[Any, ...] | None) -> str | None:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Admits a call only with a known, unexpired bearer token, and records its tenant."""
+    """Admits a call only with a known, unexpired bearer token, and records its tenant.
 
-    def __init__(self, tokens: TokenSource | None, limiter: FailureLimiter | None = None):
+    Only failures are throttled: a call whose token verifies is admitted whatever
+    others sent from its address or in its tenant's name."""
+
+    def __init__(
+        self, tokens: TokenSource | None, limiter: FailureLimiter | None = None,
+        trusted_proxies: TrustedProxies | None = None,
+    ):
         self.tokens = tokens
         self.limiter = limiter if limiter is not None else FailureLimiter(burst=30, per_s=0.5)
+        self.proxies = trusted_proxies if trusted_proxies is not None else TrustedProxies()
 
     async def intercept_service(
         self,
@@ -118,57 +134,79 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or service in OPEN_SERVICES:
             return handler
         if self.tokens is None:
-            return _as_tenant(handler, OPEN, None)
-        token = _bearer(handler_call_details.invocation_metadata)
+            return _as_tenant(handler, OPEN)
+        metadata = handler_call_details.invocation_metadata
+        token = _bearer(metadata)
         if token is None:
-            return _refusal(
-                handler, self.limiter, "missing",
-                "no credentials: send 'authorization: Bearer <token>' (set TORCHFARM_TOKEN)",
+            return self._refusal(
+                handler, _Failure(handler_call_details.method, metadata, None, "missing",
+                                  "no credentials: send 'authorization: Bearer <token>' (set TORCHFARM_TOKEN)"),
             )
         try:
             tenant = self.tokens.table().check(token)
         except TokenRefused as e:
-            log.warning("refused a call to %s: %s token", handler_call_details.method, e.reason)
-            return _refusal(handler, self.limiter, e.reason, str(e))
-        return _as_tenant(handler, tenant, self.limiter)
+            return self._refusal(handler, _Failure(handler_call_details.method, metadata, _claimed(token), e.reason, str(e)))
+        return _as_tenant(handler, tenant)
+
+    def _buckets(self, context: grpc.aio.ServicerContext[Any, Any], failure: _Failure) -> list[str]:
+        """The limiter's buckets a failed call drains: its client's address, and the
+        tenant its token names (so guesses from many addresses run dry too)."""
+        address = self.proxies.client(peer_host(context.peer()), forwarded_for(failure.metadata))
+        return [f"address:{address}"] + ([f"tenant:{failure.claimed}"] if failure.claimed else [])
+
+    def _refusal(self, handler: grpc.RpcMethodHandler[Any, Any], failure: _Failure) -> grpc.RpcMethodHandler[Any, Any]:
+        """A request-streaming handler of the method's response shape that answers
+        UNAUTHENTICATED (or RESOURCE_EXHAUSTED) without reading the request: see the module
+        docstring for why that keeps grpc from receiving it."""
+        limiter = self.limiter
+
+        async def unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            buckets = self._buckets(context, failure)
+            if not all(limiter.allowed(b) for b in buckets):
+                metrics.AUTH_FAILURES.labels(reason="throttled").inc()
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "too many failed authentication attempts from this address or for this "
+                    "tenant lately; retry later",
+                    trailing_metadata=((REASON_KEY, Reason.AUTH_THROTTLED.value),),
+                )
+            for bucket in buckets:
+                limiter.failed(bucket)
+            log.warning("refused a call to %s from %s: %s token", failure.method, buckets[0], failure.reason)
+            metrics.AUTH_FAILURES.labels(reason=failure.reason).inc()
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, failure.message,
+                trailing_metadata=((REASON_KEY, Reason.UNAUTHENTICATED.value),),
+            )
+
+        async def stream(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[None]:
+            await unary(requests, context)
+            yield None  # pragma: no cover - abort raised
+
+        if handler.unary_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
 
 
-async def _throttled(context: grpc.aio.ServicerContext[Any, Any], limiter: FailureLimiter) -> None:
-    """RESOURCE_EXHAUSTED when the caller's host has failed too often lately."""
-    if not limiter.allowed(peer_host(context.peer())):
-        metrics.AUTH_FAILURES.labels(reason="throttled").inc()
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "too many failed authentication attempts from this address; retry later",
-            trailing_metadata=((REASON_KEY, Reason.AUTH_THROTTLED.value),),
-        )
+@dataclass(frozen=True)
+class _Failure:
+    """A call refused for its credentials, as the refusal needs it."""
+
+    method: str
+    metadata: tuple[Any, ...] | None
+    claimed: str | None
+    """The namespace its token names, when it is shaped like a token."""
+    reason: str
+    message: str
 
 
-def _refusal(
-    handler: grpc.RpcMethodHandler[Any, Any], limiter: FailureLimiter, reason: str, message: str
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """A request-streaming handler of the method's response shape that answers
-    UNAUTHENTICATED (or RESOURCE_EXHAUSTED) without reading the request: see the module
-    docstring for why that keeps grpc from receiving it."""
-
-    async def unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await _throttled(context, limiter)
-        limiter.failed(peer_host(context.peer()))
-        metrics.AUTH_FAILURES.labels(reason=reason).inc()
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED, message,
-            trailing_metadata=((REASON_KEY, Reason.UNAUTHENTICATED.value),),
-        )
-
-    async def stream(
-        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[None]:
-        await unary(requests, context)
-        yield None  # pragma: no cover - abort raised
-
-    if handler.unary_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
-    return grpc.stream_unary_rpc_method_handler(unary, None, handler.response_serializer)
+def _claimed(token: str) -> str | None:
+    try:
+        return namespace_of(token)
+    except TokenError:
+        return None
 
 
 class _Malformed:
@@ -197,9 +235,7 @@ async def _reject_malformed(request: Any, context: grpc.aio.ServicerContext[Any,
         )
 
 
-def _as_tenant(
-    handler: grpc.RpcMethodHandler[Any, Any], tenant: Tenant, limiter: FailureLimiter | None
-) -> grpc.RpcMethodHandler[Any, Any]:
+def _as_tenant(handler: grpc.RpcMethodHandler[Any, Any], tenant: Tenant) -> grpc.RpcMethodHandler[Any, Any]:
     # grpc.aio runs each call in its own task, hence its own copy of the context: the
     # variable set here is seen by this call's handler only, and needs no reset.
     parse = _safe(handler.request_deserializer)
@@ -208,8 +244,6 @@ def _as_tenant(
         behavior: Callable[..., Any] = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if limiter is not None:
-                await _throttled(context, limiter)
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             return await behavior(request, context)
@@ -219,8 +253,6 @@ def _as_tenant(
         stream_behavior: Callable[..., Any] = handler.unary_stream
 
         async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            if limiter is not None:
-                await _throttled(context, limiter)
             await _reject_malformed(request, context)
             _CALLER.set(tenant)
             async for item in stream_behavior(request, context):

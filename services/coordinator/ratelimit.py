@@ -1,13 +1,15 @@
-"""A per-peer limit on failed authentication attempts: one small token bucket per peer
-host, refilled at a steady rate.
+"""A limit on failed authentication attempts: one small token bucket per key (a
+client address, a tenant name a token claims), refilled at a steady rate.
 
 A token has 256 random bits, so the limit is not what keeps a guesser out; it bounds
-what a peer that keeps presenting bad tokens costs the coordinator (a hash, a log line,
-a metric each), and the rate at which anyone can test guesses at all. A peer whose
-bucket is empty is refused RESOURCE_EXHAUSTED before its token is looked at, valid or
-not: were a good token still admitted, the refusal would tell a guesser when it guessed
-right. Peers behind one NAT share a bucket; the burst is sized so that a client with a
-stale token and its retries do not lock its neighbours out.
+what a client that keeps presenting bad tokens costs the coordinator (a log line and a
+metric each; throttled ones log nothing), and the rate at which anyone can test guesses
+at all. Only failures drain a bucket, and only calls that fail to authenticate are
+refused when it is empty: a call whose token verifies is admitted at once, so no one's
+bad tokens lock a valid tenant out (auth.py). That a right guess is admitted while its
+bucket is empty tells a guesser nothing it could use: it would have to guess right.
+Clients behind one NAT share an address's bucket; behind a trusted proxy the address
+is the client's the proxy forwards (proxies.py).
 """
 
 from __future__ import annotations

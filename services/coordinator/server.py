@@ -60,7 +60,9 @@ async def serve(
         options=grpc_options(settings.max_message_bytes),
         interceptors=[
             metrics.RpcMetricsInterceptor(),
-            auth.AuthInterceptor(auth.load_tokens(settings), auth.failure_limiter(settings)),
+            auth.AuthInterceptor(
+                auth.load_tokens(settings), auth.failure_limiter(settings), auth.trusted_proxies(settings)
+            ),
         ],
     )
     farm_pb2_grpc.add_CompileFarmServicer_to_server(CompileFarmServicer(farm, settings), server)

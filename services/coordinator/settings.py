@@ -68,10 +68,16 @@ class CoordinatorSettings:
     """How often the tokens file is checked for a change (the longest a revoked token
     still works)."""
     auth_failure_burst: int = 30
-    """Failed authentications one peer host may make at once before it is answered
-    RESOURCE_EXHAUSTED (valid token or not) until its bucket refills."""
+    """Failed authentications one client address, and calls naming one tenant, may make
+    at once before calls that fail to authenticate from it (or in its name) are answered
+    RESOURCE_EXHAUSTED (AUTH_THROTTLED) until its bucket refills. A call whose token
+    verifies is never throttled."""
     auth_failure_per_s: float = 0.5
-    """How fast a peer's bucket of failed attempts refills."""
+    """How fast a bucket of failed attempts refills."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses or CIDRs ("10.0.0.0/8") of the proxies in front of the coordinator whose
+    `x-forwarded-for` names the client (services/coordinator/proxies.py). Empty: the
+    header is ignored and the peer's address is the client's."""
     tls_cert_file: str = ""
     """PEM certificate chain for TLS; with tls_key_file, the port serves TLS only."""
     tls_key_file: str = ""

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from services.coordinator import auth
+from services.coordinator.proxies import TrustedProxies
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.tokensource import TokenSource
 from torchfarm import tokens
@@ -152,3 +153,127 @@ def test_an_unauthenticated_call_never_reads_its_request(tmp_path):
     with pytest.raises(grpc.RpcError):
         asyncio.run(handler.stream_unary(requests, context))
     assert context.code == grpc.StatusCode.UNAUTHENTICATED and not requests.read
+
+
+# Issue 40, item 5: throttle failures, not tenants.
+
+
+class _Ctx:
+    """A grpc.aio servicer context as the interceptor's handlers use it."""
+
+    def __init__(self, peer: str, metadata=()):
+        self._peer, self._metadata = peer, tuple(metadata)
+        self.code = self.reason = None
+
+    def peer(self):
+        return self._peer
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    async def abort(self, code, details, trailing_metadata=()):
+        self.code, self.reason = code, dict(trailing_metadata).get(auth.REASON_KEY)
+        raise grpc.RpcError(details)
+
+
+class _NoRequests:
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+
+def _call(interceptor, token, peer, metadata=()):
+    """One unary call through the interceptor: "ok" when the servicer ran, else the
+    reason it was refused with."""
+    import asyncio
+
+    async def continuation(details):
+        async def behavior(request, context):
+            return "ok"
+
+        return grpc.unary_unary_rpc_method_handler(behavior)
+
+    md = tuple(metadata) + ((("authorization", f"Bearer {token}"),) if token else ())
+    handler = asyncio.run(interceptor.intercept_service(continuation, _Details(md)))
+    context = _Ctx(peer, md)
+    try:
+        if handler.request_streaming:
+            return asyncio.run(handler.stream_unary(_NoRequests(), context))
+        return asyncio.run(handler.unary_unary(b"", context))
+    except grpc.RpcError:
+        return context.reason
+
+
+def _interceptor(tmp_path, *pairs, trusted=()):
+    path = tmp_path / "tokens.json"
+    _write(path, *pairs)
+    return auth.AuthInterceptor(
+        TokenSource(str(path)), FailureLimiter(burst=3, per_s=0.0, clock=lambda: 0.0),
+        trusted_proxies=TrustedProxies.parse(trusted),
+    )
+
+
+def test_a_valid_token_is_never_throttled_by_others_failures(tmp_path):
+    """A made-up token's flood from a host once locked every tenant on that host out:
+    the throttle ran before the token was looked at, valid or not."""
+    alice = tokens.new_token("alice")
+    interceptor = _interceptor(tmp_path, (alice, "alice"))
+    bad = "tf1.mallory." + "A" * 43
+    answers = [_call(interceptor, bad, "ipv4:10.0.0.9:4000") for _ in range(10)]
+    assert answers[:3] == ["UNAUTHENTICATED"] * 3
+    assert set(answers[3:]) == {"AUTH_THROTTLED"}
+    assert [_call(interceptor, alice, "ipv4:10.0.0.9:4001") for _ in range(5)] == ["ok"] * 5
+
+
+def test_failures_naming_a_tenant_throttle_that_name_from_every_address(tmp_path):
+    """Limits are keyed by address and by the tenant a token names: guesses at alice's
+    token from many addresses run dry, and alice's own valid calls still pass."""
+    alice = tokens.new_token("alice")
+    interceptor = _interceptor(tmp_path, (alice, "alice"))
+    guesses = [_call(interceptor, "tf1.alice." + "A" * 43, f"ipv4:10.0.1.{i}:1") for i in range(6)]
+    assert guesses[:3] == ["UNAUTHENTICATED"] * 3 and set(guesses[3:]) == {"AUTH_THROTTLED"}
+    assert _call(interceptor, "tf1.bob." + "A" * 43, "ipv4:10.0.1.200:1") == "UNAUTHENTICATED"
+    assert _call(interceptor, alice, "ipv4:10.0.1.1:1") == "ok"
+
+
+def test_the_forwarded_address_counts_only_behind_a_trusted_proxy(tmp_path):
+    alice = tokens.new_token("alice")
+    interceptor = _interceptor(tmp_path, (alice, "alice"), trusted=("10.9.0.0/16",))
+    proxy = "ipv4:10.9.0.2:443"
+    bad = "tf1.mallory." + "A" * 43
+    for _ in range(3):
+        assert _call(interceptor, bad, proxy, [("x-forwarded-for", "198.51.100.7")]) == "UNAUTHENTICATED"
+    assert _call(interceptor, bad, proxy, [("x-forwarded-for", "198.51.100.7")]) == "AUTH_THROTTLED"
+    # Another client behind the same proxy has its own bucket...
+    assert _call(interceptor, "tf1.eve." + "A" * 43, proxy,
+                 [("x-forwarded-for", "198.51.100.8")]) == "UNAUTHENTICATED"
+    # ...and an untrusted peer's header is ignored: it cannot pose as a fresh address.
+    direct = "ipv4:203.0.113.5:1"
+    for i in range(3):
+        _call(interceptor, "tf1.eve2." + "A" * 43, direct, [("x-forwarded-for", f"192.0.2.{i}")])
+    assert _call(interceptor, "tf1.eve3." + "A" * 43, direct,
+                 [("x-forwarded-for", "192.0.2.99")]) == "AUTH_THROTTLED"
+
+
+@pytest.mark.parametrize(
+    "peer, header, client",
+    [
+        ("10.9.0.2", "198.51.100.7", "198.51.100.7"),
+        ("10.9.0.2", "192.0.2.1, 198.51.100.7", "198.51.100.7"),  # the left is the client's claim
+        ("10.9.0.2", "198.51.100.7, 10.9.0.3", "198.51.100.7"),  # a chain of trusted proxies
+        ("10.9.0.2", "not-an-address", "10.9.0.2"),
+        ("10.9.0.2", "", "10.9.0.2"),
+        ("203.0.113.5", "198.51.100.7", "203.0.113.5"),  # not a trusted proxy
+        ("2001:db8::1", "198.51.100.7", "2001:db8::1"),
+    ],
+)
+def test_the_client_address_behind_trusted_proxies(peer, header, client):
+    trusted = TrustedProxies.parse(("10.9.0.0/16",))
+    assert trusted.client(peer, header) == client
+
+
+def test_a_trusted_proxy_setting_that_does_not_parse_is_refused():
+    with pytest.raises(ValueError, match="TORCHFARM_TRUSTED_PROXIES"):
+        TrustedProxies.parse(("10.9.0.0/33",))
