@@ -111,6 +111,10 @@ def _map_error(e: grpc.RpcError, what: str, key: str = "") -> FarmError:
     return error
 
 
+_QUOTAS = frozenset({Reason.TENANT_QUEUE_FULL, Reason.AUTH_THROTTLED, Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE})
+"""RESOURCE_EXHAUSTED reasons that are a tenant's quota or rate, not the request's size."""
+
+
 def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     code = e.code()
     reason = _reason(e) or code.name
@@ -126,7 +130,7 @@ def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return GraphRejected(detail, reason)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        if reason == "TENANT_QUEUE_FULL":
+        if reason in _QUOTAS:
             return QuotaExceeded(detail, reason)
         return RequestTooLarge(detail, reason)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):

@@ -87,6 +87,8 @@ class Reason(_ProtoEnum):
     WATCH_LIMIT = "WATCH_LIMIT"
     AUTH_THROTTLED = "AUTH_THROTTLED"
     BUILD_NOT_SERVED = "BUILD_NOT_SERVED"
+    STORAGE_QUOTA = "STORAGE_QUOTA"
+    UPLOAD_RATE = "UPLOAD_RATE"
 
 
 class Stage(_ProtoEnum):
@@ -222,6 +224,9 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.AUTH_THROTTLED: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
     # Like NO_WORKER: no worker of the client's torch build serves the target.
     Reason.BUILD_NOT_SERVED: ReasonInfo("FAILED_PRECONDITION", retryable=False),
+    # The package is not stored; the client runs its frames the normal way.
+    Reason.STORAGE_QUOTA: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
+    Reason.UPLOAD_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
 }
 """Every refusal's status and meaning for the client."""
 

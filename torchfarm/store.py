@@ -22,7 +22,9 @@ Layout, under a configurable prefix (default "tf"):
   plans and barriers (workers/board.py);
 - `tf:stat:<key>`: a hash of an artifact's use: `hits`, `last_hit` (unix seconds), and
   the `label` of the request that created its job; for `torchfarm cache`;
-- `tf:inflight:<tenant>`: the tenant's jobs not yet seen to finish, for its queue quota.
+- `tf:inflight:<tenant>`: the tenant's jobs not yet seen to finish, for its queue quota;
+- `tf:stored:<ns>`, `tf:storedbytes:<ns>`, `tf:uploaded:<ns>:<window>`: what each
+  namespace keeps in the cache, and uploads lately (torchfarm/usage.py).
 
 Tenants: `Store.tenant(namespace)` is a view in which every per-key entry (artifact,
 req, job) is named `<namespace>:<key>`, as `tf:artifact:alice:<key>`. The unnamed
@@ -38,10 +40,11 @@ Two Redis roles (one server may play both, as the embedded stack's does):
   counts as a miss, so eviction costs a recompile and never a broken artifact.
 - the state (`state_url`, `Store.r`), which must never evict (`noeviction`, with
   persistence): everything in flight: requests, job records and their channels, the
-  recent list, quotas, worker registrations, `queues-seen`, kernel requests, and the
+  recent list, quotas, stored-bytes ledgers, worker registrations, `queues-seen`, kernel requests, and the
   staged compile's plans, barriers, decompositions and claims (workers/board.py).
-  `check_state_redis` refuses one that may evict. All of it is deleted or expires when
-  its job ends, so it stays proportional to the load, not to the cache.
+  `check_state_redis` refuses one that may evict. All of it but the stored-bytes
+  ledgers is deleted or expires when its job ends, so it stays proportional to the load;
+  the ledgers hold one small entry per artifact a namespace keeps in the cache.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from redis.typing import FieldT
 from torchfarm import redisconn
 from torchfarm.blobs import BlobStore, open_blobs
 from torchfarm.manifest import Manifest
+from torchfarm.usage import Ledger
 
 RECENT_JOBS = 50
 """How many job keys `tf:recent` keeps."""
@@ -233,8 +237,29 @@ class Store:
     def has_blobs(self, digests: Iterable[str]) -> bool:
         return all(self.blobs.present(digests))
 
-    def put_manifest(self, manifest: Manifest) -> None:
-        self.c.set(self._j("artifact", manifest.key), manifest.to_json())
+    def put_manifest(self, manifest: Manifest, ttl_s: int = 0, created_blobs: Iterable[str] = ()) -> None:
+        """Writes the manifest (expiring after `ttl_s`, 0: never) and charges it, with
+        the blobs it names, to this namespace's stored bytes (torchfarm/usage.py).
+        `created_blobs`: those its writer created, which leave the cache with it."""
+        data = manifest.to_json()
+        self.c.set(self._j("artifact", manifest.key), data, ex=ttl_s or None)
+        self.ledger().charge(manifest.key, len(data) + manifest.total_bytes(), created_blobs)
+
+    def ledger(self) -> Ledger:
+        """This namespace's stored entries and bytes, in the state Redis."""
+        return Ledger(self.r, self.prefix, self.namespace)
+
+    def artifacts_present(self, keys: list[str]) -> list[bool]:
+        """For each key, in order, whether its manifest is in the cache."""
+        pipe = self.c.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(self._j("artifact", key))
+        return [bool(n) for n in pipe.execute()]
+
+    def cache_memory(self) -> tuple[int, int]:
+        """The cache Redis's used memory and its `maxmemory` (0: no limit), in bytes."""
+        info = self.c.info("memory")
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0) or 0)
 
     def get_manifest_bytes(self, key: str) -> bytes | None:
         return cast("bytes | None", self.c.get(self._j("artifact", key)))

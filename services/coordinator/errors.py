@@ -9,6 +9,9 @@ sends its name in the `torchfarm-reason` trailing metadata.
     ├── TenantQueueFull     RESOURCE_EXHAUSTED  the tenant has its quota of jobs in flight
     │                                           (graph and kernel), or of Watch streams
     │                                           (reason WATCH_LIMIT)
+    ├── StorageFull         RESOURCE_EXHAUSTED  an upload over the tenant's stored-bytes
+    │                                           quota or the cache's room (STORAGE_QUOTA),
+    │                                           or its upload rate (UPLOAD_RATE)
     ├── NoWorker            FAILED_PRECONDITION no live worker serves the target: not
     │                                           retried, unlike an outage
     ├── NotFound            NOT_FOUND           no such job or artifact
@@ -46,6 +49,10 @@ class RequestTooLarge(CoordinatorError):
 
 class TenantQueueFull(CoordinatorError):
     reason = Reason.TENANT_QUEUE_FULL
+
+
+class StorageFull(CoordinatorError):
+    reason = Reason.STORAGE_QUOTA
 
 
 class NoWorker(CoordinatorError):

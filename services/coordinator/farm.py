@@ -2,7 +2,8 @@
 
 submit: validate the graph and options → derive the key in the caller's namespace →
 answer from the cache → or join the in-flight job for that key → or, within the
-tenant's quota, create the job and queue it on the target's queue.
+tenant's quota, create the job and queue it on the target's queue (and evict the
+namespace's own oldest entries while it stores more than its quota: storage.py).
 watch/job: read the job record the workers keep up to date.
 fetch: stream the manifest, then every blob, in chunks, checking each blob's digest.
 
@@ -27,7 +28,7 @@ from typing import Any, TypeVar, cast
 import redis
 from kombu.exceptions import OperationalError
 
-from services.coordinator import metrics, precompiled
+from services.coordinator import metrics, precompiled, storage
 from services.coordinator.errors import (
     ArtifactCorrupt,
     BackendUnavailable,
@@ -244,6 +245,7 @@ class Farm:
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         explanation = self._explain(store, request, key)
         self._charge(store, key, tenant)
+        self._trim(store)
         try:
             if request.HasField("export"):
                 self.dispatcher.send_export(key, queue, tenant.namespace)
@@ -309,6 +311,14 @@ class Farm:
                 f"{who} has {in_flight - 1} compiles queued or running, the most the farm "
                 f"allows per tenant ({limit}); retry when some finish"
             )
+
+    def _trim(self, store: Store) -> None:
+        """Keeps the namespace within its storage quota, evicting its own oldest entries
+        (services/coordinator/storage.py). A failure costs the trim, never the submit."""
+        try:
+            storage.trim(store, self.settings.max_stored_bytes_per_tenant)
+        except redis.RedisError as e:
+            log.warning("namespace %r not trimmed to its storage quota: %s", store.namespace, e)
 
     def _servable(self, store: Store, key: str) -> bool:
         """True when the cache holds a complete artifact for `key` whose signature (if
@@ -452,7 +462,8 @@ class Farm:
         (services/coordinator/precompiled.py); returns its key."""
         manifest, blobs, record = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
         store = self.store.tenant(tenant.namespace)
-        await self._io(precompiled.store_upload, store, manifest, blobs)
+        await self._io(storage.admit_upload, store, self.settings, upload.ByteSize())
+        await self._io(precompiled.store_upload, store, manifest, blobs, self.settings.precompiled_ttl_s)
         if record is not None:
             try:
                 await self._io(MissIndex(store).remember_precompiled, record)

@@ -86,6 +86,16 @@ QUOTA_REFUSALS = Counter(
     "torchfarm_quota_refusals_total",
     "Submits refused RESOURCE_EXHAUSTED because the tenant had its quota of jobs in flight.",
 )
+STORAGE_REFUSALS = Counter(
+    "torchfarm_storage_refusals_total",
+    "Precompiled uploads refused RESOURCE_EXHAUSTED: over the tenant's storage quota or "
+    "the cache's room (STORAGE_QUOTA), or its upload rate (UPLOAD_RATE).",
+    ["reason"],
+)
+STORAGE_EVICTIONS = Counter(
+    "torchfarm_storage_evictions_total",
+    "Entries the coordinator evicted to keep their own namespace within its storage quota.",
+)
 BUILD_INFO = Gauge(
     "torchfarm_build_info",
     "Always 1; the labels say which build of torchfarm runs.",

@@ -3,7 +3,9 @@
 The package's payload is a pickle of Dynamo's state made by the client that ran the
 model (sdk/precompile.py). The coordinator never reads it: it parses the JSON manifest,
 checks the key's prefix, the kind, the namespace, the size and every blob's digest,
-and stores manifest and blobs as it stores a compile artifact, for FetchArtifact.
+and stores manifest and blobs as it stores a compile artifact, for FetchArtifact,
+within the tenant's storage quota and upload rate (storage.py), expiring after
+`precompiled_ttl_s`.
 Who may load it is the clients' decision: only under a pinned precompile key.
 The upload's record of the key's components (`PrecompiledRecord`), checked for bounds,
 is indexed to explain later misses of the same model (torchfarm/explain.py).
@@ -60,8 +62,13 @@ def check_key(key: str, what: str) -> None:
         raise InvalidRequest(f"{what}: key {key[:20]!r} is not a precompiled key")
 
 
-def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes]) -> None:
-    for ref in manifest.blobs():
+def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes], ttl_s: int) -> None:
+    """Stores the package, expiring after `ttl_s` (0: never). The blobs it creates are
+    recorded with its charge, so they leave the cache when it is evicted."""
+    refs = list(manifest.blobs())
+    existed = store.blobs.present(r.digest for r in refs)
+    for ref in refs:
         store.put_blob(ref.digest, blobs[ref.digest])
-    store.put_manifest(manifest)
+    created = [r.digest for r, there in zip(refs, existed, strict=True) if not there]
+    store.put_manifest(manifest, ttl_s=ttl_s, created_blobs=created)
     log.info("key=%s precompiled package stored (%d frames' backends)", keys.short(manifest.key), len(manifest.graphs))

@@ -60,6 +60,23 @@ class CoordinatorSettings:
     max_jobs_per_tenant: int = 64
     """Compiles one tenant may have queued or running at once (RESOURCE_EXHAUSTED past
     it); 0 turns the quota off. Cache hits and joins of running jobs never count."""
+    max_stored_bytes_per_tenant: int = 1024 * 1024 * 1024
+    """Bytes of artifacts and precompiled packages one namespace may keep in the cache
+    (manifests and the blobs they name, counted in the state Redis: torchfarm/usage.py).
+    Past it, the namespace's own oldest entries are evicted: at an upload, before it is
+    stored, and at a compile's submit for what its finished compiles stored. An upload
+    larger than this is refused (RESOURCE_EXHAUSTED, STORAGE_QUOTA). 0 turns it off."""
+    upload_bytes_per_minute: int = 256 * 1024 * 1024
+    """Bytes of precompiled packages one namespace may upload per minute (RESOURCE_EXHAUSTED,
+    UPLOAD_RATE, past it); 0 turns the limit off."""
+    precompiled_ttl_s: int = 7 * 24 * 3600
+    """How long a precompiled package stays in the cache after its upload; the client
+    uploads it again after a miss. 0: until it is evicted."""
+    cache_fill_limit: float = 0.9
+    """An upload is stored only if the cache Redis's used memory stays under this share
+    of its `maxmemory` (after the uploader's own oldest entries are evicted to make
+    room), so an upload never makes Redis evict another tenant's entries. Ignored where
+    the cache Redis has no maxmemory."""
     tokens_file: str = ""
     """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
     open, every caller shares the unnamed namespace, and the log says so at start.

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from sdk import client as sdk_client
-from sdk.errors import FarmBug, FarmUnavailable, NoWorker, RemoteCompileError
+from sdk.errors import FarmBug, FarmUnavailable, NoWorker, QuotaExceeded, RemoteCompileError
 from sdk.settings import SDKSettings
 from services.coordinator import errors
 from services.coordinator.servicer import CompileFarmServicer, status_of
@@ -117,6 +117,12 @@ def test_a_failed_kernel_job_is_not_retried(served):
     assert error.__cause__.code() == grpc.StatusCode.ABORTED and calls == 1
 
 
+@pytest.mark.parametrize("reason", [Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.TENANT_QUEUE_FULL])
+def test_a_tenants_quota_or_rate_is_quota_exceeded_not_too_large(served, reason):
+    error, calls = _submit(served, errors.StorageFull("over the quota", reason))
+    assert isinstance(error, QuotaExceeded) and error.code == reason and calls == 1
+
+
 def test_each_coordinator_error_answers_the_status_its_tree_names():
     """services/coordinator/errors.py draws these; the table must agree."""
     S = grpc.StatusCode
@@ -125,7 +131,7 @@ def test_each_coordinator_error_answers_the_status_its_tree_names():
         errors.RequestTooLarge: S.RESOURCE_EXHAUSTED, errors.TenantQueueFull: S.RESOURCE_EXHAUSTED,
         errors.NoWorker: S.FAILED_PRECONDITION, errors.NotFound: S.NOT_FOUND,
         errors.ArtifactCorrupt: S.DATA_LOSS, errors.KernelFailed: S.ABORTED,
-        errors.BackendUnavailable: S.UNAVAILABLE,
+        errors.BackendUnavailable: S.UNAVAILABLE, errors.StorageFull: S.RESOURCE_EXHAUSTED,
     }
     tree = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.CoordinatorError)}
     assert set(expected) == tree

@@ -51,6 +51,10 @@ def _up(args: argparse.Namespace) -> int:
         pin_cores=args.pin_cores,
         concurrency=args.concurrency,
         tenants=(args.auth,) if args.auth else (),
+        # A capped cache that evicts, apart from the state, as deployments run it: one
+        # Redis without a limit grows with every artifact ever compiled.
+        split_state=args.cache_memory not in ("", "0"),
+        cache_maxmemory=args.cache_memory if args.cache_memory not in ("", "0") else "",
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -256,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         "pinning, N / workers lets a worker build kernels while it lowers",
     )
     up.add_argument("--auth", metavar="TENANT", default="", help="require tokens; make one for TENANT")
+    up.add_argument(
+        "--cache-memory", default="2gb",
+        help="the cache Redis's maxmemory (allkeys-lru; the state gets its own Redis); "
+        "0: one Redis for all, without a limit",
+    )
     up.set_defaults(run=_up)
 
     keygen = sub.add_parser("keygen", help="an Ed25519 artifact signing key and its public pin")

@@ -26,6 +26,10 @@ class MemoryStore(Store):
     def tenant(self, namespace: str) -> MemoryStore:
         return MemoryStore(self.r, self.prefix, namespace, self.blobs, self.c)
 
+    def cache_memory(self) -> tuple[int, int]:
+        """What `cache_bytes` counts, and no maxmemory: fakeredis never evicts."""
+        return self.cache_bytes(), 0
+
     def cache_bytes(self) -> int:
         total = 0
         for name in self.c.scan_iter(count=1000):

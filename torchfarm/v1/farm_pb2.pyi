@@ -226,6 +226,8 @@ class Failure(_message.Message):
         WATCH_LIMIT: _ClassVar[Failure.Reason]
         AUTH_THROTTLED: _ClassVar[Failure.Reason]
         BUILD_NOT_SERVED: _ClassVar[Failure.Reason]
+        STORAGE_QUOTA: _ClassVar[Failure.Reason]
+        UPLOAD_RATE: _ClassVar[Failure.Reason]
     REASON_UNSPECIFIED: Failure.Reason
     INTERNAL: Failure.Reason
     INVALID_REQUEST: Failure.Reason
@@ -253,6 +255,8 @@ class Failure(_message.Message):
     WATCH_LIMIT: Failure.Reason
     AUTH_THROTTLED: Failure.Reason
     BUILD_NOT_SERVED: Failure.Reason
+    STORAGE_QUOTA: Failure.Reason
+    UPLOAD_RATE: Failure.Reason
     def __init__(self) -> None: ...
 
 class ArtifactRejection(_message.Message):

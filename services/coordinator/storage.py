@@ -1,0 +1,123 @@
+"""Each tenant pays for what it stores: quotas, an upload rate, and eviction that takes
+only the payer's own entries.
+
+The cache Redis evicts by its own LRU, which knows no tenants: one tenant's uploads
+filling it would evict another's artifacts and miss explanations. So what a namespace
+stores is counted in the state Redis (torchfarm/usage.py), and the coordinator keeps
+each namespace within `max_stored_bytes_per_tenant` by evicting that namespace's own
+oldest entries, oldest stored first:
+
+- at a precompiled upload (`admit_upload`), before anything is stored: past the upload
+  rate, or larger than the whole quota, it is refused; otherwise the uploader's own
+  entries go until the upload fits its quota, and, where the cache Redis has a
+  `maxmemory`, until it fits under `cache_fill_limit` of it, so Redis never has to
+  evict for it. When the uploader has nothing left to evict, the upload is refused
+  (STORAGE_QUOTA): another tenant's entries are never made room of.
+- at a compile's submit (`trim`), for what the tenant's finished compiles stored: a
+  worker charges each artifact when it writes it (`Store.put_manifest`), so a tenant is
+  over its quota by at most the artifacts of its compiles still in flight.
+
+An evicted entry's manifest and use stats are deleted, and the blobs its own upload
+created (none existed before it); blobs a compile wrote, which other artifacts may
+share by content, are left to Redis's LRU and `torchfarm gc`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.coordinator import metrics
+from services.coordinator.errors import StorageFull
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm import keys as farm_keys
+from torchfarm.codes import Reason
+from torchfarm.store import Store
+from torchfarm.usage import Ledger
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 60
+"""The upload rate's window (`upload_bytes_per_minute`)."""
+
+
+def admit_upload(store: Store, settings: CoordinatorSettings, nbytes: int) -> None:
+    """Makes room for an upload of `nbytes` in `store`'s namespace, evicting only its
+    own entries; StorageFull (STORAGE_QUOTA or UPLOAD_RATE) when it cannot."""
+    ledger = store.ledger()
+    quota = settings.max_stored_bytes_per_tenant
+    who = _who(store)
+    if quota and nbytes > quota:
+        raise _refused(f"an upload of {nbytes} bytes is larger than {who}'s storage quota ({quota} bytes)")
+    limit = settings.upload_bytes_per_minute
+    if limit:
+        used = ledger.spend(nbytes, limit, RATE_WINDOW_S)
+        if used is not None:
+            raise _refused(
+                f"{who} uploaded {used} bytes in the last minute; {nbytes} more is over its rate "
+                f"of {limit} bytes a minute: retry later", Reason.UPLOAD_RATE,
+            )
+    if _fits(store, ledger.total(), nbytes, quota, settings.cache_fill_limit):
+        return
+    total = reconcile(store, ledger)
+    for key in ledger.keys():
+        if _fits(store, total, nbytes, quota, settings.cache_fill_limit):
+            return
+        total = evict(store, ledger, key)
+    if not _fits(store, total, nbytes, quota, settings.cache_fill_limit):
+        raise _refused(
+            f"no room for an upload of {nbytes} bytes: {who} has nothing more of its own to "
+            "evict, and the cache is full of other tenants' entries"
+        )
+
+
+def trim(store: Store, quota: int) -> None:
+    """Evicts the namespace's own oldest entries while it is over `quota` (0: none)."""
+    ledger = store.ledger()
+    if not quota or ledger.total() <= quota:
+        return
+    total = reconcile(store, ledger)
+    for key in ledger.keys():
+        if total <= quota:
+            return
+        total = evict(store, ledger, key)
+
+
+def reconcile(store: Store, ledger: Ledger) -> int:
+    """Stops counting entries whose manifest the cache no longer holds (expired,
+    evicted by Redis or by `torchfarm cache evict`), with the blobs their uploads
+    created; returns the total left."""
+    keys = ledger.keys()
+    gone = [k for k, present in zip(keys, store.artifacts_present(keys), strict=True) if not present]
+    for key in gone:
+        _drop_created_blobs(store, ledger, key)
+    return ledger.release(gone)
+
+
+def evict(store: Store, ledger: Ledger, key: str) -> int:
+    """Deletes one of the namespace's entries to make room; returns the total left."""
+    store.evict_artifacts([key])
+    _drop_created_blobs(store, ledger, key)
+    metrics.STORAGE_EVICTIONS.inc()
+    log.info("key=%s evicted to keep %s within its storage quota", farm_keys.short(key), _who(store))
+    return ledger.release([key])
+
+
+def _drop_created_blobs(store: Store, ledger: Ledger, key: str) -> None:
+    for digest in ledger.created_blobs(key):
+        store.delete_blob(digest)
+
+
+def _fits(store: Store, total: int, nbytes: int, quota: int, fill: float) -> bool:
+    if quota and total + nbytes > quota:
+        return False
+    used, maxmemory = store.cache_memory()
+    return not maxmemory or used + nbytes <= fill * maxmemory
+
+
+def _refused(message: str, reason: Reason = Reason.STORAGE_QUOTA) -> StorageFull:
+    metrics.STORAGE_REFUSALS.labels(reason=reason.value).inc()
+    return StorageFull(message, reason)
+
+
+def _who(store: Store) -> str:
+    return f"namespace {store.namespace!r}" if store.namespace else "this farm's (open) namespace"

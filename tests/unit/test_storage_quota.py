@@ -1,0 +1,141 @@
+"""Quotas on what a tenant stores (issue 40, item 3): precompiled uploads and the
+artifacts a tenant's compiles store are charged to its namespace in the state Redis;
+past its quota its own oldest entries go, never another tenant's; uploads have a rate
+and packages an expiry. The coordinator and the in-memory store, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.coordinator.errors import CoordinatorError
+from services.coordinator.settings import CoordinatorSettings
+from tests.requests import RELU_QUEUE, relu_request
+from torchfarm.codes import Reason
+from torchfarm.manifest import COMPILE, PRECOMPILED, BlobRef, Manifest, blob_digest
+from torchfarm.testing.fakes import InProcessFarm
+from torchfarm.tokens import Tenant
+from torchfarm.v1 import farm_pb2
+
+MIB = 1 << 20
+ALICE, BOB = Tenant("alice", "alice"), Tenant("bob", "bob")
+
+
+def _farm(**over) -> InProcessFarm:
+    return InProcessFarm(settings=CoordinatorSettings(poll_interval_s=0.01, **over))
+
+
+def _package(n: int, tenant: str = "alice", size: int = MIB) -> tuple[Manifest, bytes]:
+    payload = n.to_bytes(4, "big") * (size // 4)
+    key = "pc1-" + f"{n:064x}"
+    manifest = Manifest(key=key, fingerprint={"torch": "x"}, payload=BlobRef(blob_digest(payload), len(payload)),
+                        tenant=tenant, kind=PRECOMPILED, graphs={"__compiled_fn_1": "f" * 64})
+    return manifest, payload
+
+
+def _put(farm: InProcessFarm, n: int, tenant: Tenant = ALICE, size: int = MIB) -> str:
+    manifest, payload = _package(n, tenant.namespace, size)
+    upload = farm_pb2.PrecompiledUpload(
+        manifest=manifest.to_json(), blobs=[farm_pb2.PrecompiledBlob(digest=manifest.payload.digest, data=payload)]
+    )
+    return asyncio.run(farm.farm.put_precompiled(upload, tenant))
+
+
+def _refusal(farm: InProcessFarm, n: int, **kw) -> Reason:
+    with pytest.raises(CoordinatorError) as info:
+        _put(farm, n, **kw)
+    return info.value.reason
+
+
+def _artifact(farm: InProcessFarm, tenant: Tenant, n: int, size: int = MIB) -> str:
+    """An artifact a compile stored in `tenant`'s namespace, as a worker stores it."""
+    payload = b"k%d" % n + b"\0" * size
+    key = f"{n:064x}"
+    store = farm.store.tenant(tenant.namespace)
+    store.put_blob(blob_digest(payload), payload)
+    store.put_manifest(Manifest(key=key, fingerprint={}, payload=BlobRef(blob_digest(payload), len(payload)),
+                                tenant=tenant.namespace, kind=COMPILE, created=time.time()))
+    return key
+
+
+def _kept(farm: InProcessFarm, tenant: Tenant, key: str) -> bool:
+    return farm.store.tenant(tenant.namespace).get_manifest(key) is not None
+
+
+def test_a_tenant_over_its_quota_loses_its_own_oldest_packages_never_anothers():
+    farm = _farm(max_stored_bytes_per_tenant=3 * MIB + MIB // 2)
+    bobs = _artifact(farm, BOB, 1)
+    keys = [_put(farm, n) for n in range(8)]
+    assert [_kept(farm, ALICE, k) for k in keys] == [False] * 5 + [True] * 3
+    assert _kept(farm, BOB, bobs)
+    # The evicted packages' blobs left with them: the bytes are free, not just unlisted.
+    assert farm.store.get_blob(_package(0)[0].payload.digest) is None
+
+
+def test_an_upload_larger_than_the_quota_is_refused():
+    farm = _farm(max_stored_bytes_per_tenant=2 * MIB)
+    assert _refusal(farm, 1, size=3 * MIB) == Reason.STORAGE_QUOTA
+    assert farm.store.tenant("alice").get_manifest(_package(1)[0].key) is None
+
+
+def test_uploads_have_a_rate_per_tenant():
+    farm = _farm(upload_bytes_per_minute=3 * MIB)
+    _put(farm, 1)
+    _put(farm, 2)
+    assert _refusal(farm, 3, size=2 * MIB) == Reason.UPLOAD_RATE
+    _put(farm, 4, tenant=BOB, size=2 * MIB)  # another tenant's rate is its own
+
+
+def test_a_precompiled_package_expires():
+    farm = _farm(precompiled_ttl_s=3600)
+    key = _put(farm, 1)
+    ttl = farm.store.c.ttl(f"tf:artifact:alice:{key}")
+    assert 0 < ttl <= 3600
+
+
+def test_compiled_artifacts_count_and_their_tenant_sheds_its_own_oldest_at_its_next_compile():
+    farm = _farm(max_stored_bytes_per_tenant=3 * MIB + MIB // 2)
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=60)
+    bobs = _artifact(farm, BOB, 100)
+    alices = [_artifact(farm, ALICE, n) for n in range(6)]
+    asyncio.run(farm.farm.submit(relu_request(), 100, ALICE))
+    assert [_kept(farm, ALICE, k) for k in alices] == [False] * 3 + [True] * 3
+    assert _kept(farm, BOB, bobs)
+
+
+def test_entries_the_cache_lost_stop_counting():
+    farm = _farm(max_stored_bytes_per_tenant=3 * MIB + MIB // 2)
+    keys = [_put(farm, n) for n in range(3)]
+    farm.store.tenant("alice").evict_artifacts(keys[:2])  # `torchfarm cache evict`, or expiry
+    _put(farm, 3)
+    assert _kept(farm, ALICE, keys[2])  # room was found without evicting it
+
+
+def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch):
+    """`torchfarm up` ran one Redis without maxmemory: it grew with every artifact."""
+    from torchfarm.cli import main
+    from torchfarm.testing import stack
+
+    seen = {}
+    real = stack.LocalStack
+
+    class Started(Exception):
+        pass
+
+    class Stack:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            real(**kwargs)  # the combination is one LocalStack accepts
+
+        def start(self):
+            raise Started
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(stack, "LocalStack", Stack)
+    with pytest.raises(Started):
+        main.main(["up"])
+    assert seen["split_state"] and seen["cache_maxmemory"] == "2gb"
