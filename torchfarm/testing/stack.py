@@ -6,10 +6,10 @@ state (torchfarm/store.py): it never evicts, so one is enough and starts fast. W
 and the broker, and `cache_maxmemory` bounds the cache with `allkeys-lru`, as a
 deployment runs them (docker-compose.yml).
 
-`torchfarm up` runs one until Ctrl-C; integration tests and benchmarks start one per
-session with free ports. Every process runs in its own session (process group) so that
-stopping the stack also stops Celery's pool processes and Inductor's compile workers:
-nothing is left behind.
+`torchfarm up` runs one until Ctrl-C, split, its cache capped (`--cache-memory`);
+integration tests and benchmarks start one per session with free ports. Every process
+runs in its own session (process group) so that stopping the stack also stops Celery's
+pool processes and Inductor's compile workers: nothing is left behind.
 """
 
 from __future__ import annotations
