@@ -27,9 +27,12 @@ _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return ipaddress.ip_address(text.strip().strip("[]"))
+        address = ipaddress.ip_address(text.strip().strip("[]"))
     except ValueError:
         return None
+    # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d; the CIDRs name it in IPv4.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
 
 
 class TrustedProxies:

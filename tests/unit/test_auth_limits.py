@@ -267,6 +267,7 @@ def test_the_forwarded_address_counts_only_behind_a_trusted_proxy(tmp_path):
         ("10.9.0.2", "", "10.9.0.2"),
         ("203.0.113.5", "198.51.100.7", "203.0.113.5"),  # not a trusted proxy
         ("2001:db8::1", "198.51.100.7", "2001:db8::1"),
+        ("::ffff:10.9.0.2", "198.51.100.7", "198.51.100.7"),  # an IPv4 proxy on a dual-stack socket
     ],
 )
 def test_the_client_address_behind_trusted_proxies(peer, header, client):
