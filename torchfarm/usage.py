@@ -92,6 +92,10 @@ class Ledger:
         """Every charged key, oldest first."""
         return [k.decode() for k in cast("list[bytes]", self.r.zrange(self.zset, 0, -1))]
 
+    def charged(self, key: str) -> int:
+        """The bytes charged for `key` (0: none)."""
+        return int(cast("bytes | None", self.r.hget(self.hash, key)) or 0)
+
     def created_blobs(self, key: str) -> list[str]:
         raw = cast("bytes | None", self.r.hget(self.hash, _BLOBS + key))
         return list(json.loads(raw)) if raw else []

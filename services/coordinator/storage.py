@@ -10,9 +10,10 @@ oldest entries, oldest stored first:
 - at a precompiled upload (`admit_upload`), before anything is stored: past the upload
   rate, or larger than the whole quota, it is refused; otherwise the uploader's own
   entries go until the upload fits its quota, and, where the cache Redis has a
-  `maxmemory`, until it fits under `cache_fill_limit` of it, so Redis never has to
-  evict for it. When the uploader has nothing left to evict, the upload is refused
-  (STORAGE_QUOTA): another tenant's entries are never made room of.
+  `maxmemory`, its own packages go until the upload fits under `cache_fill_limit` of
+  it, so Redis never has to evict for it. When the uploader's own would not make room,
+  the upload is refused (STORAGE_QUOTA) and nothing is evicted: another tenant's
+  entries are never made room of.
 - at a compile's submit (`trim`), for what the tenant's finished compiles stored: a
   worker charges each artifact when it writes it (`Store.put_manifest`), so a tenant is
   over its quota by at most the artifacts of its compiles still in flight.
@@ -56,28 +57,41 @@ def admit_upload(store: Store, settings: CoordinatorSettings, nbytes: int) -> No
                 f"{who} uploaded {used} bytes in the last minute; {nbytes} more is over its rate "
                 f"of {limit} bytes a minute: retry later", Reason.UPLOAD_RATE,
             )
-    if _fits(store, ledger.total(), nbytes, quota, settings.cache_fill_limit):
+    trim(store, quota, nbytes)
+    _make_cache_room(store, ledger, nbytes, settings.cache_fill_limit)
+
+
+def _make_cache_room(store: Store, ledger: Ledger, nbytes: int, fill: float) -> None:
+    """Evicts the namespace's own packages, oldest first, until `nbytes` more keep the
+    cache Redis under `fill` of its maxmemory. Only entries whose eviction frees memory
+    count (those whose upload created blobs); when even all of them would not make
+    room, nothing is evicted and the upload is refused."""
+    used, maxmemory = store.cache_memory()
+    if not maxmemory or used + nbytes <= fill * maxmemory:
         return
-    total = reconcile(store, ledger)
-    for key in ledger.keys():
-        if _fits(store, total, nbytes, quota, settings.cache_fill_limit):
-            return
-        total = evict(store, ledger, key)
-    if not _fits(store, total, nbytes, quota, settings.cache_fill_limit):
+    freeable = [k for k in ledger.keys() if ledger.created_blobs(k)]
+    if sum(ledger.charged(k) for k in freeable) < used + nbytes - fill * maxmemory:
         raise _refused(
-            f"no room for an upload of {nbytes} bytes: {who} has nothing more of its own to "
-            "evict, and the cache is full of other tenants' entries"
+            f"no room for an upload of {nbytes} bytes: the cache is full of other entries, "
+            f"and {_who(store)}'s own packages would not make room"
         )
+    for key in freeable:
+        evict(store, ledger, key)
+        used, _ = store.cache_memory()
+        if used + nbytes <= fill * maxmemory:
+            return
+    raise _refused(f"no room for an upload of {nbytes} bytes in the cache")
 
 
-def trim(store: Store, quota: int) -> None:
-    """Evicts the namespace's own oldest entries while it is over `quota` (0: none)."""
+def trim(store: Store, quota: int, incoming: int = 0) -> None:
+    """Evicts the namespace's own oldest entries while they and `incoming` more bytes
+    are over `quota` (0: no quota)."""
     ledger = store.ledger()
-    if not quota or ledger.total() <= quota:
+    if not quota or ledger.total() + incoming <= quota:
         return
     total = reconcile(store, ledger)
     for key in ledger.keys():
-        if total <= quota:
+        if total + incoming <= quota:
             return
         total = evict(store, ledger, key)
 
@@ -105,13 +119,6 @@ def evict(store: Store, ledger: Ledger, key: str) -> int:
 def _drop_created_blobs(store: Store, ledger: Ledger, key: str) -> None:
     for digest in ledger.created_blobs(key):
         store.delete_blob(digest)
-
-
-def _fits(store: Store, total: int, nbytes: int, quota: int, fill: float) -> bool:
-    if quota and total + nbytes > quota:
-        return False
-    used, maxmemory = store.cache_memory()
-    return not maxmemory or used + nbytes <= fill * maxmemory
 
 
 def _refused(message: str, reason: Reason = Reason.STORAGE_QUOTA) -> StorageFull:

@@ -1,4 +1,4 @@
-"""The coordinator's token file, reloaded on change, and the per-peer limit on failed
+"""The coordinator's token file, reloaded on change, and the limit on failed
 attempts (issue 16, item 7). No server: a fake clock and files in tmp_path."""
 
 from __future__ import annotations

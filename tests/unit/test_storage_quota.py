@@ -139,3 +139,28 @@ def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch):
     with pytest.raises(Started):
         main.main(["up"])
     assert seen["split_state"] and seen["cache_maxmemory"] == "2gb"
+
+
+@pytest.fixture
+def capped(monkeypatch):
+    """The in-memory cache with a maxmemory of 8 MiB (fakeredis itself never evicts)."""
+    from torchfarm.testing.memory_store import MemoryStore
+
+    monkeypatch.setattr(MemoryStore, "cache_memory", lambda self: (self.cache_bytes(), 8 * MIB))
+
+
+def test_an_upload_makes_cache_room_of_its_own_oldest_packages(capped):
+    farm = _farm()
+    bobs = [_artifact(farm, BOB, n) for n in range(3)]
+    keys = [_put(farm, n) for n in range(3)]  # 6 MiB of 8: 7.2 fit under the fill limit
+    _put(farm, 3, size=3 * MIB // 2)
+    assert [_kept(farm, ALICE, k) for k in keys] == [False, True, True]
+    assert all(_kept(farm, BOB, k) for k in bobs)
+
+
+def test_an_upload_the_uploaders_own_packages_cannot_make_room_for_evicts_nothing(capped):
+    farm = _farm()
+    bobs = [_artifact(farm, BOB, n) for n in range(6)]
+    mine = _put(farm, 1)
+    assert _refusal(farm, 2, size=2 * MIB) == Reason.STORAGE_QUOTA
+    assert _kept(farm, ALICE, mine) and all(_kept(farm, BOB, k) for k in bobs)
