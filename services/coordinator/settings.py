@@ -74,9 +74,9 @@ class CoordinatorSettings:
     uploads it again after a miss. 0: until it is evicted."""
     cache_fill_limit: float = 0.9
     """An upload is stored only if the cache Redis's used memory stays under this share
-    of its `maxmemory` (after the uploader's own oldest entries are evicted to make
-    room), so an upload never makes Redis evict another tenant's entries. Ignored where
-    the cache Redis has no maxmemory."""
+    of its `maxmemory` (after the uploader's own oldest packages are evicted to make
+    room, where they can), so an upload never makes Redis evict another tenant's
+    entries. Ignored where the cache Redis has no maxmemory."""
     tokens_file: str = ""
     """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
     open, every caller shares the unnamed namespace, and the log says so at start.
