@@ -48,7 +48,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from services.coordinator import metrics
-from services.coordinator.proxies import TrustedProxies, forwarded_for
+from services.coordinator.proxies import TrustedProxies, bucket_of, forwarded_for
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.tokensource import TokenSource
@@ -151,7 +151,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _buckets(self, context: grpc.aio.ServicerContext[Any, Any], failure: _Failure) -> list[str]:
         """The limiter's buckets a failed call drains: its client's address, and the
         tenant its token names (so guesses from many addresses run dry too)."""
-        address = self.proxies.client(peer_host(context.peer()), forwarded_for(failure.metadata))
+        address = bucket_of(self.proxies.client(peer_host(context.peer()), forwarded_for(failure.metadata)))
         return [f"address:{address}"] + ([f"tenant:{failure.claimed}"] if failure.claimed else [])
 
     def _refusal(self, handler: grpc.RpcMethodHandler[Any, Any], failure: _Failure) -> grpc.RpcMethodHandler[Any, Any]:

@@ -76,3 +76,16 @@ def forwarded_for(metadata: Iterable[tuple[str, object]] | None) -> str:
     """Every `x-forwarded-for` value of the call's metadata, joined in order."""
     values = [str(v) for k, v in metadata or () if k == FORWARDED_FOR]
     return ",".join(values)
+
+
+IPV6_BUCKET_PREFIX = 64
+"""IPv6 clients are counted by /64: one host holds a whole /64 and could otherwise
+present a fresh address with every guess."""
+
+
+def bucket_of(address: str) -> str:
+    """The address a failure is counted against: an IPv6 address's /64, else itself."""
+    parsed = _address(address)
+    if isinstance(parsed, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{parsed}/{IPV6_BUCKET_PREFIX}", strict=False))
+    return str(parsed) if parsed is not None else address

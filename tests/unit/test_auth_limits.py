@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from services.coordinator import auth
-from services.coordinator.proxies import TrustedProxies
+from services.coordinator.proxies import TrustedProxies, bucket_of
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.tokensource import TokenSource
 from torchfarm import tokens
@@ -278,3 +278,14 @@ def test_the_client_address_behind_trusted_proxies(peer, header, client):
 def test_a_trusted_proxy_setting_that_does_not_parse_is_refused():
     with pytest.raises(ValueError, match="TORCHFARM_TRUSTED_PROXIES"):
         TrustedProxies.parse(("10.9.0.0/33",))
+
+
+def test_ipv6_failures_count_against_the_clients_64(tmp_path):
+    """A host holds a whole /64: a fresh address (and a fresh made-up tenant) per guess
+    must not mean a fresh bucket."""
+    assert bucket_of("2001:db8:1:2::5") == bucket_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert bucket_of("2001:db8:1:3::5") != bucket_of("2001:db8:1:2::5")
+    assert bucket_of("10.0.0.1") == "10.0.0.1" and bucket_of("unix:/tmp/s") == "unix:/tmp/s"
+    interceptor = _interceptor(tmp_path, (tokens.new_token("alice"), "alice"))
+    answers = [_call(interceptor, f"tf1.t{i}." + "A" * 43, f"ipv6:[2001:db8:1:2::{i:x}]:1") for i in range(5)]
+    assert answers[:3] == ["UNAUTHENTICATED"] * 3 and set(answers[3:]) == {"AUTH_THROTTLED"}
