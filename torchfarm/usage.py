@@ -29,6 +29,10 @@ import redis
 TOTAL = "~total"
 """The hash field holding the namespace's sum."""
 
+MIN_ENTRY_BYTES = 64 * 1024
+"""Each entry is charged at least this, so a namespace's ledger holds at most its quota
+over this many entries however small its packages are."""
+
 _BLOBS = "~blobs:"
 """Prefix of the hash field listing the blobs an entry's upload created."""
 
@@ -69,12 +73,16 @@ class Ledger:
         self._release = state.register_script(_RELEASE)
 
     def charge(self, key: str, nbytes: int, created_blobs: Iterable[str] = (), now: float | None = None) -> int:
-        """Counts `nbytes` for `key` (its earlier charge replaced); returns the total.
-        `created_blobs`: the blobs that did not exist before this entry stored them."""
+        """Counts `nbytes` (at least MIN_ENTRY_BYTES) for `key`, its earlier charge
+        replaced; returns the total. `created_blobs`: the blobs that did not exist
+        before this entry stored them, which leave the cache with it."""
         created = sorted(created_blobs)
         total = self._charge(
             keys=[self.zset, self.hash],
-            args=[key, int(nbytes), time.time() if now is None else now, json.dumps(created) if created else ""],
+            args=[
+                key, max(int(nbytes), MIN_ENTRY_BYTES), time.time() if now is None else now,
+                json.dumps(created) if created else "",
+            ],
         )
         return int(cast(int, total))
 

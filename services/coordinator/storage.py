@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 60
 """The upload rate's window (`upload_bytes_per_minute`)."""
 
+MIN_UPLOAD_BYTES = 1024 * 1024
+"""Each upload counts at least this against the rate, so tiny packages cannot be sent
+by the hundred thousand."""
+
 
 def admit_upload(store: Store, settings: CoordinatorSettings, nbytes: int) -> None:
     """Makes room for an upload of `nbytes` in `store`'s namespace, evicting only its
@@ -51,7 +55,7 @@ def admit_upload(store: Store, settings: CoordinatorSettings, nbytes: int) -> No
         raise _refused(f"an upload of {nbytes} bytes is larger than {who}'s storage quota ({quota} bytes)")
     limit = settings.upload_bytes_per_minute
     if limit:
-        used = ledger.spend(nbytes, limit, RATE_WINDOW_S)
+        used = ledger.spend(max(nbytes, MIN_UPLOAD_BYTES), limit, RATE_WINDOW_S)
         if used is not None:
             raise _refused(
                 f"{who} uploaded {used} bytes in the last minute; {nbytes} more is over its rate "

@@ -164,3 +164,19 @@ def test_an_upload_the_uploaders_own_packages_cannot_make_room_for_evicts_nothin
     mine = _put(farm, 1)
     assert _refusal(farm, 2, size=2 * MIB) == Reason.STORAGE_QUOTA
     assert _kept(farm, ALICE, mine) and all(_kept(farm, BOB, k) for k in bobs)
+
+
+def test_tiny_uploads_count_at_a_floor_against_rate_and_quota():
+    """Bytes alone would let a tenant send packages of a few bytes by the hundred
+    thousand, each an entry to count and scan."""
+    farm = _farm(upload_bytes_per_minute=8 * MIB)
+    outcomes = []
+    for n in range(12):
+        try:
+            outcomes.append(bool(_put(farm, n, size=64)))
+        except CoordinatorError as e:
+            outcomes.append(e.reason)
+    assert outcomes == [True] * 8 + [Reason.UPLOAD_RATE] * 4
+    farm = _farm(max_stored_bytes_per_tenant=MIB, upload_bytes_per_minute=0)
+    keys = [_put(farm, n, size=64) for n in range(40)]
+    assert sum(_kept(farm, ALICE, k) for k in keys) == 16
