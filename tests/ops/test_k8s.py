@@ -287,9 +287,11 @@ def test_keda_scales_each_worker_on_queued_plus_in_flight(docs, queue):
         # An empty or failed query is a failure (fallback replicas), never a 0.
         assert trigger["metadata"]["ignoreNullValues"] == "false"
         query = " ".join(trigger["metadata"]["query"].split())
-        selector = f'{{device="{queue}", kind=~"{kinds}"}}'
-        assert f"sum(max by (queue) (torchfarm_queue_depth{selector}))" in query
-        assert f"sum(max by (queue) (torchfarm_jobs_in_flight{selector}))" in query
+        # The one label scheme (torchfarm/metric_labels.py): targets as "cpu:avx512".
+        selector = f'{{target=~"{queue}(:.*)?", kind=~"{kinds}"}}'
+        by = "max by (target, kind, build)"
+        assert f"sum({by} (torchfarm_queue_depth{selector}))" in query
+        assert f"sum({by} (torchfarm_jobs_in_flight{selector}))" in query
         assert ") + (" in query, "queued PLUS in flight"
         # Every coordinator exports the same gauges: max() across replicas before any sum.
         assert "sum(torchfarm_" not in query
