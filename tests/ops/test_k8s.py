@@ -155,9 +155,12 @@ def test_coordinator_is_highly_available_and_probed(docs):
     dep = _one(docs, "Deployment", "coordinator")
     assert dep["spec"]["replicas"] >= 2
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    # TLS only on the gRPC port: Kubernetes' gRPC probes cannot speak it.
-    assert "grpc" not in c["readinessProbe"] and "grpc" not in c["livenessProbe"]
-    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"
+    # TLS only on the gRPC port, which Kubernetes' gRPC probes cannot speak: readiness
+    # asks the health service on the plaintext health port, which goes NOT_SERVING while
+    # Redis is unreachable (tests/ops/test_readiness.py); /metrics answers regardless.
+    assert "httpGet" not in c["readinessProbe"]
+    assert c["readinessProbe"]["grpc"]["port"] == int(_env(c)["TORCHFARM_HEALTH_PORT"])
+    assert c["readinessProbe"]["grpc"]["service"] == "torchfarm.v1.CompileFarm"
     assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc"
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     pdb = _one(docs, "PodDisruptionBudget", "coordinator")
