@@ -112,7 +112,7 @@ def test_kubectl_kustomize_renders_the_same_objects(docs, tmp_path):
 
 
 def test_core_objects_are_valid_kubernetes(docs):
-    core = [d for d in docs if not d["apiVersion"].startswith("keda.sh/")]
+    core = [d for d in docs if not d["apiVersion"].startswith(("keda.sh/", "monitoring.coreos.com/"))]
     assert {d["kind"] for d in core} >= {"Namespace", "ConfigMap", "Secret", "Deployment",
                                           "StatefulSet", "Service", "PodDisruptionBudget",
                                           "NetworkPolicy"}
@@ -382,3 +382,31 @@ def test_every_torchfarm_image_has_a_dockerfile(docs):
             assert tag, f"{c['image']}: pin a tag"
             if repo.startswith("torchfarm/"):
                 assert (ROOT / "docker" / f"{repo.removeprefix('torchfarm/')}.Dockerfile").is_file()
+
+
+def test_pod_monitors_scrape_every_pod_keda_and_the_alerts_count_on(docs):
+    """KEDA queries the Prometheus Operator's Prometheus; PodMonitors are how it finds
+    the pods. Each selects pods by labels they carry, on a port they name, and labels
+    the job as alerts.yml and the dashboard select it."""
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    assert set(monitors) == {"torchfarm-coordinator", "torchfarm-worker"}
+    workloads = [d for d in docs if d["kind"] == "Deployment"
+                 and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name", "").startswith("torchfarm-")]
+    for m in monitors.values():
+        assert m["apiVersion"] == "monitoring.coreos.com/v1"
+        assert m["metadata"]["namespace"] == "torchfarm"
+        assert m["spec"]["jobLabel"] == "app.kubernetes.io/name"
+        (endpoint,) = m["spec"]["podMetricsEndpoints"]
+        assert endpoint["path"] == "/metrics"
+        selected = [w for w in workloads if m["spec"]["selector"]["matchLabels"].items()
+                    <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected, m["metadata"]["name"]
+        for w in selected:
+            ports = {p["name"] for p in w["spec"]["template"]["spec"]["containers"][0]["ports"]}
+            assert endpoint["port"] in ports, w["metadata"]["name"]
+            assert w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == m["metadata"]["name"]
+    # Every Deployment that exports metrics is monitored: the coordinator and all pools.
+    assert {w["metadata"]["name"] for w in workloads} == {"coordinator", *(f"worker-{q}" for q in WORKER_QUEUES)}
+    for so in (d for d in docs if d["kind"] == "ScaledObject"):
+        for t in so["spec"]["triggers"]:
+            assert "prometheus-operated" in t["metadata"]["serverAddress"]
