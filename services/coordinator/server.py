@@ -80,6 +80,9 @@ async def serve(
         metrics.set_build_info()
         metrics.install_farm_collector(functools.partial(read_gauges, store, farm.dispatcher))
         http, _ = start_http_server(settings.metrics_port, addr="0.0.0.0")
+    names = ("", SERVICE_NAME)
+    # Not ready until the first check of the backends says so.
+    await readiness.set_status(health_servicer, names, serving=False)
     probe_server = None
     if settings.health_port:
         probe_server = grpc.aio.server()
@@ -88,7 +91,6 @@ async def serve(
             raise OSError(f"cannot bind the health port {settings.health_port}")
         await probe_server.start()
     await server.start()
-    names = ("", SERVICE_NAME)
     checking = asyncio.Event()
     pings = [store.r.ping, store.c.ping, *_broker_ping(farm.dispatcher)]
     watcher = asyncio.create_task(readiness.watch_backends(
