@@ -14,6 +14,10 @@ Prometheus scrapes it. That dictates an order, which `install` keeps:
 
 The metric objects are built on first use in each process, after step 1.
 
+Every metric names its target as the coordinator's do (torchfarm/metric_labels.py):
+`target="cpu:avx512"`, not the queue's name; a worker serves one build, which
+`torchfarm_build_info` names.
+
 A job's numbers are read from its job record after each delivery (`record_job`): the
 record is the source of truth the coordinator and `torchfarm status` read too, and the
 job path itself stays free of metrics code.
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchfarm import __version__
+from torchfarm import __version__, metric_labels
 from torchfarm.store import JobRecord, JobState, Store
 
 log = logging.getLogger(__name__)
@@ -105,7 +109,7 @@ def _metrics() -> _Metrics:
 def observe_job(job: JobRecord, began: float) -> None:
     """Counts one delivery of `job`, which began (wall clock) at `began`."""
     m = _metrics()
-    target = job.queue or "unknown"
+    target = metric_labels.target_of_queue(job.queue)
     ran_here = job.started >= began  # False when an earlier delivery had finished it
     if job.attempts > 1:
         m.redeliveries.labels(target=target).inc()
@@ -138,8 +142,8 @@ def record_job(store: Store, key: str, began: float) -> None:
         log.warning("metrics: cannot record job key=%s: %s", key[:12], e)
 
 
-def record_retry(target: str) -> None:
-    _metrics().retries.labels(target=target or "unknown").inc()
+def record_retry(queue: str) -> None:
+    _metrics().retries.labels(target=metric_labels.target_of_queue(queue)).inc()
 
 
 # The multiprocess directory and the main process's /metrics endpoint.
@@ -184,10 +188,11 @@ def serve(port: int, queues: tuple[str, ...] = (), torch_version: str = "") -> N
         component="worker", version=__version__, python=platform.python_version(),
         torch=torch_version,
     ).set(1)
-    for q in queues:  # series that exist from the start read 0, not "no data"
-        m.jobs.labels(target=q, outcome="succeeded", code="")
-        m.redeliveries.labels(target=q)
-        m.retries.labels(target=q)
+    # Series that exist from the start read 0, not "no data".
+    for target in dict.fromkeys(metric_labels.target_of_queue(q) for q in queues):
+        m.jobs.labels(target=target, outcome="succeeded", code="")
+        m.redeliveries.labels(target=target)
+        m.retries.labels(target=target)
     start_http_server(port, addr="0.0.0.0", registry=registry)
     log.info("worker metrics on :%d/metrics (samples in %s)", port, os.environ[ENV])
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 from collections import Counter
 
 from services.coordinator.farm import Dispatcher
-from services.coordinator.metrics import FarmGauges, queue_labels
-from torchfarm import routing
+from services.coordinator.metrics import FarmGauges
+from torchfarm import metric_labels, routing
 from torchfarm.store import JobState, Store
 
 
 def _is_farm_queue(name: str) -> bool:
     # The broker also holds Celery's own queues (remote control "...pidbox" and the like).
-    return queue_labels(name)[0] in routing.DEVICES and "pidbox" not in name and "@" not in name
+    device = metric_labels.device_of(metric_labels.target_of_queue(name))
+    return device in routing.DEVICES and "pidbox" not in name and "@" not in name
 
 
 def read_gauges(store: Store, dispatcher: Dispatcher) -> FarmGauges:

@@ -3,12 +3,14 @@
 Three kinds:
 
 - counters and histograms updated on the request path (requests by outcome, RPCs and
-  errors by code, artifact bytes, requeued jobs);
+  errors by code, how long Submit, Watch and FetchArtifact took, artifact bytes,
+  requeued jobs, refusals);
 - `FarmCollector`: gauges read from Redis at scrape time (queue depth, jobs in flight
   and live workers per queue, cache memory and evictions), so a coordinator restart or
   a second replica reports the same numbers. Every replica exports the farm-wide
-  values: dashboards and alerts aggregate them with `max by (queue)`, never `sum`.
-  Each queue also carries its device kind and job kind (graph or kernel) as labels;
+  values: dashboards and alerts aggregate them with `max by (target, kind, build)`,
+  never `sum`. A queue is labelled by its target, job kind and build
+  (torchfarm/metric_labels.py), the scheme the workers' metrics share;
 - `torchfarm_build_info`, constant 1, with the versions as labels.
 
 Metric names are part of the operations contract: ops/grafana, ops/prometheus and
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import platform
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +32,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from torchfarm import __version__
-from torchfarm.codes import REASONS
+from torchfarm import __version__, metric_labels
+from torchfarm.codes import REASONS, Rejection
 from torchfarm.explain import REASONS as MISS_REASONS
-from torchfarm.routing import KERNEL_QUEUE_PREFIX, STAGE_QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,16 @@ STORAGE_EVICTIONS = Counter(
     "torchfarm_storage_evictions_total",
     "Entries the coordinator evicted to keep their own namespace within its storage quota.",
 )
+RPC_SECONDS = Histogram(
+    "torchfarm_rpc_duration_seconds",
+    "How long the calls a client waits on took, from arrival to the last message: Submit, "
+    "Watch (open until the job ends: the wait for a compile) and FetchArtifact; by outcome "
+    "(ok, or error for any other status).",
+    ["method", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200),
+)
+TIMED_METHODS = ("Submit", "Watch", "FetchArtifact")
+"""The methods `torchfarm_rpc_duration_seconds` times: the client's wait, end to end."""
 BUILD_INFO = Gauge(
     "torchfarm_build_info",
     "Always 1; the labels say which build of torchfarm runs.",
@@ -110,6 +122,19 @@ for _reason in MISS_REASONS:
     PRECOMPILED_MISSES.labels(reason=_reason)
 for _code in sorted({info.status for info in REASONS.values()}):
     RPC_ERRORS.labels(code=_code)
+for _method in TIMED_METHODS:
+    for _ok in ("ok", "error"):
+        RPC_SECONDS.labels(method=_method, outcome=_ok)
+AUTH_FAILURE_REASONS = ("missing", "invalid", "expired", "throttled")
+for _reason in AUTH_FAILURE_REASONS:
+    AUTH_FAILURES.labels(reason=_reason)
+REFUSAL_REASONS = (
+    Rejection.CORRUPT, Rejection.EXPIRED, Rejection.UNSIGNED, Rejection.UNKNOWN_KEY,
+    Rejection.INVALID, Rejection.MISMATCH,
+)
+"""Why the coordinator refuses a cached artifact (`Farm._refusal`, `Farm.fetch`)."""
+for _rejection in REFUSAL_REASONS:
+    ARTIFACTS_REFUSED.labels(reason=_rejection.value)
 
 SERVER_ERROR_CODES = ("UNKNOWN", "INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "DATA_LOSS")
 """Codes that count against the farm in the error-ratio alert; the rest are the caller's."""
@@ -123,16 +148,6 @@ def set_build_info(component: str = "coordinator", torch: str = "") -> None:
 
 # Gauges read at scrape time.
 
-def queue_labels(queue: str) -> tuple[str, str]:
-    """(device, kind) of a queue name: "cpu" or "cpu.avx2" → ("cpu", "graph"),
-    "kernels.cuda.sm_90" → ("cuda", "kernel"), "stages.cpu.avx2" → ("cpu", "stage").
-    KEDA and the dashboard select on them: a pool scales on all three kinds."""
-    for prefix, kind in ((KERNEL_QUEUE_PREFIX, "kernel"), (STAGE_QUEUE_PREFIX, "stage")):
-        if queue.startswith(prefix):
-            return queue.removeprefix(prefix).split(".", 1)[0], kind
-    return queue.split(".", 1)[0], "graph"
-
-
 @dataclass(frozen=True)
 class FarmGauges:
     """One reading of the farm's state, per queue (a queue is a device kind)."""
@@ -145,7 +160,7 @@ class FarmGauges:
     cache_evictions: int = 0
 
 
-_QUEUE_LABELS = ["queue", "device", "kind"]
+_QUEUE_LABELS = list(metric_labels.QueueLabels._fields)
 
 
 def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
@@ -208,7 +223,7 @@ class FarmCollector(Collector):
         fam["up"].add_metric([], 1)
         for name in ("queued", "in_flight", "workers"):
             for queue, n in sorted(getattr(g, name).items()):
-                fam[name].add_metric([queue, *queue_labels(queue)], n)
+                fam[name].add_metric(list(metric_labels.of_queue(queue)), n)
         fam["used"].add_metric([], g.cache_used_bytes)
         fam["max"].add_metric([], g.cache_max_bytes)
         fam["evictions"].add_metric([], g.cache_evictions)
@@ -247,7 +262,8 @@ def _code_name(code: object) -> str:
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts each call of the farm's service in `torchfarm_rpcs_total{method, code}` when it ends."""
+    """Counts each call of the farm's service in `torchfarm_rpcs_total{method, code}` when
+    it ends, and times the calls a client waits on (TIMED_METHODS)."""
 
     async def intercept_service(
         self,
@@ -273,7 +289,9 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler  # the farm has no client-streaming methods
 
 
-def _ended(method: str, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException | None) -> None:
+def _ended(
+    method: str, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException | None, began: float
+) -> None:
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         code = "CANCELLED"
     elif exc is not None and not isinstance(exc, grpc.aio.AbortError):
@@ -281,17 +299,21 @@ def _ended(method: str, context: grpc.aio.ServicerContext[Any, Any], exc: BaseEx
     else:
         code = _code_name(context.code())
     RPCS.labels(method=method, code=code).inc()
+    if method in TIMED_METHODS:
+        outcome = "ok" if code == "OK" else "error"
+        RPC_SECONDS.labels(method=method, outcome=outcome).observe(time.monotonic() - began)
 
 
 # grpc's stubs type a handler's behaviours as synchronous; under grpc.aio they are async.
 def _count_unary(method: str, behavior: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        began = time.monotonic()
         try:
             response = await behavior(request, context)
         except BaseException as e:
-            _ended(method, context, e)
+            _ended(method, context, e, began)
             raise
-        _ended(method, context, None)
+        _ended(method, context, None, began)
         return response
 
     return call
@@ -299,12 +321,13 @@ def _count_unary(method: str, behavior: Callable[..., Any]) -> Callable[..., Awa
 
 def _count_stream(method: str, behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        began = time.monotonic()
         try:
             async for response in behavior(request, context):
                 yield response
         except BaseException as e:
-            _ended(method, context, e)
+            _ended(method, context, e, began)
             raise
-        _ended(method, context, None)
+        _ended(method, context, None, began)
 
     return call

@@ -2,7 +2,9 @@
 
     python -m services.coordinator.server     (or: torchfarm coordinator)
 
-On SIGTERM or SIGINT the health service reports NOT_SERVING first, so load balancers
+The health service reports NOT_SERVING while a Redis is unreachable (readiness.py),
+also on `health_port`, a plaintext port for probes. On SIGTERM or SIGINT it reports
+NOT_SERVING first, so load balancers
 stop sending new calls, then in-flight calls get `grace_s` to finish.
 """
 
@@ -14,10 +16,10 @@ import logging
 import signal
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from services.coordinator import auth, metrics
+from services.coordinator import auth, metrics, readiness
 from services.coordinator.farm import CeleryDispatcher, Dispatcher, Farm
 from services.coordinator.gauges import read_gauges
 from services.coordinator.jobevents import JobEvents
@@ -80,21 +82,41 @@ async def serve(
         metrics.set_build_info()
         metrics.install_farm_collector(functools.partial(read_gauges, store, farm.dispatcher))
         http, _ = start_http_server(settings.metrics_port, addr="0.0.0.0")
+    names = ("", SERVICE_NAME)
+    # Not ready until the first check of the backends says so.
+    await readiness.set_status(health_servicer, names, serving=False)
+    probe_server = None
+    if settings.health_port:
+        probe_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe_server)
+        if probe_server.add_insecure_port(f"0.0.0.0:{settings.health_port}") == 0:
+            raise OSError(f"cannot bind the health port {settings.health_port}")
+        await probe_server.start()
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    checking = asyncio.Event()
+    pings = [store.r.ping, store.c.ping, *_broker_ping(farm.dispatcher)]
+    watcher = asyncio.create_task(readiness.watch_backends(
+        health_servicer, names, pings, settings.health_check_s, checking))
     log.info("coordinator serving on %s (%s)", settings.listen, "TLS" if credentials else "plaintext")
     await stop.wait()
     log.info("coordinator stopping; draining for up to %.0fs", settings.grace_s)
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    checking.set()
+    await watcher
+    await readiness.set_status(health_servicer, names, serving=False)
     await server.stop(settings.grace_s)
+    if probe_server is not None:
+        await probe_server.stop(0)
     if events is not None:
         await events.close()
     if http is not None:
         http.shutdown()
         http.server_close()
     log.info("coordinator stopped")
+
+
+def _broker_ping(dispatcher: Dispatcher) -> list[readiness.Ping]:
+    broker = getattr(dispatcher, "broker", None)  # CeleryDispatcher's Redis; fakes have none
+    return [broker.ping] if broker is not None else []
 
 
 def main() -> None:

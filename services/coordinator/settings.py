@@ -53,6 +53,12 @@ class CoordinatorSettings:
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0
     """Port for Prometheus /metrics; 0 turns the endpoint off."""
+    health_port: int = 0
+    """Port of a plaintext gRPC server with only the health service, for probes that
+    cannot speak TLS (Kubernetes' native gRPC probes); 0: none."""
+    health_check_s: float = 5.0
+    """How often readiness pings the state, cache and broker Redis: the health status is
+    NOT_SERVING while one is unreachable (services/coordinator/readiness.py)."""
     max_nodes: int = 50_000
     """Largest graph, in nodes, the coordinator accepts."""
     max_rank: int = 16

@@ -57,6 +57,34 @@ def test_the_alerts_the_issue_asks_for_exist():
         assert rules[name]["annotations"]["summary"]
 
 
+# Each operations concern and the metric its alert reads.
+CONCERNS = {
+    "TorchfarmArtifactsRefused": "torchfarm_artifacts_refused_total",
+    "TorchfarmAuthFailures": "torchfarm_auth_failures_total",
+    "TorchfarmJobFailureRatioHigh": "torchfarm_worker_jobs_total",
+    "TorchfarmEvictedMissesHigh": "torchfarm_misses_total",
+    "TorchfarmSubmitSlow": "torchfarm_rpc_duration_seconds_bucket",
+    "TorchfarmQueueWaitHigh": "torchfarm_job_queue_wait_seconds_bucket",
+    "TorchfarmCompileSlow": "torchfarm_compile_duration_seconds_bucket",
+}
+
+
+def test_refusals_auth_job_failures_misses_and_latency_have_alerts():
+    rules = {r["alert"]: r for r in alert_rules()}
+    for name, metric in CONCERNS.items():
+        assert name in rules, name
+        assert metric in rules[name]["expr"], name
+        assert rules[name]["labels"]["severity"] in {"warning", "critical"}
+
+
+def test_alerts_label_targets_one_way():
+    """Grouped by `target` (and the queue gauges' kind and build), never by a queue
+    name or a device: torchfarm/metric_labels.py."""
+    for r in alert_rules():
+        assert "queue)" not in r["expr"] and "device" not in r["expr"], r["alert"]
+        assert "$labels.queue" not in str(r["annotations"]), r["alert"]
+
+
 @needs_promtool
 def test_compose_scrape_config():
     out = _promtool("check", "config", "prometheus.yml")

@@ -18,6 +18,7 @@ from services.coordinator.metrics import FarmCollector, FarmGauges
 from services.coordinator.server import serve
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
+from torchfarm import metric_labels
 from torchfarm.store import JobState
 from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
@@ -31,16 +32,17 @@ def _scrape(collector: FarmCollector) -> str:
 
 def test_farm_collector_exports_gauges_per_queue():
     text = _scrape(FarmCollector(lambda: FarmGauges(
-        queued={"cpu.avx2": 3, "cuda.sm_90": 0, "kernels.cuda.sm_90": 2},
-        in_flight={"cpu.avx2": 1, "cuda.sm_90": 0, "kernels.cuda.sm_90": 0},
-        workers={"cpu.avx2": 2, "cuda.sm_90": 0, "kernels.cuda.sm_90": 1},
+        queued={"cpu.avx2.b3f9c21": 3, "cuda.sm_90.b3f9c21": 0, "kernels.cuda.sm_90": 2},
+        in_flight={"cpu.avx2.b3f9c21": 1, "cuda.sm_90.b3f9c21": 0, "kernels.cuda.sm_90": 0},
+        workers={"cpu.avx2.b3f9c21": 2, "cuda.sm_90.b3f9c21": 0, "kernels.cuda.sm_90": 1},
         cache_used_bytes=1024, cache_max_bytes=4096, cache_evictions=7,
     )))
     assert "torchfarm_backend_up 1.0" in text
-    assert 'torchfarm_queue_depth{device="cpu",kind="graph",queue="cpu.avx2"} 3.0' in text
-    assert 'torchfarm_queue_depth{device="cuda",kind="kernel",queue="kernels.cuda.sm_90"} 2.0' in text
-    assert 'torchfarm_jobs_in_flight{device="cpu",kind="graph",queue="cpu.avx2"} 1.0' in text
-    assert 'torchfarm_workers{device="cuda",kind="graph",queue="cuda.sm_90"} 0.0' in text
+    # One label scheme (torchfarm/metric_labels.py): the target as the CLI prints it.
+    assert 'torchfarm_queue_depth{build="3f9c21",kind="graph",target="cpu:avx2"} 3.0' in text
+    assert 'torchfarm_queue_depth{build="",kind="kernel",target="cuda:sm_90"} 2.0' in text
+    assert 'torchfarm_jobs_in_flight{build="3f9c21",kind="graph",target="cpu:avx2"} 1.0' in text
+    assert 'torchfarm_workers{build="3f9c21",kind="graph",target="cuda:sm_90"} 0.0' in text
     assert "torchfarm_cache_used_bytes 1024.0" in text
     assert "torchfarm_cache_max_bytes 4096.0" in text
     assert "torchfarm_cache_evictions_total 7.0" in text
@@ -65,16 +67,30 @@ def test_registration_does_not_read_the_farm():
 
 
 def test_queue_labels():
-    assert metrics.queue_labels("cpu") == ("cpu", "graph")
-    assert metrics.queue_labels("cuda.sm_90") == ("cuda", "graph")
-    assert metrics.queue_labels("kernels.rocm.gfx942") == ("rocm", "kernel")
-    assert metrics.queue_labels("stages.cpu.avx2") == ("cpu", "stage")
+    assert metric_labels.of_queue("cpu") == ("cpu", "graph", "")
+    assert metric_labels.of_queue("cuda.sm_90.b3f9c21") == ("cuda:sm_90", "graph", "3f9c21")
+    assert metric_labels.of_queue("kernels.rocm.gfx942") == ("rocm:gfx942", "kernel", "")
+    assert metric_labels.of_queue("stages.cpu.avx2.b3f9c21") == ("cpu:avx2", "stage", "3f9c21")
+    assert metric_labels.of_queue("other") == ("unknown", "graph", "")
 
 
 def test_label_values_stay_few():
     """No metric may carry a key, a job id or a worker name as a label."""
-    for m in (metrics.REQUESTS, metrics.RPC_ERRORS, metrics.RPCS, metrics.BUILD_INFO):
-        assert not set(m._labelnames) & {"key", "job_id", "worker", "label"}
+    for m in (metrics.REQUESTS, metrics.RPC_ERRORS, metrics.RPCS, metrics.BUILD_INFO,
+              metrics.RPC_SECONDS, metrics.AUTH_FAILURES, metrics.ARTIFACTS_REFUSED, metrics.MISSES):
+        assert not set(m._labelnames) & {"key", "job_id", "worker", "label", "queue"}
+
+
+def test_refusal_and_auth_series_exist_before_any_event():
+    """Alerts select these by reason: a series that appears only at the first event
+    reads "no data" until then, and an `increase()` over it misses that first event."""
+    text = generate_latest().decode()
+    for reason in ("corrupt", "invalid", "mismatch", "unsigned"):
+        assert f'torchfarm_artifacts_refused_total{{reason="{reason}"}}' in text
+    for reason in ("missing", "invalid", "expired", "throttled"):
+        assert f'torchfarm_auth_failures_total{{reason="{reason}"}}' in text
+    for method in metrics.TIMED_METHODS:
+        assert f'torchfarm_rpc_duration_seconds_count{{method="{method}",outcome="ok"}}' in text
 
 
 class _Broker(Dispatcher):
@@ -161,6 +177,9 @@ def test_coordinator_serves_metrics(store, redis_url):
     assert _value(text, 'torchfarm_requests_total{outcome="invalid"}') >= 1
     assert _value(text, 'torchfarm_requests_total{outcome="hit"}') >= 0
     assert _value(text, "torchfarm_backend_up") == 1
-    assert _value(text, 'torchfarm_queue_depth{device="cpu",kind="graph",queue="cpu"}') == 4
-    assert _value(text, 'torchfarm_workers{device="cpu",kind="graph",queue="cpu"}') == 1
+    assert _value(text, 'torchfarm_queue_depth{build="",kind="graph",target="cpu"}') == 4
+    assert _value(text, 'torchfarm_workers{build="",kind="graph",target="cpu"}') == 1
+    # The client's wait, timed: a refused Submit and a GetJob are not waits on a compile.
+    assert _value(text, 'torchfarm_rpc_duration_seconds_count{method="Submit",outcome="error"}') >= 1
+    assert 'torchfarm_rpc_duration_seconds_count{method="GetJob"' not in text
     assert re.search(r'^torchfarm_build_info\{component="coordinator",.*version="[^"]+"', text, re.M)

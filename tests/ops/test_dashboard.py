@@ -19,7 +19,9 @@ def _dashboard() -> dict:
 def test_dashboard_has_the_panels_operators_need():
     titles = " | ".join(p["title"].lower() for p in _dashboard()["panels"])
     for needed in ("hit ratio", "compile time by stage (p50, p95)", "queue depth and in flight",
-                   "workers per target", "errors by code", "artifact bytes"):
+                   "workers per target", "errors by code", "artifact bytes",
+                   "refused artifacts and authentication failures", "misses by reason",
+                   "client wait: submit, watch, fetch", "job failures by target"):
         assert needed in titles, f"no panel for {needed!r}"
 
 
@@ -54,7 +56,17 @@ def test_queries_aggregate_farm_gauges_with_max():
     for title, q in dashboard_queries():
         for gauge in ("torchfarm_queue_depth", "torchfarm_jobs_in_flight", "torchfarm_workers"):
             if gauge in q:
-                assert f"max by (queue) ({gauge})" in q, f"{title}: {q}"
+                assert f"max by (target, kind, build) ({gauge})" in q, f"{title}: {q}"
+
+
+def test_queries_label_targets_one_way():
+    """Targets are `target="cpu:avx512"` everywhere (torchfarm/metric_labels.py): no
+    query groups or selects by the queue's name or a `device` label."""
+    for where, sels in all_selectors().items():
+        for s in sels:
+            assert not {label for label, _, _ in s.matchers} & {"queue", "device"}, where
+    for title, q in dashboard_queries():
+        assert "(queue)" not in q and "queue," not in q and "device" not in q, f"{title}: {q}"
 
 
 def test_no_query_uses_a_high_cardinality_label():

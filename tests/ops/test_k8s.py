@@ -112,7 +112,7 @@ def test_kubectl_kustomize_renders_the_same_objects(docs, tmp_path):
 
 
 def test_core_objects_are_valid_kubernetes(docs):
-    core = [d for d in docs if not d["apiVersion"].startswith("keda.sh/")]
+    core = [d for d in docs if not d["apiVersion"].startswith(("keda.sh/", "monitoring.coreos.com/"))]
     assert {d["kind"] for d in core} >= {"Namespace", "ConfigMap", "Secret", "Deployment",
                                           "StatefulSet", "Service", "PodDisruptionBudget",
                                           "NetworkPolicy"}
@@ -155,9 +155,12 @@ def test_coordinator_is_highly_available_and_probed(docs):
     dep = _one(docs, "Deployment", "coordinator")
     assert dep["spec"]["replicas"] >= 2
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    # TLS only on the gRPC port: Kubernetes' gRPC probes cannot speak it.
-    assert "grpc" not in c["readinessProbe"] and "grpc" not in c["livenessProbe"]
-    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"
+    # TLS only on the gRPC port, which Kubernetes' gRPC probes cannot speak: readiness
+    # asks the health service on the plaintext health port, which goes NOT_SERVING while
+    # Redis is unreachable (tests/ops/test_readiness.py); /metrics answers regardless.
+    assert "httpGet" not in c["readinessProbe"]
+    assert c["readinessProbe"]["grpc"]["port"] == int(_env(c)["TORCHFARM_HEALTH_PORT"])
+    assert c["readinessProbe"]["grpc"]["service"] == "torchfarm.v1.CompileFarm"
     assert c["livenessProbe"]["tcpSocket"]["port"] == "grpc"
     assert {"cpu", "memory"} <= set(c["resources"]["requests"])
     pdb = _one(docs, "PodDisruptionBudget", "coordinator")
@@ -287,9 +290,11 @@ def test_keda_scales_each_worker_on_queued_plus_in_flight(docs, queue):
         # An empty or failed query is a failure (fallback replicas), never a 0.
         assert trigger["metadata"]["ignoreNullValues"] == "false"
         query = " ".join(trigger["metadata"]["query"].split())
-        selector = f'{{device="{queue}", kind=~"{kinds}"}}'
-        assert f"sum(max by (queue) (torchfarm_queue_depth{selector}))" in query
-        assert f"sum(max by (queue) (torchfarm_jobs_in_flight{selector}))" in query
+        # The one label scheme (torchfarm/metric_labels.py): targets as "cpu:avx512".
+        selector = f'{{target=~"{queue}(:.*)?", kind=~"{kinds}"}}'
+        by = "max by (target, kind, build)"
+        assert f"sum({by} (torchfarm_queue_depth{selector}))" in query
+        assert f"sum({by} (torchfarm_jobs_in_flight{selector}))" in query
         assert ") + (" in query, "queued PLUS in flight"
         # Every coordinator exports the same gauges: max() across replicas before any sum.
         assert "sum(torchfarm_" not in query
@@ -377,3 +382,31 @@ def test_every_torchfarm_image_has_a_dockerfile(docs):
             assert tag, f"{c['image']}: pin a tag"
             if repo.startswith("torchfarm/"):
                 assert (ROOT / "docker" / f"{repo.removeprefix('torchfarm/')}.Dockerfile").is_file()
+
+
+def test_pod_monitors_scrape_every_pod_keda_and_the_alerts_count_on(docs):
+    """KEDA queries the Prometheus Operator's Prometheus; PodMonitors are how it finds
+    the pods. Each selects pods by labels they carry, on a port they name, and labels
+    the job as alerts.yml and the dashboard select it."""
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    assert set(monitors) == {"torchfarm-coordinator", "torchfarm-worker"}
+    workloads = [d for d in docs if d["kind"] == "Deployment"
+                 and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name", "").startswith("torchfarm-")]
+    for m in monitors.values():
+        assert m["apiVersion"] == "monitoring.coreos.com/v1"
+        assert m["metadata"]["namespace"] == "torchfarm"
+        assert m["spec"]["jobLabel"] == "app.kubernetes.io/name"
+        (endpoint,) = m["spec"]["podMetricsEndpoints"]
+        assert endpoint["path"] == "/metrics"
+        selected = [w for w in workloads if m["spec"]["selector"]["matchLabels"].items()
+                    <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert selected, m["metadata"]["name"]
+        for w in selected:
+            ports = {p["name"] for p in w["spec"]["template"]["spec"]["containers"][0]["ports"]}
+            assert endpoint["port"] in ports, w["metadata"]["name"]
+            assert w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == m["metadata"]["name"]
+    # Every Deployment that exports metrics is monitored: the coordinator and all pools.
+    assert {w["metadata"]["name"] for w in workloads} == {"coordinator", *(f"worker-{q}" for q in WORKER_QUEUES)}
+    for so in (d for d in docs if d["kind"] == "ScaledObject"):
+        for t in so["spec"]["triggers"]:
+            assert "prometheus-operated" in t["metadata"]["serverAddress"]

@@ -16,12 +16,13 @@ _FORKED_JOBS = textwrap.dedent(
     """
     import os, sys, time, urllib.request
     from workers import metrics as wm
-    wm.install(port={port}, queues=("cpu", "cuda"))  # sets the multiprocess dir first
+    QUEUES = ("cpu.avx512.b3f9c21", "stages.cpu.avx512.b3f9c21", "kernels.cuda.sm_90")
+    wm.install(port={port}, queues=QUEUES)  # sets the multiprocess dir first
     wm.reset_dir()
     from torchfarm.store import JobRecord
 
     def job(i, **kw):
-        base = dict(key=str(i), state="SUCCEEDED", queue="cpu", attempts=1, created=100.0,
+        base = dict(key=str(i), state="SUCCEEDED", queue="cpu.avx512.b3f9c21", attempts=1, created=100.0,
                     started=200.0, timings={{"decode": 0.02, "compile": 3.0, "total": 3.5}})
         return JobRecord(**{{**base, **kw}})
 
@@ -32,13 +33,13 @@ _FORKED_JOBS = textwrap.dedent(
             wm.observe_job(job(i), began=150.0)
             wm.observe_job(job(i, state="FAILED", error_code="BUILD_MISMATCH", timings={{}}), 150.0)
             wm.observe_job(job(i, attempts=2, started=100.0), began=150.0)  # finished earlier
-            wm.record_retry("cpu")
+            wm.record_retry("stages.cpu.avx512.b3f9c21")
             os._exit(0)
         pids.append(pid)
     for pid in pids:
         os.waitpid(pid, 0)
         wm._on_process_shutdown(pid=pid)
-    wm.serve({port}, queues=("cpu", "cuda"), torch_version="test")
+    wm.serve({port}, queues=QUEUES, torch_version="test")
     print(urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
     """
 )
@@ -62,25 +63,27 @@ def test_pool_processes_are_merged_by_the_main_process(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    # Both children's samples, summed.
-    assert _value(text, 'torchfarm_worker_jobs_total{code="",outcome="succeeded",target="cpu"}') == 2
-    assert _value(text, 'torchfarm_worker_jobs_total{code="",outcome="cached",target="cpu"}') == 2
+    # Both children's samples, summed; the target labelled as the coordinator and the CLI
+    # label it (torchfarm/metric_labels.py), not by the queue's name.
+    assert _value(text, 'torchfarm_worker_jobs_total{code="",outcome="succeeded",target="cpu:avx512"}') == 2
+    assert _value(text, 'torchfarm_worker_jobs_total{code="",outcome="cached",target="cpu:avx512"}') == 2
     assert _value(
-        text, 'torchfarm_worker_jobs_total{code="BUILD_MISMATCH",outcome="failed",target="cpu"}'
+        text, 'torchfarm_worker_jobs_total{code="BUILD_MISMATCH",outcome="failed",target="cpu:avx512"}'
     ) == 2
-    assert _value(text, 'torchfarm_job_redeliveries_total{target="cpu"}') == 2
-    assert _value(text, 'torchfarm_job_retries_total{target="cpu"}') == 2
+    assert _value(text, 'torchfarm_job_redeliveries_total{target="cpu:avx512"}') == 2
+    assert _value(text, 'torchfarm_job_retries_total{target="cpu:avx512"}') == 2
     # Only the deliveries that ran the compile observe stage times.
-    assert _value(text, 'torchfarm_compile_duration_seconds_count{stage="compile",target="cpu"}') == 2
-    assert _value(text, 'torchfarm_compile_duration_seconds_sum{stage="total",target="cpu"}') == 7.0
+    assert _value(text, 'torchfarm_compile_duration_seconds_count{stage="compile",target="cpu:avx512"}') == 2
+    assert _value(text, 'torchfarm_compile_duration_seconds_sum{stage="total",target="cpu:avx512"}') == 7.0
     assert _value(
-        text, 'torchfarm_compile_duration_seconds_bucket{le="5.0",stage="compile",target="cpu"}'
+        text, 'torchfarm_compile_duration_seconds_bucket{le="5.0",stage="compile",target="cpu:avx512"}'
     ) == 2
     # Queue wait counts every delivery that started the job, failed ones too: 4 × 100 s.
-    assert _value(text, 'torchfarm_job_queue_wait_seconds_count{target="cpu"}') == 4
-    assert _value(text, 'torchfarm_job_queue_wait_seconds_sum{target="cpu"}') == 400.0
+    assert _value(text, 'torchfarm_job_queue_wait_seconds_count{target="cpu:avx512"}') == 4
+    assert _value(text, 'torchfarm_job_queue_wait_seconds_sum{target="cpu:avx512"}') == 400.0
     # Queues the worker serves exist from the start, at zero.
-    assert _value(text, 'torchfarm_job_redeliveries_total{target="cuda"}') == 0
+    assert _value(text, 'torchfarm_job_redeliveries_total{target="cuda:sm_90"}') == 0
+    assert 'target="cpu.avx512.b3f9c21"' not in text and 'target="stages.' not in text
     assert 'torchfarm_build_info{component="worker"' in text
     assert 'torch="test"' in text
 
