@@ -5,6 +5,7 @@ This package imports nothing from services/ or workers/. `sdk.compile` is import
 on first use, so the gRPC layer (`sdk.client`, `sdk.errors`) loads without torch.
 """
 
+import importlib.util
 from typing import Any
 
 from sdk.errors import (
@@ -46,7 +47,19 @@ __all__ = [
 ]
 
 
+def _require_torch(name: str) -> None:
+    """A plain `pip install torchfarm` brings no torch; say so, and how to get it, rather
+    than fail inside a compile on the first missing module."""
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError(
+            f"sdk.{name} needs torch, which this environment lacks: install the SDK with "
+            "pip install 'torchfarm[sdk]' (it pins the torch the farm's workers build with)"
+        )
+
+
 def __getattr__(name: str) -> Any:
+    if name in ("compile", "export", "wait_ready", "warm"):
+        _require_torch(name)
     if name == "compile":
         from sdk.api import compile
 

@@ -3,7 +3,10 @@
 Dynamo calls the backend once per captured graph (several times for a model with
 graph breaks). Each graph is compiled on the farm; when the farm cannot, and the
 fallback is "local", that one graph is compiled by the local Inductor exactly as
-`torch.compile` would, with one warning.
+`torch.compile` would. Where each graph was compiled is always said: one INFO line per
+graph (the farm's outcome and key, or a local compile, its time and why), a warning at
+the first fallback of each kind, a tally at exit and a record in TORCH_TRACE
+(sdk/outcomes.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from sdk import artifact, report
+from sdk import artifact, outcomes, report
 from sdk.client import FarmClient, parse_address
 from sdk.errors import (
     ArtifactRejected,
@@ -110,6 +113,8 @@ class _Prepared:
     encode_s: float
     shapes: CaptureShapes
     """The graph's symbols in Dynamo's ShapeEnv: where shipped shape guards go."""
+    compile_id: Any = None
+    """Dynamo's compile that captured the graph: where its TORCH_TRACE record goes."""
 
 
 class FarmBackend:
@@ -141,6 +146,8 @@ class FarmBackend:
         self._graphs = 0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._down: str | None = None
+        """Whether an untrusted farm answered: "" it did, else why not; None: not asked."""
         self.reports = report.active_sinks()
         """Where each graph's outcome goes: `sdk.warm`'s and `torchfarm warm`'s reports."""
         self.progress = Progress(name, settings, lambda: self._graphs)
@@ -149,6 +156,17 @@ class FarmBackend:
         self.farm_keys: dict[int, tuple[Callable[..., Any], str]] = {}
         """id of each callable this backend returned for a farm artifact → (it, its key):
         what a precompiled package names for each of its frames' backends."""
+        self._say_where()
+
+    def _say_where(self) -> None:
+        """Says, at INFO, when no graph of this model can load from a farm."""
+        if self._client is None:
+            log.info(
+                "torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): %s compiles "
+                "locally, as torch.compile would", self.name,
+            )
+        elif self.trust is not None and not self.trust.loads_anything:
+            log.info("torchfarm: %s compiles locally: %s", self.name, untrusted_message(self._client.address))
 
     def farm_key(self, fn: Any) -> str | None:
         """The farm key of a graph this backend returned; None for one compiled here."""
@@ -170,7 +188,7 @@ class FarmBackend:
         if self.target is not None and self.target != local_target(device_kind(example_inputs)):
             return self._prewarm(gm, example_inputs, index)
         if self._client is None:
-            return cast("Callable[..., Any]", self.local(gm, example_inputs))
+            return self._local(gm, example_inputs, index, "no farm configured")
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
         try:
@@ -180,7 +198,19 @@ class FarmBackend:
                 raise
             self._warn_fallback(index, e)
             self._publish(index, report.LOCAL, error=f"{type(e).__name__}: {e}")
-            return cast("Callable[..., Any]", self.local(gm, example_inputs))
+            return self._local(gm, example_inputs, index, _reason(e))
+
+    def _local(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int, why: str
+    ) -> Callable[..., Any]:
+        """Compiles the graph with the local Inductor, as torch.compile would, and says so."""
+        t0 = time.perf_counter()
+        compiled = cast("Callable[..., Any]", self.local(gm, example_inputs))
+        seconds = time.perf_counter() - t0
+        log.info("torchfarm: graph %d of %s: compiled locally in %.2fs (%s)", index, self.name, seconds, why)
+        outcomes.record(report.LOCAL)
+        outcomes.trace({"model": self.name, "graph": index, "where": "local", "seconds": seconds, "why": why})
+        return compiled
 
     def _publish(self, index: int, outcome: str, **fields: Any) -> None:
         if self.reports:
@@ -188,8 +218,9 @@ class FarmBackend:
 
     def _warn_fallback(self, index: int, e: FarmError) -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
-        # An unreachable or untrusted farm says so once, not once per graph; a farm bug
-        # (FarmBug) is not an outage and is warned of every time, with its key.
+        # An unreachable or untrusted farm is warned of once, not once per graph (each
+        # graph's own INFO line gives its reason); a farm bug (FarmBug) is not an outage
+        # and is warned of every time, with its key.
         once = ""
         if isinstance(e, FarmUnavailable):
             once = "unavailable"
@@ -224,7 +255,7 @@ class FarmBackend:
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
         assert self._client is not None and self.trust is not None
         if not self.trust.loads_anything:
-            raise ArtifactRejected(untrusted_message(self._client.address), Rejection.UNTRUSTED_FARM)
+            raise self._untrusted()
         t0 = time.perf_counter()
         try:
             graph = encode_graph(gm, example_inputs)
@@ -236,7 +267,24 @@ class FarmBackend:
         global_state.record(request.options)
         expected_key = keys.compute_key(request, self.trust.namespace)
         shapes = CaptureShapes.of(gm, [s.name for s in graph.symbols])
-        return _Prepared(index, request, expected_key, fp, time.perf_counter() - t0, shapes)
+        return _Prepared(
+            index, request, expected_key, fp, time.perf_counter() - t0, shapes, outcomes.compile_id()
+        )
+
+    def _untrusted(self) -> FarmError:
+        """Why no graph loads from a farm this client has no key for: that the farm is
+        down, when it is (asked once), since trusting it would not help; else that
+        nothing it sends could be verified."""
+        assert self._client is not None
+        if self._down is None:
+            try:
+                self._client.connect()
+                self._down = ""
+            except FarmUnavailable as e:
+                self._down = str(e)
+        if self._down:
+            return FarmUnavailable(self._down)
+        return ArtifactRejected(untrusted_message(self._client.address), Rejection.UNTRUSTED_FARM)
 
     def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable[..., Any]:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
@@ -288,12 +336,26 @@ class FarmBackend:
             index, self.name, outcome, why, reply.key[:12], prepared.encode_s, t3 - t1, remote,
             t4 - t3, t5 - t4, manifest.total_bytes() / 1024, len(manifest.kernels),
         )
+        target = f"{fp.device}:{fp.isa if fp.device == 'cpu' else fp.arch}"
+        published = report.COMPILED if outcome == "miss" else outcome
         self._publish(
-            index, report.COMPILED if outcome == "miss" else outcome, key=reply.key,
-            target=f"{fp.device}:{fp.isa if fp.device == 'cpu' else fp.arch}", seconds=t5 - t1,
+            index, published, key=reply.key, target=target, seconds=t5 - t1,
             compile_seconds=sum(t.seconds for t in status.timings) if status is not None else 0.0,
             kernels=len(manifest.kernels), bytes=manifest.total_bytes(),
         )
+        outcomes.record(published)
+        outcomes.trace({
+            "model": self.name, "graph": index, "where": "farm", "outcome": outcome, "key": reply.key,
+            "farm": self._client.address, "target": target, "why_missed": why.strip(" ()"),
+            "seconds": {"encode": prepared.encode_s, "submit_and_wait": t3 - t1, "fetch": t4 - t3,
+                        "verify_and_load": t5 - t4},
+            "stages": [
+                {"stage": t.stage, "seconds": t.seconds, "queued_seconds": t.queued_seconds,
+                 "kernels": t.kernels, "kernels_hit": t.kernels_hit, "worker": t.worker}
+                for t in (status.timings if status is not None else ())
+            ],
+            "artifact_bytes": manifest.total_bytes(), "kernels": len(manifest.kernels),
+        }, prepared.compile_id)
         return self._keyed(compiled, reply.key)
 
     def _again(self, prepared: _Prepared, **fields: bool) -> _Prepared:
@@ -383,4 +445,11 @@ class FarmBackend:
                 index, self.name, target, type(e).__name__, e,
             )
             self._publish(index, report.FAILED, target=str(target), error=f"{type(e).__name__}: {e}")
+        outcomes.record(outcomes.EAGER)
         return gm.forward
+
+
+def _reason(e: FarmError) -> str:
+    """A fallback's reason, for its graph's line: "FarmUnavailable: farm at ... did not answer"."""
+    code = f" [{e.code}]" if e.code else ""
+    return f"{type(e).__name__}{code}: {e}"

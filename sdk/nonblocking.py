@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from sdk import outcomes
 from sdk.errors import ConfigError, FarmBug, FarmError
 from sdk.metrics import FALLBACKS
 
@@ -162,6 +163,7 @@ class Swapper:
 
     def _report(self, slot: GraphSlot, e: BaseException) -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
+        outcomes.record(outcomes.EAGER)
         code = f" [{e.code}]" if isinstance(e, FarmError) and e.code else ""
         with self._lock:
             first, self._warned = not self._warned, True

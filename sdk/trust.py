@@ -8,7 +8,8 @@ The policy, in full, for the farm at "host:port":
   requested key, this client's namespace and this machine's fingerprint.
 - **No keys pinned, but a per-user trust file for this farm's address**
   (`~/.config/torchfarm/trusted/<host>_<port>.json`, torchfarm/trustfile.py, written by
-  `torchfarm up` on this machine): the same, with the keys from that file.
+  `torchfarm up` on this machine; every loopback name, `localhost` too, finds the one
+  `up` wrote for `127.0.0.1`): the same, with the keys from that file.
 - **No key known, and the farm named in `TORCHFARM_TRUST_UNSIGNED`** (a comma-separated
   list of farm addresses, compared exactly): a development farm without signing.
   Artifacts load after the key, namespace, fingerprint and blob digest checks, signed or
@@ -16,7 +17,8 @@ The policy, in full, for the farm at "host:port":
 - **Otherwise**: nothing the farm sends is ever loaded, on loopback or not (a loopback
   port may be a port-forward, an ssh tunnel, or another user's process). The SDK does
   not even submit; every graph compiles locally, with one warning that says how to pin
-  the farm's keys.
+  the farm's keys, once the farm answers (a farm that is down is reported as down:
+  `FarmUnavailable`, the trust question being moot).
 
 The namespace is read from the token (`tf1.<namespace>.<secret>`); without a token it
 is the unnamed namespace of a farm without authentication.
@@ -24,7 +26,6 @@ is the unnamed namespace of a farm without authentication.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from sdk.errors import ConfigError
@@ -36,13 +37,7 @@ from torchfarm.tokens import TokenError, namespace_of
 
 def is_loopback(address: str) -> bool:
     """Whether "host:port" names this machine."""
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return trustfile.is_loopback_host(address.rpartition(":")[0])
 
 
 def _farm(remote: str) -> str:

@@ -5,6 +5,13 @@ include paths of the torch installation (torch-facts.md). A client test that run
 the worker's own environment cannot tell whether kernels were found by the right key or
 by luck, so such tests run their client with `second_venv()`'s interpreter.
 
+By default the venv is a client installed as docs/sdk.md tells a user to install one:
+`pip install 'torchfarm[sdk]'` (from this checkout), with nothing else and no
+constraints file, so no Triton: a test run with it shows that `[sdk]` alone is enough
+against the farm `torchfarm up` starts. The tests still put the checkout first on
+`PYTHONPATH`, so the code under test is this checkout's whichever checkout built the
+cached venv; what the install proves is which dependencies `[sdk]` brings.
+
 The venv is built once per requirement set and reused: a cache under the system temp
 dir, keyed by the torch version and a digest of the requirements, guarded by a file lock
 so concurrent test sessions build it once. `pip` resolves torch from the local wheel
@@ -46,27 +53,25 @@ class VenvUnavailable(RuntimeError):
     """The venv could not be built here (no network mirror, no wheel, no venv module)."""
 
 
-def torch_requirement() -> str:
-    """This interpreter's torch, pinned: "torch==2.13.0" for "2.13.0+cpu"."""
-    import torch
-
-    return f"torch=={torch.__version__.split('+')[0]}"
+CLIENT_EXTRAS = ("sdk",)
+"""What docs/sdk.md tells a training job to install: `pip install 'torchfarm[sdk]'`."""
 
 
-def project_requirements() -> list[str]:
-    """pyproject's runtime dependencies and a client's extras (`sdk`, and `kernels` for the
-    Triton the workers' fingerprint names) with torch pinned to this interpreter's, so the
-    second venv can import `sdk` (grpc, protobuf, ...) just like a real client."""
+def project_requirements(extras: Sequence[str] = CLIENT_EXTRAS) -> list[str]:
+    """What `pip install 'torchfarm[<extras>]'` brings: pyproject's runtime dependencies
+    and those of `extras`. The venv's cache is keyed on them."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    deps = requirements(project, ["sdk", "kernels"])
-    return [torch_requirement() if _name(d) == "torch" else d for d in deps]
+    return requirements(project, list(extras))
 
 
-def second_venv(requirements: Sequence[str] | None = None) -> Path:
-    """The python executable of a cached venv with `requirements` installed (default:
-    `project_requirements()`). Raises VenvUnavailable with pip's message on failure."""
-    reqs = sorted(requirements if requirements is not None else project_requirements())
-    venv = _cache_root() / _cache_name(reqs)
+def second_venv(requirements: Sequence[str] | None = None, extras: Sequence[str] = CLIENT_EXTRAS) -> Path:
+    """The python executable of a cached venv: with `requirements` installed, under this
+    project's constraints; by default, this checkout installed with `extras` as a user
+    installs it, unconstrained. Raises VenvUnavailable with pip's message on failure."""
+    own = requirements is None
+    reqs = sorted(project_requirements(extras) if own else requirements)
+    # The project itself, unconstrained, is another venv than its requirements constrained.
+    venv = _cache_root() / _cache_name([*reqs, "torchfarm"] if own else reqs)
     python = venv / "bin" / "python"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "w") as lock:
@@ -75,11 +80,10 @@ def second_venv(requirements: Sequence[str] | None = None) -> Path:
             return python
         shutil.rmtree(venv, ignore_errors=True)
         _run([sys.executable, "-m", "venv", str(venv)], "python -m venv")
-        # The project's constraints pin what a range would float (triton==3.7.* → the
-        # newest 3.7.x), so both environments have the same build fingerprint.
+        project = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
+        wanted = [project] if own else ["-c", str(CONSTRAINTS), *reqs]
         _run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "-c", str(CONSTRAINTS), *reqs],
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *wanted],
             "pip install",
         )
         (venv / _COMPLETE).write_text("\n".join(reqs) + "\n")
@@ -108,11 +112,16 @@ def _cache_root() -> Path:
 
 
 def _cache_name(reqs: Sequence[str]) -> str:
-    torch_req = next((r for r in reqs if _name(r) == "torch"), "torch")
+    torch_req = next((_torch_pin(r) for r in reqs if _name(r) == "torch"), "torch")
     pins = CONSTRAINTS.read_text() if CONSTRAINTS.exists() else ""
     digest = hashlib.sha256("\n".join([sys.version, pins, *reqs]).encode()).hexdigest()[:12]
     python = f"py{sys.version_info[0]}{sys.version_info[1]}"
     return f"{torch_req.replace('==', '-').replace(' ', '')}-{python}-{digest}"
+
+
+def _torch_pin(requirement: str) -> str:
+    """"torch==2.13.0" of a torch requirement, markers and spaces dropped."""
+    return requirement.split(";", 1)[0].replace(" ", "")
 
 
 def _name(requirement: str) -> str:

@@ -10,6 +10,12 @@ nothing but the fields below. Workers register the same fields in their heartbea
 each worker's, and never needs torch to do it.
 
 The target's own fields (device, arch, ISA) are not here: the queue name carries them.
+
+A build holds only what changes an artifact of its target. Triton generates no code of
+a CPU or MPS artifact (Inductor's C++ and Metal backends; `cpu_backend` is not an option
+a request may set, torchfarm/options.py), so the build of a CPU artifact names no
+Triton: a CPU client without Triton, or with another patch release, gets the same key
+and the same workers as one with the workers' Triton.
 """
 
 from __future__ import annotations
@@ -23,11 +29,20 @@ from torchfarm.routing import served_targets
 from torchfarm.v1 import farm_pb2
 
 __all__ = [
-    "FIELDS", "digest", "label", "of_request", "of_worker", "served_builds", "unserved_message",
+    "FIELDS", "TRITON_DEVICES", "digest", "names_triton", "label", "of_request", "of_worker", "served_builds", "unserved_message",
 ]
 
 FIELDS = ("torch_version", "torch_git", "triton_version", "python", "platform", "compiler")
 """What makes a build: `Fingerprint`'s fields less the target's (torchfarm/fx/fingerprint.py)."""
+
+TRITON_DEVICES = frozenset({"cuda", "rocm", "xpu"})
+"""Target devices whose artifacts hold Triton kernels: their build names Triton's version."""
+
+
+def names_triton(device: str) -> bool:
+    """Whether the build of an artifact for `device` names the Triton version."""
+    return device in TRITON_DEVICES
+
 
 DIGEST_HEX = 6
 """Hex digits of the digest in queue names: 16.7 million builds before a likely clash

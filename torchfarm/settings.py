@@ -8,9 +8,14 @@ each field documented where it is declared, and builds it once at its entry poin
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar, get_type_hints
+
+from torchfarm import envnames
+
+log = logging.getLogger(__name__)
 
 PREFIX = "TORCHFARM_"
 """Every torchfarm environment variable starts with this."""
@@ -40,8 +45,10 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
 
 
 def from_env(cls: type[T], env: Mapping[str, str] | None = None, **overrides: Any) -> T:
-    """Builds `cls` from `TORCHFARM_<FIELD>` variables; explicit overrides win."""
+    """Builds `cls` from `TORCHFARM_<FIELD>` variables; explicit overrides win. A
+    `TORCHFARM_*` variable no torchfarm process reads is warned of, once a process."""
     env = os.environ if env is None else env
+    warn_unknown(env)
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}
     fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
@@ -54,6 +61,24 @@ def from_env(cls: type[T], env: Mapping[str, str] | None = None, **overrides: An
         elif hints[field] is str and f"{field}_file" not in fields and name + "_FILE" in env:
             values[field] = _read_secret(name + "_FILE", env[name + "_FILE"])
     return cls(**values)
+
+
+_warned: set[str] = set()
+"""Unknown names already warned of in this process."""
+
+
+def warn_unknown(env: Mapping[str, str]) -> None:
+    """Warns of each `TORCHFARM_*` name in `env` that torchfarm does not read, with the
+    known name it most likely misspells: a typo must not pass for a setting."""
+    for name in envnames.unknown(env):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        near = envnames.closest(name)
+        log.warning(
+            "%s is not a torchfarm setting and is ignored%s", name,
+            f" (did you mean {near}?)" if near else "",
+        )
 
 
 def _read_secret(name: str, path: str) -> str:

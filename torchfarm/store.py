@@ -476,6 +476,7 @@ class Store:
         targets: dict[str, list[str]] | None = None,
         fingerprint: dict[str, str] | None = None,
         sandbox: str | None = None,
+        triton: str | None = None,
     ) -> None:
         """Registers (or renews) a worker until `ttl_s` passes without another beat.
 
@@ -484,6 +485,8 @@ class Store:
         platform, ISA, compiler), so a client compiling for a fleet it is not on can
         ask for exactly what that fleet's workers build (docs/targets.md). `sandbox` is
         where its compiles run (workers/sandbox.py): anything but "bwrap" is degraded.
+        `triton` is the Triton version its kernel jobs compile with, for a worker that
+        takes them (a CPU target's build names none).
         """
         record: dict[str, object] = {"queues": queues, "build": build, "seen": time.time()}
         if targets is not None:
@@ -492,6 +495,8 @@ class Store:
             record["fingerprint"] = fingerprint
         if sandbox is not None:
             record["sandbox"] = sandbox
+        if triton is not None:
+            record["triton"] = triton
         self.r.set(self._k("worker", name), json.dumps(record), ex=ttl_s)
         # When each queue last had a live worker: a pool scaled to zero stays known.
         self.r.zadd(self._k("queues-seen"), {q: cast(float, record["seen"]) for q in queues})

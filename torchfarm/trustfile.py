@@ -10,14 +10,18 @@ runs. An SDK whose settings pin no keys reads the file for the farm address it t
 (sdk/trust.py), so every artifact it loads from a local stack is signed, and whatever
 else answers on that port later (another user's process, a tunnel) cannot sign.
 
-The key is the farm's address as the client writes it, `host:port`: `127.0.0.1:50051`
-and `localhost:50051` are two files. The stack withdraws its file when it stops.
+The key is the farm's address, `host:port`, with every loopback name of this machine
+(`localhost`, `127.0.0.0/8`, `[::1]`) read as `127.0.0.1`: `grpc://localhost:50051`
+finds the file `torchfarm up` wrote for `127.0.0.1:50051`. Whichever loopback socket
+answers, what loads must be signed by the key in the file, so the names being one farm
+lets no other process's code in. The stack withdraws its file when it stops.
 
 This module imports neither grpc nor torch.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -43,10 +47,32 @@ def default_dir() -> Path:
     return Path(base) / "torchfarm" / "trusted"
 
 
-def path_for(address: str, directory: Path | None = None) -> Path:
-    """The trust file of the farm at "host:port" (a scheme, if any, is dropped)."""
+LOOPBACK = "127.0.0.1"
+"""The name every loopback host stands for in trust files."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` ("localhost", "127.0.0.1", "[::1]") names this machine."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def farm_name(address: str) -> str:
+    """The farm at "host:port" (a scheme, if any, dropped) as trust files name it: a
+    loopback host is 127.0.0.1."""
     address = address.removeprefix("grpcs://").removeprefix("grpc://")
-    name = re.sub(r"[^A-Za-z0-9.-]", "_", address)
+    host, _, port = address.rpartition(":")
+    return f"{LOOPBACK}:{port}" if is_loopback_host(host) else address
+
+
+def path_for(address: str, directory: Path | None = None) -> Path:
+    """The trust file of the farm at "host:port" (`farm_name`'s)."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", farm_name(address))
     return (directory or default_dir()) / f"{name}.json"
 
 

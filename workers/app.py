@@ -62,19 +62,15 @@ def _build_label() -> str:
 
 
 def _heartbeat(store: Store, name: str, build: str) -> None:
-    from torchfarm.fx.fingerprint import build_fields, fingerprint_for
     from workers import identity
 
-    if plan.graph:  # the build its graph queues are named by (workers/serving.py)
-        fp = identity.worker_fingerprint(plan.graph[0], settings.reported_build)
-    else:
-        fp = fingerprint_for(plan.kernel[0])
-    fingerprint = build_fields(fp)
+    # The build its graph queues are named by (workers/serving.py).
+    registered = identity.registration(plan.graph, plan.kernel, settings.reported_build)
     while not _stop_heartbeat.is_set():
         try:
             store.heartbeat(
                 name, plan.queues, build, settings.worker_ttl_s,
-                targets=plan.registration(), fingerprint=fingerprint, sandbox=sandbox_mode,
+                targets=plan.registration(), sandbox=sandbox_mode, **registered,
             )
         except Exception as e:  # keep beating through a Redis restart
             log.warning("heartbeat failed: %s", e)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from torchfarm import builds
-from torchfarm.fx.fingerprint import Fingerprint, fingerprint_for
+from torchfarm.fx.fingerprint import Fingerprint, build_fields, fingerprint_for
 from torchfarm.targets import Target
 
 log = logging.getLogger(__name__)
@@ -57,3 +59,15 @@ def worker_fingerprint(target: Target, override: str = "") -> Fingerprint:
 def build_digest(fp: Fingerprint) -> str:
     """The digest that ends this worker's graph and stage queue names."""
     return builds.digest(fp.to_dict())
+
+
+def registration(graph: Sequence[Target], kernel: Sequence[Target], override: str = "") -> dict[str, Any]:
+    """What a worker's heartbeat registers of its build: `fingerprint`, the build of its
+    graph target (else of its first kernel target), and `triton`, the Triton version its
+    kernel jobs compile with when it takes any (a CPU target's build names none,
+    torchfarm/builds.py)."""
+    fp = worker_fingerprint(graph[0], override) if graph else fingerprint_for(kernel[0])
+    return {
+        "fingerprint": build_fields(fp),
+        "triton": fingerprint_for(kernel[0]).triton_version if kernel else None,
+    }

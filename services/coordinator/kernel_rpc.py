@@ -174,7 +174,7 @@ def _with_triton_version(
     """
     versions = sorted(
         {
-            w.get("fingerprint", {}).get("triton_version", "")
+            _kernel_triton(w)
             for w in workers.values()
             if routing.KERNEL in routing.served_targets(w).get(target, ())
         },
@@ -192,6 +192,12 @@ def _with_triton_version(
     out.CopyFrom(request)
     out.triton_version = wanted or versions[-1]
     return out
+
+
+def _kernel_triton(worker: dict[str, Any]) -> str:
+    """The Triton a worker's kernel jobs compile with: its heartbeat's `triton`, else
+    its build's (a worker that serves kernels only, or one from before the field)."""
+    return str(worker.get("triton") or worker.get("fingerprint", {}).get("triton_version", ""))
 
 
 def _version_key(version: str) -> tuple[int, ...]:

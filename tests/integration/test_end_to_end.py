@@ -166,8 +166,10 @@ def test_disallowed_op_falls_back_for_that_graph_only(stack, client_cache_dir, c
     torch.testing.assert_close(out, fn(x))
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     fallbacks = [m for m in msgs if "compiles locally" in m]
-    remote = [m for m in msgs if "compiles locally" not in m]
+    local = [m for m in msgs if "compiled locally in" in m]
+    remote = [m for m in msgs if " key=" in m]
     assert len(fallbacks) == 1 and "torchfarm_test" in fallbacks[0], msgs
+    assert len(local) == 1 and "graph 2" in local[0] and "GraphRejected" in local[0], msgs
     assert len(remote) == 1 and "graph 1" in remote[0], msgs
 
 

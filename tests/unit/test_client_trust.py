@@ -133,22 +133,72 @@ def test_a_trust_file_others_can_write_is_refused(config_home):
         Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
 
 
-def test_the_sdk_does_not_even_submit_to_an_unnamed_loopback_farm(monkeypatch):
-    """Through sdk.compile: an unconfigured SDK pointed at a loopback port refuses the farm
-    before any call (the port here is closed; a call would fail as unavailable)."""
+@pytest.mark.parametrize("typed", ["localhost:50051", "grpc://localhost:50051", "[::1]:50051", "127.0.0.1:50051"])
+def test_every_loopback_name_finds_the_trust_file_up_writes(typed):
+    """`torchfarm up` publishes for 127.0.0.1; a user who types localhost means that farm."""
+    signer = Signer.generate()
+    trustfile.publish("127.0.0.1:50051", signer.trusted_entry())
+    trust = Trust.from_settings(SDKSettings(), typed.removeprefix("grpc://"))
+    assert trust.verifies_signatures
+    assert artifact.verify(*_signed(signer), KEY, FP, trust).key == KEY
+    assert _code(lambda: artifact.verify(*_unsigned(), KEY, FP, trust)) == "unsigned"
+
+
+def test_other_hosts_and_ports_are_other_farms():
+    trustfile.publish("127.0.0.1:50051", Signer.generate().trusted_entry())
+    for other in ("localhost:50052", "farm.example:50051", "10.0.0.1:50051"):
+        assert not Trust.from_settings(SDKSettings(), other).loads_anything, other
+
+
+def test_the_untrusted_warning_names_the_file_up_writes(config_home):
+    from sdk.trust import untrusted_message
+
+    message = untrusted_message("localhost:50051")
+    assert str(config_home / "torchfarm" / "trusted" / "127.0.0.1_50051.json") in message
+
+
+def _compile_error(monkeypatch, remote: str):
+    """What an unconfigured sdk.compile raises (fallback="error") for the farm at
+    `remote`, and the submits it made."""
     import torch
 
     import sdk
     from sdk.client import FarmClient
-    from torchfarm.testing.stack import free_port
 
     calls = []
     monkeypatch.setattr(FarmClient, "submit", lambda self, *a, **k: calls.append(a))
-    fn = sdk.compile(lambda x: torch.relu(x) + 1, remote=f"grpc://127.0.0.1:{free_port()}", fallback="error")
+    monkeypatch.setenv("TORCHFARM_CONNECT_TIMEOUT_S", "2")
+    fn = sdk.compile(lambda x: torch.relu(x) + 1, remote=remote, fallback="error")
     with pytest.raises(Exception) as info:
         fn(torch.randn(4))
     err = info.value
-    err = getattr(err, "inner_exception", err)  # Dynamo's BackendCompilerFailed wraps it
-    assert isinstance(err, ArtifactRejected) and err.code == "untrusted_farm", repr(info.value)
+    return getattr(err, "inner_exception", err), calls  # Dynamo's BackendCompilerFailed wraps it
+
+
+def test_a_farm_that_is_down_says_so_before_any_trust_question(monkeypatch):
+    """Trusting a farm that does not answer would not help: it is reported as down."""
+    from sdk.errors import FarmUnavailable
+    from torchfarm.testing.stack import free_port
+
+    err, calls = _compile_error(monkeypatch, f"grpc://localhost:{free_port()}")
+    assert type(err) is FarmUnavailable and "did not answer" in str(err), repr(err)
+    assert calls == []
+
+
+def test_the_sdk_does_not_even_submit_to_an_unnamed_loopback_farm(monkeypatch):
+    """An unconfigured SDK pointed at a loopback farm that answers refuses it before any
+    compile call: the farm is untrusted, and the error says how to trust it."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        err, calls = _compile_error(monkeypatch, f"grpc://127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+    assert isinstance(err, ArtifactRejected) and err.code == "untrusted_farm", repr(err)
     assert "TORCHFARM_TRUST_UNSIGNED=127.0.0.1:" in str(err)
     assert calls == []

@@ -24,7 +24,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from torchfarm import targets
+from torchfarm import builds, targets
 from torchfarm.fx import internals
 from torchfarm.targets import Target, TargetError
 
@@ -37,7 +37,9 @@ class Fingerprint:
     torch_git: str
     """`torch.version.git_version`: two builds of one version can differ."""
     triton_version: str
-    """The installed Triton distribution's version; "" when it is not installed."""
+    """The installed Triton distribution's version on a target whose artifacts hold
+    Triton kernels; "" when it is not installed, and on CPU and MPS targets, whose
+    artifacts Triton plays no part in (torchfarm/builds.py)."""
     python: str
     """Major.minor of the interpreter, e.g. "3.11"."""
     platform: str
@@ -76,14 +78,15 @@ def local_fingerprint(device: str = "cpu") -> Fingerprint:
 
 @functools.cache
 def fingerprint_for(target: Target) -> Fingerprint:
-    """This machine's build (torch, Triton, Python, ISA, compiler) with `target`'s device
-    and architecture: what a worker serving `target` stamps on its artifacts."""
+    """This machine's build (torch, Triton where the target uses it, Python, ISA,
+    compiler) with `target`'s device and architecture: what a worker serving `target`
+    stamps on its artifacts, and what a client of `target` asks for and accepts."""
     import torch
 
     return Fingerprint(
         torch_version=torch.__version__,
         torch_git=torch.version.git_version,
-        triton_version=_distribution_version("triton"),
+        triton_version=_distribution_version("triton") if builds.names_triton(target.device) else "",
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
         device=target.device,

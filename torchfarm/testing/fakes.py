@@ -57,14 +57,14 @@ class InProcessFarm:
     def register_worker(self, name: str = "inline", ttl_s: int = 3600) -> None:
         """Registers the inline worker as `workers/app.py` does: this machine's targets
         and queues, so the coordinator routes this machine's graphs to it."""
-        from torchfarm.fx.fingerprint import build_fields, fingerprint_for
+        from workers import identity
         from workers.serving import plan_for
         from workers.settings import WorkerSettings
 
         plan = plan_for(WorkerSettings(**self.worker_settings))
         self.store.heartbeat(
             name, plan.queues, "inline", ttl_s, targets=plan.registration(),
-            fingerprint=build_fields(fingerprint_for(plan.graph[0] if plan.graph else plan.kernel[0])),
+            **identity.registration(plan.graph, plan.kernel),
         )
 
     def run_jobs(self) -> int:
