@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sdk import nonblocking, precompile, warm_mode
+from sdk import naming, nonblocking, precompile, warm_mode
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
@@ -70,7 +70,7 @@ def compile(
     settings = dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
 
     def wrap(fn: Callable[..., Any]) -> Any:
-        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        name = naming.model_name(fn)  # "MLP (examples.models)": labels tell models apart
         farm_backend = FarmBackend(
             settings,
             mode=mode,

@@ -58,7 +58,7 @@ def test_ls_stats_and_evict_through_the_coordinator(stack, client_cache_dir):
     entry = lambda listing: next(e for e in listing["entries"] if e["key"] == key)  # noqa: E731
 
     before = entry(cli_json(stack, "cache", "ls", "--limit", "1000"))
-    assert before["label"].startswith("MLP graph 1 from ")
+    assert before["label"].startswith("MLP (examples.models) graph 1 from ")  # the model's module
     assert before["target"] == graphs[0].target and before["bytes"] == graphs[0].bytes
     assert before["kernels"] == graphs[0].kernels and before["age_seconds"] >= 0
 
@@ -86,7 +86,21 @@ def test_ls_stats_and_evict_through_the_coordinator(stack, client_cache_dir):
     table = cli(stack, "cache", "ls").stdout
     assert table.splitlines()[0].split() == ["KEY", "LABEL", "TARGET", "BYTES", "HITS", "AGE", "LAST", "HIT"]
     assert key[:12] in table
-    assert "TARGET" in cli(stack, "cache", "stats").stdout
+    stats_text = cli(stack, "cache", "stats").stdout
+    assert stats_text.splitlines()[0].split()[:3] == ["TARGET", "HIT", "RATE"]
+    assert "MLP (examples.models)" in stats_text  # per model
+    assert "hit rate" in cli(stack, "status").stdout
+
+    # Key prefixes, as the views print them, wherever a key is taken.
+    explained = cli(stack, "explain", key[:12], check=False)
+    assert "not a key" not in explained.stderr and "Traceback" not in explained.stderr
+
+    # Bulk eviction: listed with --dry-run, refused without a terminal or --yes.
+    dry = cli(stack, "cache", "evict", "--all", "--dry-run")
+    assert key[:12] in dry.stdout and "would evict" in dry.stdout
+    refused = cli(stack, "cache", "evict", "--all", check=False)
+    assert refused.returncode == 2 and "without --yes" in refused.stderr
+    assert key in [e["key"] for e in cli_json(stack, "cache", "ls", "--limit", "1000")["entries"]]
 
     # Evict by a short key: gone from the listing, and the next compile misses.
     out = cli(stack, "cache", "evict", key[:12])

@@ -113,32 +113,34 @@ def test_entries_the_cache_lost_stop_counting():
     assert _kept(farm, ALICE, keys[2])  # room was found without evicting it
 
 
-def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch):
+def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch, tmp_path):
     """`torchfarm up` ran one Redis without maxmemory: it grew with every artifact."""
-    from torchfarm.cli import main
-    from torchfarm.testing import stack
+    import threading
 
-    seen = {}
-    real = stack.LocalStack
+    from torchfarm.cli import launch, main, up
+
+    started: dict[str, list[str]] = {}
 
     class Started(Exception):
         pass
 
-    class Stack:
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-            real(**kwargs)  # the combination is one LocalStack accepts
-
-        def start(self):
+    def child(self, name, cmd, env):
+        started[name] = cmd
+        if name == "coordinator":
             raise Started
+        assert env["TORCHFARM_STATE_URL"] != env["TORCHFARM_CACHE_URL"]
 
-        def stop(self):
-            pass
-
-    monkeypatch.setattr(stack, "LocalStack", Stack)
+    monkeypatch.setattr(up._Farm, "_child", child)
+    monkeypatch.setattr(launch, "wait_for_redis", lambda *a, **k: None)
+    monkeypatch.setattr(up.trustfile, "publish", lambda *a, **k: tmp_path / "trust.json")
+    args = main.build_parser().parse_args(["up"])
+    farm = up._Farm(args, up.Layout(tmp_path, persistent=False).make(), threading.Event())
     with pytest.raises(Started):
-        main.main(["up"])
-    assert seen["split_state"] and seen["cache_maxmemory"] == "2gb"
+        farm.start()
+    cache, state = started["cache"], started["redis"]
+    assert cache[cache.index("--maxmemory") + 1] == "2gb"
+    assert cache[cache.index("--maxmemory-policy") + 1] == "allkeys-lru"
+    assert state[state.index("--maxmemory-policy") + 1] == "noeviction"
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
     torchfarm up [--grpc-port P] [--redis-port R] [--workers N] [--pin-cores] [--concurrency C]
                  [--metrics-port M]   coordinator /metrics on M, worker i on M+1+i
                  [--auth TENANT]      require tokens; print one for TENANT
+                 [--data-dir DIR]     keep Redis's data and the logs (cli/up.py)
     torchfarm keygen DIR [--key-id ID]   an Ed25519 signing key for workers, and its pin
     torchfarm token TENANT [--namespace NS] [--days D] [--tokens-file F]
                                  a new token (printed once); its hash for the tokens file
@@ -16,6 +17,10 @@
     torchfarm coordinator        run the coordinator (settings from TORCHFARM_*)
     torchfarm worker [--targets local,cuda:sm_90,rocm:gfx942]
                                  run a Celery worker for those targets (docs/targets.md)
+    torchfarm --version
+
+Every operational error is one line on stderr and a non-zero exit status
+(torchfarm/cli/failures.py); --traceback adds the traceback.
     torchfarm kernel compile FILE.py::name --target cuda:sm_90 --signature ... [-o out]
                                  one Triton kernel compiled by the farm (cli_targets.py)
 """
@@ -26,59 +31,22 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 
 from torchfarm import tables
-from torchfarm.cli.cache import add_cache_parser, as_json, call
+from torchfarm.cli import render
+from torchfarm.cli.cache import EVERY, add_cache_parser, as_json, call, stats_table
+from torchfarm.cli.errors import CliError
 from torchfarm.cli.explain import add_explain_parser
+from torchfarm.cli.failures import reported
 from torchfarm.cli.gc import add_gc_parser
+from torchfarm.cli.parser import Parser
+from torchfarm.cli.render import hit_rate
 from torchfarm.cli.targets import add_kernel_parser, builds_table, targets_table
+from torchfarm.cli.up import add_up_parser
 from torchfarm.cli.warm import add_warm_parser
 from torchfarm.v1 import farm_pb2
-
-
-def _up(args: argparse.Namespace) -> int:
-    from torchfarm.testing.stack import LocalStack
-
-    stack = LocalStack(
-        workers=args.workers,
-        grpc_port=args.grpc_port,
-        redis_port=args.redis_port,
-        metrics_port=args.metrics_port,
-        pin_cores=args.pin_cores,
-        concurrency=args.concurrency,
-        tenants=(args.auth,) if args.auth else (),
-        # A capped cache that evicts, apart from the state, as deployments run it: one
-        # Redis without a limit grows with every artifact ever compiled.
-        split_state=args.cache_memory not in ("", "0"),
-        cache_maxmemory=args.cache_memory if args.cache_memory not in ("", "0") else "",
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stack.start()
-    try:
-        print(f"torchfarm: farm ready at {stack.address} (logs in {stack.workdir})", flush=True)
-        # The workers sign every artifact with a key made for this run. It is published
-        # in this user's trust file for the farm's address, where the SDK finds it.
-        print(f"torchfarm: signing key published in {stack.trust_file}", flush=True)
-        print("torchfarm: for SDK processes of this user on this machine:", flush=True)
-        for name, value in stack.client_env(args.auth).items():
-            if name != "TORCHFARM_TRUSTED_KEYS_FILE":  # found in the trust file
-                print(f"  export {name}={value}", flush=True)
-        if not args.auth:
-            print("torchfarm: authentication is off (loopback only); --auth TENANT turns it on", flush=True)
-        if args.metrics_port:
-            ports = [args.metrics_port] + [stack.worker_metrics_port(i) for i in range(args.workers)]
-            print(f"torchfarm: /metrics on ports {', '.join(map(str, ports))}", flush=True)
-        stop.wait()
-    finally:
-        print("torchfarm: stopping", flush=True)
-        stack.stop()
-    return 0
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -119,14 +87,13 @@ def _token(args: argparse.Namespace) -> int:
 
 
 _fmt_bytes = tables.fmt_bytes
-_table = tables.table
+_table = render.table
 
 
 def _status(args: argparse.Namespace) -> int:
     address = (args.remote or os.environ.get("TORCHFARM_REMOTE", "")).removeprefix("grpc://")
     if not address:
-        print("torchfarm status: give --remote or set TORCHFARM_REMOTE", file=sys.stderr)
-        return 2
+        raise CliError("give --remote or set TORCHFARM_REMOTE", 2)
     # As the SDK connects: the token, and TLS for grpcs:// or TORCHFARM_TLS_CA_FILE.
     st = call(args, "status", lambda stub, md: stub.GetFarmStatus(
         farm_pb2.FarmStatusRequest(), timeout=args.timeout, metadata=md
@@ -136,15 +103,26 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(as_json(st))  # every field, numbers as JSON numbers
         return 0
-    print(render_status(st, address))
+    # This tenant's cache entries, for the hit rates (the status carries none).
+    listing = call(args, "status", lambda stub, md: stub.ListArtifacts(
+        farm_pb2.CacheQuery(limit=EVERY), timeout=args.timeout, metadata=md
+    ))
+    if listing is None:
+        return 1
+    print(render_status(st, address, listing))
     return 0
 
 
-def render_status(st: farm_pb2.FarmStatus, address: str) -> str:
-    """`torchfarm status` as text: one section per function below, blank lines between."""
+def render_status(st: farm_pb2.FarmStatus, address: str, listing: farm_pb2.CacheListing | None = None) -> str:
+    """`torchfarm status` as text: one section per function below, blank lines between;
+    with the tenant's cache `listing`, its hit rates lead."""
+    head = (f"coordinator {st.coordinator_version} at {address}\n"
+            f"cache: {st.artifacts} artifacts, Redis using {_fmt_bytes(st.cache_bytes)}")
+    if listing is not None:
+        head += f", hit rate {hit_rate(listing.hits, listing.matched)} ({listing.hits} hits)"
     sections = [
-        f"coordinator {st.coordinator_version} at {address}\n"
-        f"cache: {st.artifacts} artifacts, Redis using {_fmt_bytes(st.cache_bytes)}",
+        head,
+        stats_table(listing) if listing is not None and listing.matched else "",
         workers_table(st),
         queues_table(st),
         in_flight_table(st),
@@ -244,28 +222,13 @@ def _worker(args: argparse.Namespace) -> int:
     os.execv(sys.executable, cmd)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchfarm", description="A remote compile farm for torch.compile")
+def build_parser() -> Parser:
+    parser = Parser(prog="torchfarm", description="A remote compile farm for torch.compile")
+    parser.add_argument("--version", action="version", version=f"torchfarm {_version()}")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, show the traceback too (for a bug report)")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser("up", help="run redis-server, the coordinator and CPU workers on loopback")
-    up.add_argument("--grpc-port", type=int, default=50051)
-    up.add_argument("--redis-port", type=int, default=0, help="0 picks a free port")
-    up.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics; 0 is off")
-    up.add_argument("--workers", type=int, default=1)
-    up.add_argument("--pin-cores", action="store_true", help="pin worker i to core i (taskset)")
-    up.add_argument(
-        "--concurrency", type=int, default=1,
-        help="jobs each worker runs at once (Celery pool processes); with N cores and no "
-        "pinning, N / workers lets a worker build kernels while it lowers",
-    )
-    up.add_argument("--auth", metavar="TENANT", default="", help="require tokens; make one for TENANT")
-    up.add_argument(
-        "--cache-memory", default="2gb",
-        help="the cache Redis's maxmemory (allkeys-lru; the state gets its own Redis); "
-        "0: one Redis for all, without a limit",
-    )
-    up.set_defaults(run=_up)
+    add_up_parser(sub)
 
     keygen = sub.add_parser("keygen", help="an Ed25519 artifact signing key and its public pin")
     keygen.add_argument("dir", help="writes signing-key.pem (0600) and trusted-keys.json here")
@@ -286,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
 
     status = sub.add_parser("status", help="workers, queues, cache and recent jobs")
     status.add_argument("--remote", default="", help="grpc://host:port (default TORCHFARM_REMOTE)")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument("--json", action="store_true", help="every field, as JSON")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds for each call")
     status.set_defaults(run=_status)
 
     coord = sub.add_parser("coordinator", help="run the gRPC coordinator")
@@ -305,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker.add_argument("-Q", "--queues", type=lambda s: s.split(","), default=[],
                         help="extra Celery queues (normally none: they follow from the targets)")
-    worker.add_argument("--concurrency", type=int, default=1)
+    worker.add_argument("--concurrency", type=int, default=1, help="jobs run at once (pool processes)")
     worker.set_defaults(run=_worker)
 
     add_kernel_parser(sub)
@@ -313,9 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     add_warm_parser(sub)
     add_explain_parser(sub)
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchfarm")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return args.run(args)
+    with reported(args.prog, args.traceback) as outcome:
+        outcome.status = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler
+    return outcome.status
 
 
 if __name__ == "__main__":

@@ -6,52 +6,38 @@ state (torchfarm/store.py): it never evicts, so one is enough and starts fast. W
 and the broker, and `cache_maxmemory` bounds the cache with `allkeys-lru`, as a
 deployment runs them (docker-compose.yml).
 
-`torchfarm up` runs one until Ctrl-C, split, its cache capped (`--cache-memory`);
-integration tests and benchmarks start one per session with free ports. Every process
-runs in its own session (process group) so that stopping the stack also stops Celery's
-pool processes and Inductor's compile workers: nothing is left behind.
+Integration tests and benchmarks start one per session with free ports. Its processes
+start as `torchfarm up` starts them, through the same launcher (torchfarm/cli/launch.py):
+the same commands and environment, each in its own session, so that stopping the stack
+also stops Celery's pool processes and Inductor's compile workers.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from torchfarm import trustfile
+from torchfarm.cli import launch
+from torchfarm.cli.launch import STOP_TIMEOUT_S, free_port, redis_command, wait_for_redis
 from torchfarm.store import Store
 
+__all__ = [
+    "INDUCTOR_SEED_ENV", "STOP_TIMEOUT_S", "LocalStack", "free_port", "redis_command",
+    "seed_isa_probe", "start_redis_server", "wait_for_redis",
+]
+
 log = logging.getLogger(__name__)
-
-STOP_TIMEOUT_S = 20.0
-"""How long each process gets to exit after SIGTERM before it is killed."""
-
-
-def _die_with_parent(cmd: list[str]) -> list[str]:
-    """`cmd` run so that it gets SIGTERM if the stack's process dies, even by SIGKILL,
-    and a killed `torchfarm up` or test run leaves no orphan farm behind.
-
-    util-linux's setpriv sets the parent-death signal and execs the command in place
-    (same pid). Doing it in a preexec_fn instead is unsafe: the parent has gRPC threads,
-    and Python code between fork and exec can then crash the child."""
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else cmd
-
 
 INDUCTOR_SEED_ENV = "TORCHFARM_STACK_INDUCTOR_SEED"
 
@@ -84,37 +70,6 @@ def seed_isa_probe(cache_dir: Path, python: str = sys.executable) -> Path:
             subprocess.run([python, "-c", _PROBE], env=env, check=True, timeout=300)
             done.touch()
     return cache_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_command(port: int, workdir: Path, *extra: str) -> list[str]:
-    """redis-server on 127.0.0.1:`port`, persisting nothing, with `workdir` as its dir;
-    `extra` options (`--appendonly yes`, `--maxmemory 64mb`) override those."""
-    path = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if not os.path.exists(path):
-        raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
-    return [
-        path, "--port", str(port), "--bind", "127.0.0.1",
-        "--save", "", "--appendonly", "no", "--dir", str(workdir), *extra,
-    ]
-
-
-def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if client.ping():
-                return
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def start_redis_server(port: int, workdir: Path) -> subprocess.Popen:
@@ -259,20 +214,13 @@ class LocalStack:
         return Store.from_url(self.cache_url, blob_url=self.blob_url, state_url=self.state_url)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            TORCHFARM_LISTEN=f"127.0.0.1:{self.grpc_port}",
-            TORCHFARM_BROKER_URL=self.broker_url,
-            TORCHFARM_CACHE_URL=self.cache_url,
-            TORCHFARM_STATE_URL=self.state_url,
-            TORCHFARM_METRICS_PORT=str(self.metrics_port),
-            PYTHONUNBUFFERED="1",
+        env = launch.service_env(
+            listen=self.listen, broker_url=self.broker_url, cache_url=self.cache_url,
+            state_url=self.state_url, metrics_port=self.metrics_port,
+            signing_key_file=self.signing_key_file if self.sign else None,
+            trusted_keys_file=self.trusted_keys_file if self.sign else None,
+            tokens_file=self.tokens_file if self.tenants else None,
         )
-        if self.sign:
-            env["TORCHFARM_SIGNING_KEY_FILE"] = str(self.signing_key_file)
-            env["TORCHFARM_TRUSTED_KEYS_FILE"] = str(self.trusted_keys_file)
-        if self.tenants:
-            env["TORCHFARM_TOKENS_FILE"] = str(self.tokens_file)
         if not self.warmup:
             env["TORCHFARM_WARMUP"] = "0"
         if self.blob_url:
@@ -284,16 +232,7 @@ class LocalStack:
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        logfile = open(self.root / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(
-            _die_with_parent(cmd),
-            env=env or self.env(),
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        logfile.close()
+        self.procs[name] = launch.spawn(cmd, env or self.env(), self.root / f"{name}.log")
 
     @property
     def listen(self) -> str:
@@ -340,27 +279,16 @@ class LocalStack:
                 raise RuntimeError(f"redis-server did not start; see {self.workdir}/{name}.log") from e
 
     def start_coordinator(self) -> None:
-        self._spawn("coordinator", [self.python, "-m", "services.coordinator.server"])
+        self._spawn("coordinator", launch.coordinator_command(self.python))
 
     def worker_cmd(self, i: int) -> list[str]:
-        cmd = [
-            self.python, "-m", "celery", "-A", "workers.app", "worker",
-            # No -Q: the worker consumes the queues of its targets (TORCHFARM_TARGETS,
-            # default "local": this machine's own, e.g. "cpu.avx512"; workers/serving.py).
-            "-n", f"cpu{i}@%h", "--concurrency", str(self.concurrency), "--pool", "prefork",
-            "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]
-        if self.pin_cores:
-            cmd = ["taskset", "-c", str(i % (os.cpu_count() or 1))] + cmd
-        return cmd
+        return launch.worker_command(i, self.concurrency, self.python, self.pin_cores)
 
     def worker_metrics_port(self, i: int) -> int:
         """Where worker i serves /metrics: metrics_port + 1 + i, or 0 (off) with metrics off."""
         return self.metrics_port + 1 + i if self.metrics_port else 0
 
     def start_worker(self, i: int) -> None:
-        env = self.env()
-        env["TORCHFARM_NAME"] = f"cpu{i}"
         # Each worker has a cache dir of its own, as a worker on its own machine would.
         caches = (self.cache_root or self.root) / f"worker{i}"
         if self.inductor_seed is not None and not (caches / "inductor").exists():
@@ -368,35 +296,17 @@ class LocalStack:
                 seed_isa_probe(self.inductor_seed, self.python), caches / "inductor",
                 ignore=shutil.ignore_patterns(_SEED_LOCK, _SEED_DONE),
             )
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(caches / "inductor")
-        env["TRITON_CACHE_DIR"] = str(caches / "triton")
-        # Worker i serves /metrics on metrics_port + 1 + i; its pool processes share a
-        # prometheus-client multiprocess directory of its own.
-        env["TORCHFARM_METRICS_PORT"] = str(self.worker_metrics_port(i))
-        if self.metrics_port:
-            env["PROMETHEUS_MULTIPROC_DIR"] = str(self.root / f"worker{i}" / "metrics")
+        metrics_dir = self.root / f"worker{i}" / "metrics" if self.metrics_port else None
+        env = launch.worker_env(self.env(), i, caches, self.worker_metrics_port(i), metrics_dir)
         env.update(self.worker_env.get(i, {}))
         self._spawn(f"worker{i}", self.worker_cmd(i), env)
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
         with self._health_channel() as channel:
-            # Any: the stub package's HealthStub lacks its generated methods (Check).
-            health: Any = health_pb2_grpc.HealthStub(channel)
-            while True:
-                self._check_alive()
-                try:
-                    ok = (
-                        health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                        == health_pb2.HealthCheckResponse.SERVING
-                    )
-                    if ok and len(self.store().live_workers()) >= self.workers:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"stack not ready after {timeout_s:.0f}s; logs in {self.workdir}")
-                time.sleep(0.2)
+            launch.wait_ready(
+                channel, lambda: len(self.store().live_workers()), self.workers, timeout_s,
+                self._check_alive, str(self.workdir),
+            )
 
     def _health_channel(self) -> grpc.Channel:
         target = f"127.0.0.1:{self.grpc_port}"
@@ -422,23 +332,7 @@ class LocalStack:
         """Stops the named processes at once: each gets SIGTERM, then `timeout_s` from
         then to exit, then SIGKILL with what it left in its group."""
         procs = {name: p for name in names if (p := self.procs.pop(name, None)) is not None}
-        for p in procs.values():
-            if p.poll() is None:
-                # The leader only: a Celery worker then drains (finishes its compile and
-                # takes no new one) and stops its own pool; a SIGTERM to the whole group
-                # would kill the pool process mid-compile instead.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for name, p in procs.items():
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0fs; killing it", name, timeout_s)
-            # Whatever the leader left in its group (pool processes, compile workers) goes too.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        launch.stop(procs, timeout_s)
 
     def stop(self) -> None:
         self.stop_processes([n for n in self.procs if n.startswith("worker")])

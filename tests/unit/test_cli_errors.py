@@ -1,0 +1,128 @@
+"""`torchfarm` as a user meets it when something is wrong: one line on stderr and a
+non-zero exit status, never a traceback; `--version`; every default in `--help`.
+
+Each test runs the real command, as a process, against nothing (a port with no server)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+from torchfarm.cli.main import build_parser
+from torchfarm.cli.parser import _shown
+
+TORCHFARM = [os.path.join(os.path.dirname(sys.executable), "torchfarm")]
+
+
+def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*TORCHFARM, *args], capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_line_error(out: subprocess.CompletedProcess, prog: str) -> str:
+    assert out.returncode not in (0, None), out
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if not line[:4].isdigit()]  # log lines aside
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: "), out.stderr
+    return lines[0]
+
+
+def test_version():
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"torchfarm {version('torchfarm')}"
+
+
+def test_cache_gc_without_a_reachable_redis():
+    port = closed_port()
+    out = run("cache", "gc", "--dry-run", "--cache-url", f"redis://127.0.0.1:{port}/1")
+    line = one_line_error(out, "torchfarm cache gc")
+    assert f"127.0.0.1:{port}" in line and "--cache-url" in line
+    assert out.returncode == 1
+
+
+def test_coordinator_with_redis_down():
+    url = f"redis://127.0.0.1:{closed_port()}"
+    env = {**os.environ, "TORCHFARM_LISTEN": f"127.0.0.1:{closed_port()}", "TORCHFARM_BROKER_URL": url + "/0",
+           "TORCHFARM_CACHE_URL": url + "/1", "TORCHFARM_STATE_URL": url + "/1", "TORCHFARM_METRICS_PORT": "0"}
+    line = one_line_error(run("coordinator", env=env), "torchfarm coordinator")
+    assert "Redis" in line and "refused" in line
+
+
+def test_up_on_a_port_in_use():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run("up", "--grpc-port", str(port))
+    line = one_line_error(out, "torchfarm up")
+    assert f"port {port}" in line and "--grpc-port" in line
+
+
+def test_a_reader_that_went_away_is_no_error():
+    """`torchfarm token bob | head -1`: the pipe's reader is gone before the command writes."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([*TORCHFARM, "token", "bob"], stdout=write, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert out.stderr == "" and out.returncode == 141  # as a shell reports SIGPIPE
+
+
+def test_a_farm_that_is_unreachable():
+    out = run("cache", "ls", "--remote", f"grpc://127.0.0.1:{closed_port()}", "--timeout", "2")
+    assert "UNAVAILABLE" in one_line_error(out, "torchfarm cache ls")
+
+
+@pytest.mark.parametrize("key", ["abc", "zz12345678", "0123456789abcdefg"])
+def test_explain_refuses_what_cannot_be_a_key_prefix(key):
+    out = run("explain", key, "--remote", f"grpc://127.0.0.1:{closed_port()}")
+    assert "8+ hex digits" in one_line_error(out, "torchfarm explain")
+    assert out.returncode == 2
+
+
+def test_bad_age_is_a_usage_error():
+    out = run("cache", "gc", "--grace", "soon", "--cache-url", f"redis://127.0.0.1:{closed_port()}/1")
+    assert "not an age" in one_line_error(out, "torchfarm cache gc") and out.returncode == 2
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_help_shows_every_default():
+    """Every option with a default shows it (or says it in words) in its command's help."""
+    missing = []
+    for path, parser in _parsers(build_parser()):
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if not _shown(action):
+                continue
+            flag = max(action.option_strings, key=len)
+            after = text.split(flag, 2)[-1].split(" --", 1)[0]  # the option's own help
+            if "default" not in after:
+                missing.append(f"{' '.join(path)} {flag}")
+    assert missing == []
+
+
+def test_up_help_through_the_command():
+    out = run("up", "--help")
+    assert out.returncode == 0
+    assert "(default: 50051)" in out.stdout and "(default: 1)" in out.stdout

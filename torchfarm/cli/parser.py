@@ -1,0 +1,42 @@
+"""The `torchfarm` commands' argument parser: every option's default in its --help, and
+each command's name ("torchfarm cache gc") in `args.prog`, for its error lines."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _shown(action: argparse.Action) -> bool:
+    """Whether the option's default is worth showing (not for positionals, flags, or
+    options unset by default); 0 is shown, though 0 == False."""
+    default: Any = action.default
+    return bool(action.option_strings) and default is not None and default is not False \
+        and default not in ("", [], argparse.SUPPRESS)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter, except that it leaves out empty and
+    false defaults (an unset option, a flag) and helps that already give theirs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if not _shown(action) or "default" in help.lower():
+            return help
+        return f"{help} (default: %(default)s)"
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and _shown(action):
+            action.help = "(default: %(default)s)"  # argparse prints no line for a None help
+        return super()._format_action(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that formats with HelpFormatter; its subcommands' parsers are
+    Parsers too (argparse makes them of the parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        # A subcommand's parser sets its defaults after its parent's: the deepest wins.
+        self.set_defaults(prog=self.prog)
