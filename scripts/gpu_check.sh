@@ -11,7 +11,15 @@
 #    Inductor's Triton backend), and through the farm again from an empty client cache
 #    dir (a hit: the cubins travel inside the artifact); each compared with eager;
 # 4. compiles one Triton kernel for this GPU through CompileKernel and checks its ELF arch;
-# 5. prints a timing table and fails if a number is off or the whole run passed 8 minutes.
+# 5. starts a second stack whose worker sees no GPU (CUDA_VISIBLE_DEVICES empty): it builds
+#    the same kernel for this GPU's target as a CPU-only worker does; the cubin is loaded
+#    with the CUDA driver API, run here, and compared with the kernel compiled here;
+# 6. prints a timing table and fails if a number is off or the whole run passed 8 minutes.
+#
+# The workers start as shipped: Celery's prefork pool, warm-up on, the default sandbox
+# ("auto": bwrap where it runs, else "process", degraded). A GPU worker registers only
+# after its GPU check ran where its compiles run (workers/gpu_probe.py); its log line is
+# printed below.
 #
 # Nothing here runs on a GPU-less machine; `bash -n scripts/gpu_check.sh` is what CI checks.
 set -euo pipefail
@@ -34,7 +42,7 @@ EOF
 
 export PYTHONUNBUFFERED=1
 exec timeout --kill-after=20 "$BUDGET_S" "$PY" - <<'EOF'
-import json, shutil, sys, tempfile, time
+import contextlib, json, shutil, sys, tempfile, time
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))
@@ -45,8 +53,21 @@ from examples.harness import run_case, table
 from torchfarm.fx.fingerprint import local_target
 from torchfarm import elf
 from torchfarm.testing.stack import LocalStack
+from tests.targets.cubin_launch import launch_cubin, load_kernel_module
 
 t_start = time.monotonic()
+START_S = 180  # a GPU worker registers after its GPU check: a CUDA context, Triton's launcher, one compile
+
+
+@contextlib.contextmanager
+def stack_of(workdir, env):
+    stack = LocalStack(workers=1, workdir=workdir, extra_env=env)
+    stack.start(timeout_s=START_S)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
 target = local_target("cuda")
 print(f"gpu_check: this GPU is {target}", flush=True)
 work = Path(tempfile.mkdtemp(prefix="torchfarm-gpu-check-"))
@@ -70,7 +91,12 @@ def case(name, backend, cache, remote="", env=None):
 
 try:
     case("local torch.compile, cold", "local", work / "local")
-    with LocalStack(workers=1, workdir=work / "stack", extra_env={"TORCHFARM_TARGETS": "local"}) as stack:
+    shipped = {"TORCHFARM_SANDBOX": "auto"}
+    with stack_of(work / "stack", {**shipped, "TORCHFARM_TARGETS": "local"}) as stack:
+        worker_log = (stack.root / "worker0.log").read_text(errors="replace")
+        for line in worker_log.splitlines():
+            if "GPU path" in line or "registered:" in line or "DEGRADED" in line:
+                print(f"gpu_check: worker: {line.strip()[-300:]}", flush=True)
         trusted = {"TORCHFARM_TRUSTED_KEYS_FILE": str(getattr(stack, "trusted_keys_file", ""))}
         _, cold = case("farm, cold (worker compiles)", "farm", work / "client-cold", stack.address, trusted)
         _, hit = case("farm, hit, empty client cache", "farm", work / "client-hit", stack.address, trusted)
@@ -82,8 +108,28 @@ try:
                                constexprs={"BLOCK": 1024}, remote=stack.address)
         info = elf.inspect_binary(k.binary)
         rows.append((f"CompileKernel {target}", time.monotonic() - t0, f"{k.kind} {info.arch}, {len(k.binary)} bytes"))
-        status = json.dumps({w: r.get("targets") for w, r in stack.store().live_workers().items()})
+        status = json.dumps({w: [r.get("targets"), r.get("sandbox")] for w, r in stack.store().live_workers().items()})
         print(f"gpu_check: live workers {status}", flush=True)
+    # A kernel from a worker without a GPU, run here against the same kernel built here.
+    cpu_only = {**shipped, "TORCHFARM_TARGETS": str(target), "CUDA_VISIBLE_DEVICES": ""}
+    with stack_of(work / "cpu-only", cpu_only) as stack:
+        t0 = time.monotonic()
+        served = [r.get("targets") for r in stack.store().live_workers().values()]
+        if served != [{str(target): ["kernel"]}]:
+            failures.append(f"the GPU-less worker serves {served}, not kernels for {target} only")
+        k = sdk.compile_kernel(src, "add_kernel", target=str(target), signature="*fp32,*fp32,*fp32,i32,constexpr",
+                               constexprs={"BLOCK": 1024}, remote=stack.address)
+        n = 5000
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        from_farm, built_here = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+        launch_cubin(k.binary, k.metadata, (n + 1023) // 1024, [x, y, from_farm, n])
+        load_kernel_module("add_kernel").add_kernel[((n + 1023) // 1024,)](x, y, built_here, n, BLOCK=1024)
+        torch.cuda.synchronize()
+        same = torch.equal(from_farm, built_here) and torch.equal(from_farm, x + y)
+        rows.append((f"GPU-less worker's {target} cubin, run here", time.monotonic() - t0,
+                     f"{elf.inspect_binary(k.binary).arch}, {'matches' if same else 'DIFFERS from'} the kernel built here"))
+        if not same:
+            failures.append("the GPU-less worker's kernel gives other numbers than the same kernel built here")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 

@@ -12,6 +12,8 @@ builds its own Redis connection after the fork.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 
 from celery import signals
@@ -19,11 +21,16 @@ from celery import signals
 from torchfarm.celeryconf import make_celery
 from torchfarm.settings import from_env
 from torchfarm.store import Store
+from workers import gpu_probe, sandbox, serving
 from workers import metrics as worker_metrics
-from workers import sandbox, serving
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+# This process forks the pool, and a CUDA driver started here breaks CUDA in every pool
+# process. torch.cuda.is_available() starts it (cuInit) unless this is set, and then
+# asks NVML instead; the serving plan itself asks a spawned probe (workers/gpu_probe.py).
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 settings = from_env(WorkerSettings)
 plan = serving.plan_for(settings)
@@ -61,11 +68,44 @@ def _build_label() -> str:
     return f"torch {torch.__version__}"
 
 
+def can_serve() -> bool:
+    """Whether this worker can serve what it would register. A worker lowering for its
+    own GPU proves it first: a spawned child, run as its sandbox runs a compile (bwrap
+    with the device nodes, the GPU kind's limits), starts a CUDA context and runs one
+    Triton kernel (workers/gpu_probe.py). Never in this process, which forks."""
+    gpu = plan.own_gpu
+    if gpu is None or not settings.gpu_check:
+        return True
+    argv = gpu_probe.probe_argv(check=True)
+    with tempfile.TemporaryDirectory(prefix="tf-gpucheck-", dir=settings.sandbox_dir or None) as scratch:
+        env, preexec = None, None
+        if sandbox_mode != "off":
+            box = sandbox.for_worker(settings, sandbox_mode, device=gpu.device)
+            argv, env, preexec = sandbox.child_command(box, argv, scratch)
+        found = gpu_probe.run_probe(argv, env, preexec)
+    if found.ready and found.accelerator == str(gpu):
+        log.info("the GPU path runs for %s (sandbox %s): %s", gpu, sandbox_mode,
+                 ", ".join(f"{k} {v:.2f}s" for k, v in found.seconds.items()))
+        return True
+    log.error("this worker does not register: the GPU path for %s failed where its compiles run "
+              "(sandbox %s; the check's child saw %r): %s", gpu, sandbox_mode,
+              found.accelerator, found.error or "no answer")
+    return False
+
+
 def _heartbeat(store: Store, name: str, build: str) -> None:
     from workers import identity
 
+    if not can_serve():
+        return
+
     # The build its graph queues are named by (workers/serving.py).
     registered = identity.registration(plan.graph, plan.kernel, settings.reported_build)
+    log.info(
+        "worker %s registered: %s (queues %s; sandbox %s%s)", name,
+        ", ".join(f"{t} [{'+'.join(k)}]" for t, k in plan.registration().items()),
+        ",".join(plan.queues), sandbox_mode, "" if sandbox_mode == "bwrap" else ", DEGRADED",
+    )
     while not _stop_heartbeat.is_set():
         try:
             store.heartbeat(
@@ -85,10 +125,31 @@ def _warm(sender, instance, **_: object) -> None:
         return
     from workers.priming import warm_inductor
 
+    cpu = plan.own_gpu is None  # a GPU worker warms its GPU path where it will run it
     try:
-        warm_inductor(compile=bool(plan.graph) and compiles_in_pool)
+        warm_inductor(compile=bool(plan.graph) and compiles_in_pool and cpu, isa_probe=cpu)
     except Exception as e:  # the first job then pays the same setup, and may fail on it
         log.warning("Inductor warm-up failed: %s: %s", type(e).__name__, e)
+
+
+@signals.worker_process_init.connect
+def _warm_gpu_in_pool(**_: object) -> None:
+    """A pool process that compiles for this machine's GPU itself (no sandbox) warms its
+    GPU path after the fork, in a thread: billiard gives a new pool process seconds to
+    say it is up, and a job's own CUDA start waits on torch's init lock meanwhile."""
+    gpu = plan.own_gpu
+    if not (settings.warmup and compiles_in_pool and gpu is not None):
+        return
+
+    def warm() -> None:
+        from workers.gpu_warm import warm_gpu
+
+        try:
+            warm_gpu(gpu)
+        except Exception as e:  # the first job then pays the same, and fails on it if broken
+            log.warning("GPU warm-up failed: %s: %s", type(e).__name__, e)
+
+    threading.Thread(target=warm, name="gpu-warm-up", daemon=True).start()
 
 
 @signals.worker_ready.connect
@@ -98,11 +159,6 @@ def _register(sender, **_: object) -> None:
     threading.Thread(
         target=_heartbeat, args=(store, name, _build_label()), name="heartbeat", daemon=True
     ).start()
-    log.info(
-        "worker %s registered: %s (queues %s; sandbox %s%s)", name,
-        ", ".join(f"{t} [{'+'.join(k)}]" for t, k in plan.registration().items()),
-        ",".join(plan.queues), sandbox_mode, "" if sandbox_mode == "bwrap" else ", DEGRADED",
-    )
 
 
 @signals.celeryd_after_setup.connect

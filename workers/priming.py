@@ -48,14 +48,15 @@ from workers.stackroom import in_stack_room
 log = logging.getLogger(__name__)
 
 
-def warm_inductor(compile: bool = True) -> dict[str, float]:
-    """Runs the ISA probe, the build hashes and, with `compile`, a small staged compile;
-    returns the seconds each took."""
+def warm_inductor(compile: bool = True, isa_probe: bool = True) -> dict[str, float]:
+    """Runs the ISA probe (with `isa_probe`), the build hashes and, with `compile`, a
+    small staged compile; returns the seconds each took. A GPU worker skips the probe
+    and the compile, CPU work, and warms its GPU path where it runs (workers/gpu_warm.py)."""
     torch_key, triton_key = resolve("torch_key"), resolve("triton_key")
     pick_vec_isa = resolve("pick_vec_isa")
 
     t0 = time.perf_counter()
-    isa = pick_vec_isa()
+    isa = pick_vec_isa() if isa_probe else "not probed"
     t1 = time.perf_counter()
     torch_key()
     triton_key()

@@ -16,8 +16,8 @@ graph (and any compiler bug it reaches) all three. So C++ kernel builds
 - "off": in this process, as before (development only).
 - "auto" (the default): "bwrap" if bubblewrap runs here, else "process".
 
-In every child mode the environment is an allow-list (`child_env`), and RLIMIT_AS and
-RLIMIT_CPU bound memory and CPU. Inputs and outputs are files in the scratch directory:
+In every child mode the environment is an allow-list (`child_env`), and rlimits bound
+memory (RLIMIT_AS, or RLIMIT_DATA for GPU kinds: workers/sandbox_limits.py) and CPU. Inputs and outputs are files in the scratch directory:
 a JSON request and result, and raw bytes (no pickle). See docs/security.md.
 
 A worker's sandbox keeps a `Forkserver`: one child, started in the sandbox on the first
@@ -49,6 +49,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from workers import sandbox_limits
 
 if TYPE_CHECKING:
     from torchfarm.targets import Target
@@ -101,7 +103,10 @@ class SandboxFailed(Exception):
 @dataclass(frozen=True)
 class Limits:
     memory_bytes: int = 0
-    """RLIMIT_AS of the child (and the compilers it starts); 0: none."""
+    """The memory rlimit of the child (and the compilers it starts); 0: none."""
+    memory_kind: str = "as"
+    """Which rlimit bounds memory: "as" (RLIMIT_AS) or "data" (RLIMIT_DATA, for GPU
+    kinds, whose runtime reserves address space: workers/sandbox_limits.py)."""
     cpu_s: int = 0
     """RLIMIT_CPU of the child, per process; 0: none."""
     wall_s: float = 0.0
@@ -127,6 +132,8 @@ class Sandbox:
     warm_compile: bool = False
     """Whether the forkserver runs the worker's warm-up compile (workers/priming.py)
     before its first run, as a worker's main process does before its pool forks."""
+    devices: tuple[str, ...] = ()
+    """Device nodes bound into the bwrap child (a GPU kind's: workers/sandbox_limits.py)."""
 
     @property
     def degraded(self) -> bool:
@@ -185,7 +192,7 @@ class Sandbox:
     def _start_and_wait(self, scratch: str, tick: Callable[[], None] | None = None) -> None:
         argv = [self.python, "-m", "workers.sandboxed", scratch]
         if self.mode == "bwrap":
-            argv = bwrap_argv(scratch, self.hidden) + argv
+            argv = bwrap_argv(scratch, self.hidden, devices=self.devices) + argv
         log_path = os.path.join(scratch, "stderr.log")  # a file: the child may say a lot
         with open(log_path, "wb") as err:
             proc = subprocess.Popen(
@@ -347,7 +354,7 @@ class Forkserver:
         # -P: the working directory is not on the server's import path.
         argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
         if box.mode == "bwrap":
-            argv = bwrap_argv(root, box.hidden, chdir="/", server=True) + argv
+            argv = bwrap_argv(root, box.hidden, chdir="/", server=True, devices=box.devices) + argv
         with open(os.path.join(root, SERVER_LOG), "wb") as err:
             self._proc = subprocess.Popen(
                 argv, env=child_env(os.environ, root), cwd=root, stdin=subprocess.PIPE,
@@ -433,7 +440,8 @@ def _kill_group(pgid: int) -> None:
 def apply_limits(limits: Limits) -> None:
     """Sets `limits` on this process; every process it starts inherits them."""
     if limits.memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        kind = sandbox_limits.memory_rlimit(limits.memory_kind)
+        resource.setrlimit(kind, (limits.memory_bytes, limits.memory_bytes))
     if limits.cpu_s:
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
     if limits.file_bytes:
@@ -614,9 +622,10 @@ def scratch_env(scratch: str) -> dict[str, str]:
     return {name: os.path.join(scratch, "home") if name == "HOME" else scratch for name in _SCRATCH_ENV}
 
 
-def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: bool = False) -> list[str]:
+def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: bool = False,
+               devices: Iterable[str] = ()) -> list[str]:
     """bubblewrap's command line: the system read-only, no network, a PID namespace of
-    its own, a private /tmp, the scratch writable, and every hidden path empty; the
+    its own, a private /tmp, the `devices` nodes, the scratch writable, and every hidden path empty; the
     working directory is `chdir`, else the scratch. A child dies with the thread that
     started it (`--die-with-parent`); a `server` (the forkserver, which may outlive that
     thread) ends when its stdin does, that is, with the worker process."""
@@ -625,6 +634,8 @@ def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: boo
         "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         *(() if server else ("--die-with-parent",)), "--new-session", "--cap-drop", "ALL",
     ]
+    for path in devices:
+        argv += ["--dev-bind", path, path]
     for path in python_under_tmp(scratch):
         argv += ["--ro-bind", path, path]
     for path in hidden:
@@ -718,23 +729,41 @@ def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tupl
     return tuple(p for p in paths if not any(p != d and p.startswith(d + os.sep) for d in dirs))
 
 
-def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False) -> Sandbox:
-    """The sandbox of a worker whose mode `resolve` chose: its limits, the key files and
-    secret mounts hidden from it, and its forkserver (`warm_compile`: warmed up by a
-    compile, for a worker that lowers graphs)."""
+def limits_for(settings: WorkerSettings, device: str = "cpu") -> Limits:
+    """A worker's sandbox limits for compiles of `device` kind (workers/sandbox_limits.py)."""
+    return Limits(
+        memory_bytes=settings.sandbox_memory_mb << 20,
+        memory_kind=sandbox_limits.policy_for(device).memory_rlimit,
+        cpu_s=settings.sandbox_cpu_s,
+        wall_s=float(settings.hard_time_limit_s),
+        file_bytes=settings.max_artifact_bytes + (64 << 20),
+    )
+
+
+def child_command(box: Sandbox, argv: list[str], scratch: str) -> tuple[list[str], dict[str, str], Callable[[], None]]:
+    """`argv` as the sandbox would run it in a child of its own: the command line
+    (under bubblewrap in bwrap mode, the device nodes bound), its environment and the
+    `preexec_fn` that sets its limits. For checks that must hold where compiles run."""
+    if box.mode == "bwrap":
+        argv = bwrap_argv(scratch, box.hidden, devices=box.devices) + argv
+    return argv, child_env(os.environ, scratch), _limiter(box.limits)
+
+
+def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, device: str = "cpu") -> Sandbox:
+    """The sandbox of a worker whose mode `resolve` chose: its limits (as `device`
+    kind's policy says, workers/sandbox_limits.py), the key files and secret mounts
+    hidden from it, the device's nodes, and its forkserver (`warm_compile`: warmed up by
+    a compile, for a worker that lowers graphs)."""
+    policy = sandbox_limits.policy_for(device)
     return Sandbox(
         mode=mode,
-        limits=Limits(
-            memory_bytes=settings.sandbox_memory_mb << 20,
-            cpu_s=settings.sandbox_cpu_s,
-            wall_s=float(settings.hard_time_limit_s),
-            file_bytes=settings.max_artifact_bytes + (64 << 20),
-        ),
+        limits=limits_for(settings, device),
         hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
         scratch_root=settings.sandbox_dir,
         forkserver=Forkserver() if settings.sandbox_forkserver else None,
         prebuilt_headers=settings.sandbox_headers,
         warm_compile=warm_compile,
+        devices=policy.nodes(),
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from torchfarm import routing, targets
 from torchfarm.targets import Target, TargetError
+from workers import sandbox_limits
 from workers.settings import WorkerSettings
 
 
@@ -54,6 +55,14 @@ class ServingPlan:
         names += [routing.queue_name(t, routing.KERNEL) for t in self.kernel]
         return list(dict.fromkeys([*names, *self.extra_queues]))
 
+    @property
+    def own_gpu(self) -> Target | None:
+        """The graph target that is this machine's own GPU (not one lowered without it):
+        its compiles start the device's runtime, so its sandbox and warm-up differ."""
+        return next(
+            (t for t in self.graph if t.device in sandbox_limits.GPU_KINDS and t != self.fake_gpu), None
+        )
+
     def registration(self) -> dict[str, list[str]]:
         """Target text → job kinds, as the heartbeat stores it."""
         served: dict[str, list[str]] = {}
@@ -73,7 +82,8 @@ def make_plan(
     extra_queues: Iterable[str] = (),
     build: str = "",
 ) -> ServingPlan:
-    """Decides what to serve. `local` is `torchfarm.fx.fingerprint.local_targets()` (CPU first)."""
+    """Decides what to serve. `local` is this machine's targets, CPU first
+    (`workers.gpu_probe.local_targets()`)."""
     graph: list[Target] = []
     kernel: list[Target] = []
     fake_gpu = None
@@ -133,15 +143,16 @@ def _resolve(item: str, local: list[Target]) -> Target:
 
 
 def plan_for(settings: WorkerSettings) -> ServingPlan:
-    """The plan for a worker's settings, on this machine (imports torch)."""
+    """The plan for a worker's settings, on this machine (imports torch). Starts no
+    CUDA here: the accelerator is learned in a spawned probe (workers/gpu_probe.py),
+    since the process that plans is the one Celery forks its pool from."""
     import torch
 
-    from torchfarm.fx.fingerprint import local_targets
-    from workers import identity
+    from workers import gpu_probe, identity
 
     plan = make_plan(
         settings.targets,
-        local_targets(),
+        gpu_probe.local_targets(),
         cuda_build=bool(torch.version.cuda),
         lower_without_gpu=settings.lower_without_gpu,
         extra_queues=settings.queues,

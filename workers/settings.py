@@ -65,6 +65,11 @@ class WorkerSettings:
     workers/priming.py) when the worker starts, before its pool forks, instead of in
     its first job; and its warm-up compile there, or with a sandbox in each pool
     process's forkserver, where the compiles run."""
+    gpu_check: bool = True
+    """A worker that lowers graphs for its own GPU registers only after a spawned child
+    started a CUDA context there and ran one Triton kernel under the sandbox's limits
+    (workers/gpu_probe.py). False registers without that proof (a test hook for machines
+    with a stand-in GPU)."""
     kernel_job_delay_s: float = 0.0
     """Test hook: seconds each kernel-build job sleeps before it builds, so a fault test
     can kill a worker in the middle of one. Leave 0 in production."""
@@ -106,9 +111,10 @@ class WorkerSettings:
     rlimits only: degraded), "off" (in the process that holds the keys; development
     only), "auto": bwrap where it runs, else process, with a warning."""
     sandbox_memory_mb: int = 4096
-    """RLIMIT_AS of each sandboxed process (the child and each compiler it starts);
-    past it the build fails COMPILE_ERROR. 0: no limit (a GPU child may need that: CUDA
-    reserves address space far beyond what it uses)."""
+    """Memory limit of each sandboxed process (the child and each compiler it starts);
+    past it the build fails COMPILE_ERROR. RLIMIT_AS for the CPU; RLIMIT_DATA for GPU
+    kinds, whose runtime reserves address space far beyond what it uses
+    (workers/sandbox_limits.py). 0: no limit."""
     sandbox_cpu_s: int = 900
     """RLIMIT_CPU of each sandboxed process. 0: no limit."""
     sandbox_hidden: tuple[str, ...] = ()

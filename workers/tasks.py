@@ -81,8 +81,11 @@ def _context() -> WorkerContext:
 def _sandbox() -> sandbox.Sandbox | None:
     if sandbox_mode == "off":
         return None
-    warm = settings.warmup and bool(plan.graph) and not compiles_in_pool
-    return sandbox.for_worker(settings, sandbox_mode, warm_compile=warm)
+    # The forkserver's warm-up compile is a CPU graph's; a GPU worker's forkserver must
+    # not start the GPU's runtime either, since it forks every run.
+    warm = settings.warmup and bool(plan.graph) and not compiles_in_pool and plan.own_gpu is None
+    device = plan.own_gpu.device if plan.own_gpu is not None else "cpu"
+    return sandbox.for_worker(settings, sandbox_mode, warm_compile=warm, device=device)
 
 
 @signals.worker_process_init.connect

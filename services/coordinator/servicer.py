@@ -169,6 +169,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
                             for t, kinds in sorted(routing.served_targets(w).items())
                         ],
                         fingerprint=w.get("fingerprint", {}),
+                        sandbox=w.get("sandbox", ""),
                     )
                     for name, w in sorted(st.workers.items())
                 ],

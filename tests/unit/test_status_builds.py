@@ -1,4 +1,4 @@
-"""`torchfarm status` shows the builds each target's graph workers run."""
+"""`torchfarm status` shows the builds each target's graph workers run, and each worker's sandbox."""
 
 from __future__ import annotations
 
@@ -33,3 +33,11 @@ def test_status_lists_each_build_of_a_target_with_its_workers():
 def test_a_kernel_only_worker_adds_no_build_row():
     st = farm_pb2.FarmStatus(workers=[_worker("k1", A, jobs=("kernel",))])
     assert "[b" not in workers_table(st)
+
+
+def test_status_shows_a_degraded_sandbox():
+    st = farm_pb2.FarmStatus(workers=[_worker("boxed", A), _worker("loose", A)])
+    st.workers[0].sandbox, st.workers[1].sandbox = "bwrap", "process"
+    rows = {line.split()[0]: line for line in workers_table(st).splitlines() if line.startswith(("boxed", "loose"))}
+    assert rows["loose"].rstrip().endswith("process (DEGRADED)")
+    assert rows["boxed"].rstrip().endswith("bwrap")

@@ -145,10 +145,15 @@ def workers_table(st: farm_pb2.FarmStatus) -> str:
     if per_build:  # a client reaches only the workers of its own build
         per_target += "\n\n" + _table(per_build, ["TARGET", "BUILD", "GRAPH WORKERS"])
     workers = _table(
-        [[w.name, w.queue, f"{w.last_seen_seconds:.1f}s ago", w.build] for w in st.workers],
-        ["WORKER", "QUEUES", "SEEN", "BUILD"],
+        [[w.name, w.queue, f"{w.last_seen_seconds:.1f}s ago", w.build, _sandbox(w.sandbox)] for w in st.workers],
+        ["WORKER", "QUEUES", "SEEN", "BUILD", "SANDBOX"],
     )
     return per_target + "\n\n" + workers
+
+
+def _sandbox(mode: str) -> str:
+    """A worker's sandbox mode, marked when it is degraded (anything but bwrap)."""
+    return mode if mode in ("bwrap", "") else f"{mode} (DEGRADED)"
 
 
 def queues_table(st: farm_pb2.FarmStatus) -> str:

@@ -456,7 +456,7 @@ class FarmStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("name", "queue", "last_seen_seconds", "build", "targets", "fingerprint")
+    __slots__ = ("name", "queue", "last_seen_seconds", "build", "targets", "fingerprint", "sandbox")
     class FingerprintEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -470,13 +470,15 @@ class WorkerInfo(_message.Message):
     BUILD_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
     name: str
     queue: str
     last_seen_seconds: float
     build: str
     targets: _containers.RepeatedCompositeFieldContainer[ServedTarget]
     fingerprint: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., last_seen_seconds: _Optional[float] = ..., build: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[ServedTarget, _Mapping]]] = ..., fingerprint: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    sandbox: str
+    def __init__(self, name: _Optional[str] = ..., queue: _Optional[str] = ..., last_seen_seconds: _Optional[float] = ..., build: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[ServedTarget, _Mapping]]] = ..., fingerprint: _Optional[_Mapping[str, str]] = ..., sandbox: _Optional[str] = ...) -> None: ...
 
 class ServedTarget(_message.Message):
     __slots__ = ("target", "jobs")
