@@ -24,6 +24,7 @@ from torchfarm import keys, options
 from torchfarm.codes import JobError, Stage
 from torchfarm.fx import global_state
 from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.customops import job_scope as use_standins_for_job
 from torchfarm.fx.customops import use_installed as use_installed_ops
 from torchfarm.fx.decode import DecodedGraph
 from torchfarm.fx.fingerprint import Fingerprint
@@ -137,7 +138,8 @@ def run_delivery(
         store.update_job(
             key, state=JobState.RUNNING, stage=Stage.DECODE, worker=delivery.worker, started=time.time()
         )
-        outcome = work(store)
+        with use_standins_for_job():  # one tenant's custom ops never reach another's job
+            outcome = work(store)
     except JobFailed as e:
         record_failure(key, store, e.code, delivery.redact(str(e)), delivery.failed_ttl_s)
         return None
