@@ -12,15 +12,19 @@ which calls these functions), before anything is evaluated:
   bound on the length of each tuple or list a node can produce;
 - tensors too large to fake or to allocate for autotuning: `numel_at_hints` gives a
   placeholder's elements with its symbols at their hints, for the per-placeholder and
-  whole-graph element limits in `GraphLimits`.
+  whole-graph element limits in `GraphLimits`;
+- ops whose number of outputs comes from an argument (`unbind`, `split`, `chunk`,
+  `tensor_split`, ...): `output_count` bounds it, from the literal count or from the
+  input's shape where it is known (a placeholder's, at its hints), under the sequence
+  limit. One `unbind` of a 2**28-element placeholder makes 2**28 tensors, in C++.
 
-The worker's propagation re-checks the Python operators on the actual values
-(`torchfarm/fx/decode.py`), with the same operator map and limits.
+The worker's propagation re-checks the Python operators and the output counts on the
+actual values (`torchfarm/fx/decode.py`), with the same functions and limits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 MAX_EXPR_NODES = 1024
@@ -138,6 +142,8 @@ class SequenceBounds:
         self.max_length = max_length
         self.rank = rank
         self.kinds: dict[str, str | int] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        """Placeholders' shapes at their hints: what `output_count` reads."""
 
     def placeholder(self, name: str, is_tensor: bool) -> None:
         self.kinds[name] = TENSOR if is_tensor else SCALAR
@@ -145,14 +151,27 @@ class SequenceBounds:
     def tensor(self, name: str) -> None:
         self.kinds[name] = TENSOR
 
-    def node(self, name: str, op: str, target: str, args: list[tuple[str, Any]]) -> int | None:
+    def node(
+        self, name: str, op: str, target: str, args: list[tuple[str, Any]],
+        kwargs: Mapping[str, tuple[str, Any]] | None = None,
+    ) -> int | None:
         """Records the node's kind; returns its sequence bound, or None if it is no sequence.
+        An op whose outputs an argument counts (`many_outputs`) returns that count, where
+        it is known here, though its kind stays a tensor's (torch's own tuple).
 
-        `args` holds, per argument: ("node", name), ("seq", length), ("int", value) or
-        ("other", None)."""
+        `args` and `kwargs` hold, per argument: ("node", name), ("seq", length),
+        ("int", value) or ("other", None)."""
         kind = self._kind(op, target, args)
         self.kinds[name] = kind
-        return kind if isinstance(kind, int) else None
+        if isinstance(kind, int):
+            return kind
+        many = many_outputs(target) if op == "call_method" or target.startswith("torch.") else None
+        if many is None or not args:
+            return None
+        tag, receiver = args[0]
+        shape = self.shapes.get(receiver) if tag == "node" else None
+        plain = {k: _plain(v) for k, v in (kwargs or {}).items()}
+        return output_count(many, shape, [_plain(a) for a in args[1:]], plain)
 
     def _operand(self, arg: tuple[str, Any]) -> str | int:
         tag, value = arg
@@ -203,3 +222,83 @@ class SequenceBounds:
                 return length * max(0, cast(int, count[1]))  # an "int" argument holds an int
             return length  # a count only the worker knows: it checks the actual length
         return SCALAR if SCALAR in operands else OTHER
+
+
+def _plain(arg: tuple[str, Any]) -> Any:
+    """An operand as `output_count` reads it: an int, a sequence of its length, or None."""
+    tag, value = arg
+    if tag == "int":
+        return value
+    return range(value) if tag == "seq" else None
+
+
+# ---------------------------------------------------------------------------
+# Ops whose number of outputs an argument sets
+# ---------------------------------------------------------------------------
+
+_MANY_OUTPUTS: dict[str, str] = {
+    "unbind": "dim", "split": "size", "unsafe_split": "size", "split_with_sizes": "size",
+    "unsafe_split_with_sizes": "size", "chunk": "count", "unsafe_chunk": "count",
+    "tensor_split": "sections", "hsplit": "sections", "vsplit": "sections", "dsplit": "sections",
+}
+"""Op base name → how its argument after the tensor sets its outputs: "dim" (one per
+index of `dim`), "size" (an int: pieces of that size along `dim`; a list: one per
+item), "count" (at most that many), "sections" (an int: that many; a list: one more)."""
+
+_DIM_DEFAULT = {"hsplit": 1, "vsplit": 0, "dsplit": 2}
+"""hsplit, vsplit and dsplit take no `dim`; tensor_split's and the others' defaults to 0."""
+
+
+def many_outputs(target: str) -> str | None:
+    """The base name of an op whose output count an argument sets, for a call_function
+    target (`torch.unbind`, `torch.functional.split`, `torch.ops.aten.unbind.int`) or a
+    method name (`unbind`); None for anything else. `_copy` variants count as theirs."""
+    parts = target.split(".")
+    if target.startswith("torch.ops.") and len(parts) >= 4:
+        name = parts[3]
+    elif "." in target and not target.startswith("torch."):
+        return None
+    else:
+        name = parts[-1]
+    name = name.removesuffix("_copy")
+    return name if name in _MANY_OUTPUTS else None
+
+
+def output_count(name: str, shape: Sequence[int] | None, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+    """An upper bound on the outputs of `many_outputs` op `name` on a tensor of `shape`
+    (None: unknown), given the arguments after the tensor: ints, sequences (their length
+    counts) or anything else (unknown). None where it cannot be bounded without more;
+    the worker bounds it then, on the values (torchfarm/fx/decode.py)."""
+    how = _MANY_OUTPUTS[name]
+    if how == "dim":
+        return _extent(shape, args[0] if args else kwargs.get("dim", 0))
+    count = args[0] if args else next((kwargs[k] for k in _COUNT_KWARGS if k in kwargs), None)
+    extent = _extent(shape, args[1] if len(args) > 1 else kwargs.get("dim", _DIM_DEFAULT.get(name, 0)))
+    if isinstance(count, Sequence) and not isinstance(count, str):
+        return len(count) + (1 if how == "sections" else 0)
+    n = count if isinstance(count, int) and not isinstance(count, bool) else None
+    if how == "size":
+        if extent is None:
+            return None
+        # Pieces of `n` indices; of at least one where the size is not known here.
+        return -(-extent // n) if n is not None and n > 0 else max(extent, 1)
+    if n is None:
+        return None
+    count = n
+    if how == "count":
+        return count if extent is None else max(1, min(count, extent))
+    return count  # "sections": exactly that many, empty ones included
+
+
+_COUNT_KWARGS = (
+    "split_size_or_sections", "split_size", "split_sizes", "chunks", "sections", "indices",
+    "tensor_indices_or_sections",
+)
+"""The keywords torch's Python and its schemas give the count argument."""
+
+
+def _extent(shape: Sequence[int] | None, dim: object) -> int | None:
+    """`shape[dim]`, or None where either is unknown or out of range."""
+    if not shape or not isinstance(dim, int) or isinstance(dim, bool) or not -len(shape) <= dim < len(shape):
+        return None
+    return shape[dim]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,9 @@ class GraphLimits:
 
     max_nodes: int = 50_000
     """Nodes in the graph and all its subgraphs, placeholders and output included."""
+    max_traced_nodes: int = 100_000
+    """Nodes the worker's fake propagation runs: each body's counted at every call, and
+    once more by itself (`_Totals.traced`); a body buys no budget."""
     max_rank: int = 16
     """Dimensions of any placeholder or constant tensor."""
     max_constant_bytes: int = 1 << 20
@@ -330,6 +333,9 @@ class _Totals:
     arguments: int = 0
     elements: int = 0
     constant_bytes: int = 0
+    traced: int = 0
+    """Nodes the worker's fake propagation runs: each graph's own, and a body's again
+    at every higher-order call of it, recursively."""
 
 
 class _Checker:
@@ -350,6 +356,12 @@ class _Checker:
         self.referenced: set[str] = set()
         self.subgraph_nodes: set[str] = set()
         """GET_ATTR nodes that name a subgraph: only a higher-order op may take them."""
+        self.body_of: dict[str, str] = {}
+        """GET_ATTR node → the subgraph it names."""
+        self.body_cost: dict[str, int] = {}
+        """Subgraph → the nodes one call of it runs (`traced`)."""
+        self.traced = len(graph.nodes)
+        """The nodes one run of this graph runs, bodies at each of their calls included."""
         self.takes_subgraphs = False
         self.defined: set[str] = set()
         self.sequences = graphbounds.SequenceBounds(limits.max_sequence_length, limits.max_rank)
@@ -410,6 +422,17 @@ class _Checker:
         unused = sorted(self.subgraphs - self.referenced)
         if unused:
             raise MalformedGraph(f"{self.path}subgraph {unused[0]!r} is named by no get_attr node")
+        self.totals.traced += self.traced  # each body also runs once by itself (its own propagation)
+        self.check_traced(self.totals.traced)
+
+    def check_traced(self, traced: int) -> None:
+        """Bodies buy no budget: the worker's fake propagation runs a body at each call
+        (torchfarm/fx/decode.py), so `n` nodes called `k` times cost `n * k`."""
+        if traced > self.limits.max_traced_nodes:
+            raise GraphTooLarge(
+                f"{self.path or 'the graph '}runs {traced} nodes with each body counted at every call, "
+                f"more than {self.limits.max_traced_nodes}"
+            )
 
     def header(self) -> None:
         """The format version, and what a subgraph may not declare."""
@@ -445,7 +468,9 @@ class _Checker:
             if not sub.HasField("graph"):
                 raise MalformedGraph(f"{where}: no graph")
             self.subgraphs.add(sub.name)
-            _Checker(sub.graph, self.limits, self.totals, f"{where}: ", self.depth + 1).run()
+            body = _Checker(sub.graph, self.limits, self.totals, f"{where}: ", self.depth + 1)
+            body.run()
+            self.body_cost[sub.name] = body.traced
 
     def symbol(self, sym: graph_pb2.Symbol) -> None:
         self.name("symbol", sym.name)
@@ -543,6 +568,7 @@ class _Checker:
             if node.target in self.subgraphs:
                 self.referenced.add(node.target)
                 self.subgraph_nodes.add(node.name)
+                self.body_of[node.name] = node.target
             elif node.target not in self.constants:
                 raise MalformedGraph(f"{where}: get_attr of undeclared constant or subgraph {node.target!r}")
             if node.args or node.kwargs:
@@ -554,6 +580,8 @@ class _Checker:
             raise MalformedGraph(f"{where}: unknown op {node.op}")
         for arg in node.args:
             self.argument(arg, where, 1)
+        if self.takes_subgraphs:
+            self.count_calls(node)
         self.bound_work(node, where)
         previous = None
         for kw in node.kwargs:
@@ -562,6 +590,13 @@ class _Checker:
                 raise MalformedGraph(f"{where}: kwargs must be unique and sorted by name")
             previous = kw.name
             self.argument(kw.value, where, 1)
+
+    def count_calls(self, node: graph_pb2.Node) -> None:
+        """Adds what a higher-order op's bodies run at this call to `traced`."""
+        for name in _references([*node.args, *(kw.value for kw in node.kwargs)]):
+            if name in self.body_of:
+                self.traced += self.body_cost[self.body_of[name]]
+        self.check_traced(self.totals.traced + self.traced)
 
     def bound_work(self, node: graph_pb2.Node, where: str) -> None:
         """Python operators under any name, and the sequences nodes can grow."""
@@ -584,7 +619,8 @@ class _Checker:
                         f"the limit is {graphbounds.MAX_OPERATOR_EXPONENT}"
                     )
         op = "call_method" if node.op == Node.CALL_METHOD else "call_function"
-        length = self.sequences.node(node.name, op, node.target, [_operand(a) for a in node.args])
+        kwargs = {kw.name: _operand(kw.value) for kw in node.kwargs}
+        length = self.sequences.node(node.name, op, node.target, [_operand(a) for a in node.args], kwargs)
         if length is not None and length > self.limits.max_sequence_length:
             if applied is not None and applied[0] == "mul":
                 raise MalformedGraph(
@@ -666,9 +702,11 @@ class _Checker:
                 f"{where} has rank {len(meta.shape)}, more than {self.limits.max_rank}"
             )
         trees = [self.sym_expr(size, where, size=True) for size in (*meta.shape, *meta.stride)]
+        dims = tuple(max(0, graphbounds.evaluate(tree, self.hints)) for tree in trees[: len(meta.shape)])
+        self.sequences.shapes[node.name] = dims
         numel = 1
-        for tree in trees[: len(meta.shape)]:
-            numel *= max(0, graphbounds.evaluate(tree, self.hints))
+        for size in dims:
+            numel *= size
         if numel > self.limits.max_placeholder_elements:
             raise GraphTooLarge(
                 f"{where} has {numel} elements at its hints, more than {self.limits.max_placeholder_elements}"
@@ -762,6 +800,17 @@ def _operand(arg: graph_pb2.Argument) -> tuple[str, Any]:
     if kind == "int_value":
         return ("int", arg.int_value)
     return ("other", None)
+
+
+def _references(args: Iterable[graph_pb2.Argument]) -> Iterator[str]:
+    """The node names among `args`, inside lists and tuples too (flex_attention takes a
+    mask body inside its block-mask tuple)."""
+    for arg in args:
+        kind = arg.WhichOneof("kind")
+        if kind == "node":
+            yield arg.node
+        elif kind in ("list", "tuple"):
+            yield from _references(getattr(arg, kind).items)
 
 
 def _check_getattr(node: graph_pb2.Node, where: str) -> None:

@@ -24,10 +24,12 @@ from torchfarm import keys, options
 from torchfarm.codes import JobError, Stage
 from torchfarm.fx import global_state
 from torchfarm.fx import guards as shape_guards
+from torchfarm.fx.customops import job_scope as use_standins_for_job
 from torchfarm.fx.customops import use_installed as use_installed_ops
 from torchfarm.fx.decode import DecodedGraph
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.graph_errors import GraphError
+from torchfarm.graphcheck import validate_graph
 from torchfarm.manifest import BlobRef, blob_digest
 from torchfarm.seal import Seal
 from torchfarm.signing import Signer
@@ -137,7 +139,8 @@ def run_delivery(
         store.update_job(
             key, state=JobState.RUNNING, stage=Stage.DECODE, worker=delivery.worker, started=time.time()
         )
-        outcome = work(store)
+        with use_standins_for_job():  # one tenant's custom ops never reach another's job
+            outcome = work(store)
     except JobFailed as e:
         record_failure(key, store, e.code, delivery.redact(str(e)), delivery.failed_ttl_s)
         return None
@@ -234,36 +237,54 @@ def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
 
 @dataclass
 class Prepared:
-    """A job's request, checked and decoded: what every compile path starts from."""
+    """A job's request, checked: what every compile path starts from."""
 
     request: farm_pb2.CompileRequest
-    decoded: DecodedGraph
+    decoded_graph: DecodedGraph | None
+    """The decoded graph once a path in this process asked for it (`decoded`); None
+    where the job compiles in the sandbox, whose child decodes it: tenant bytes are
+    fake-propagated only there, under its memory and CPU limits."""
     inductor_options: dict[str, Any]
     decode_s: float
     began: float
     """`time.perf_counter()` when this job began."""
 
+    @property
+    def decoded(self) -> DecodedGraph:
+        """The graph decoded in this process, under the grad mode and autocast it was
+        captured in: only for a compile that runs here (no sandbox, a GPU faked)."""
+        if self.decoded_graph is None:
+            try:
+                with global_state.applied(self.request.options):
+                    self.decoded_graph = fakepg.decoded(self.request.graph)
+            except GraphError as e:
+                raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
+        return self.decoded_graph
+
     def redecoded(self) -> Prepared:
-        """The same, decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
-        with global_state.applied(self.request.options):
-            return dataclasses.replace(self, decoded=fakepg.decoded(self.request.graph))
+        """The same, to be decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
+        return dataclasses.replace(self, decoded_graph=None)
 
 
 def prepare(key: str, ctx: WorkerContext) -> Prepared:
-    """Loads the job's request, refuses a build mismatch, checks its options and decodes
-    the graph under the grad mode and autocast it was captured in; raises JobFailed.
-    The compile runs under them too (`global_state.applied`)."""
+    """Loads the job's request, refuses a build mismatch, checks its options and the
+    graph (`validate_graph`, torch-free and bounded); raises JobFailed. The graph is
+    decoded here only where the compile runs in this process (`Prepared.decoded`); a
+    sandboxed compile's child decodes it. The compile runs under the grad mode and
+    autocast it was captured in (`global_state.applied`)."""
     t0 = time.perf_counter()
     request = load_request(key, ctx.store, farm_pb2.CompileRequest, "compile")
     check_build(request, ctx.fingerprint)
     inductor_options = check_options(request)
     try:
-        with global_state.applied(request.options):
-            decoded = fakepg.decoded(request.graph)
+        validate_graph(request.graph)
     except GraphError as e:
         raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-    t_decode = time.perf_counter() - t0
-    return Prepared(request, decoded, inductor_options, t_decode, t0)
+    job = Prepared(request, None, inductor_options, 0.0, t0)
+    if ctx.compile_sandbox is None:
+        job.decoded  # noqa: B018  decoded now, so a bad graph fails before the compile starts
+    job.decode_s = time.perf_counter() - t0
+    return job
 
 
 def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:

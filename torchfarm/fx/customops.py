@@ -16,17 +16,21 @@ same qualified name and schema in a `torch.library.Library` fragment, with:
   client's Python. Training through such an op compiles on the farm only where the op's
   package is installed on the workers, and then the real op (with its autograd) is used.
 
-A worker process keeps one stand-in per op; a later graph declaring another schema for
-it is refused. Behaviour pinned against torch 2.13.0: `Library(ns, "FRAGMENT").define`,
+Stand-ins last one job (`job_scope`): its fragments are destroyed after it, so one
+tenant's declaration never reaches another's compile, nor tells it which names others
+use; within a job, a second schema for an op is refused. The sandbox's children define
+them in a forked copy that ends with the run; a job in the worker's own process
+(sandbox off, a GPU faked) runs in the scope. Behaviour pinned against torch 2.13.0: `Library(ns, "FRAGMENT").define`,
 `torch.library.register_fake(qualname, fn, lib=...)`, `Library.impl(name, fn, "Autograd")`,
 and `str(OpOverload._schema)` printing `ns::name[.overload](...) -> ...`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +141,20 @@ class _Call:
     outputs: list[tuple[list[Any], list[Any], torch.dtype, torch.device]]
     """(shape, stride, dtype, device), sizes as ints or SymInts of the decoding ShapeEnv."""
     returns: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def job_scope() -> Iterator[None]:
+    """Every stand-in defined inside is gone after it: the fragments destroyed (which
+    clears `torch.ops.<ns>.<name>`), the records forgotten."""
+    try:
+        yield
+    finally:
+        for lib in _libraries.values():
+            lib._destroy()
+        _libraries.clear()
+        _standins.clear()
+        _calls.clear()
 
 
 def use_installed(modules: Iterable[str]) -> None:

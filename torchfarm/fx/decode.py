@@ -42,7 +42,7 @@ from torchfarm.fx import customops as fx_customops
 from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
-from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
+from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
 
@@ -184,6 +184,28 @@ def _check_python_op(target: object, args: Sequence[object], limits: GraphLimits
             raise MalformedGraph(f"integer {getattr(target, '__name__', target)} by {exponent}")
 
 
+def _check_outputs(name: str, args: Sequence[object], kwargs: dict[str, Any], limits: GraphLimits) -> None:
+    """Refuses an op whose argument asks for more outputs than a sequence may hold
+    (graphbounds.output_count, on the actual sizes): `unbind` of a 2**28-row tensor
+    allocates 2**28 tensors in C++, past the reach of any time limit."""
+    many = graphbounds.many_outputs(name) if isinstance(name, str) else None
+    if many is None or not args or not isinstance(args[0], torch.Tensor):
+        return
+    hints = [_int_value(s) for s in args[0].shape]
+    shape = None if any(h is None for h in hints) else cast(list[int], hints)
+    count = graphbounds.output_count(many, shape, [_plain(a) for a in args[1:]], {k: _plain(v) for k, v in kwargs.items()})
+    if count is not None and count > limits.max_sequence_length:
+        raise GraphTooLarge(f"{name} would make {count} outputs, more than {limits.max_sequence_length}")
+
+
+def _plain(value: object) -> object:
+    """An argument as graphbounds.output_count reads it: ints (SymInts at their hints),
+    lists and tuples as they are, anything else unknown."""
+    if isinstance(value, (list, tuple)):
+        return value
+    return _int_value(value)
+
+
 def _check_int_result(result: object) -> None:
     n = _int_value(result)
     if n is not None and n.bit_length() > MAX_INT_BITS:
@@ -204,12 +226,14 @@ class _Propagate(FakeTensorProp):
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         _check_python_op(target, args, self.limits)
+        _check_outputs(str(getattr(target, "_opname", None) or getattr(target, "__name__", "")), args, kwargs, self.limits)
         result = super().call_function(target, args, kwargs)
         _check_int_result(result)
         return result
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
         _check_python_method(target, args, self.limits)
+        _check_outputs(target, args, kwargs, self.limits)
         result = super().call_method(target, args, kwargs)
         _check_int_result(result)
         return result

@@ -24,7 +24,7 @@ from typing import Any
 
 from torchfarm import keys
 from torchfarm.codes import JobError, Stage
-from torchfarm.fx import global_state
+from torchfarm.fx import customops, global_state
 from torchfarm.fx import guards as shape_guards
 from torchfarm.manifest import Manifest
 from torchfarm.store import JobState
@@ -79,11 +79,12 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
                 JobError.TOO_MANY_ATTEMPTS, "the lowering was delivered too often; a worker was lost each time"
             )
         store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
-        job = prepare(key, ctx)
-        dec, front = _stored(board, key)
-        sent = float(board.job_fields(key).get("l_sent") or began)
-        with global_state.applied(job.request.options):
-            manifest = lower(key, ctx, job, target, dec, front, began - sent)
+        with customops.job_scope():  # one tenant's custom ops never reach another's job
+            job = prepare(key, ctx)
+            dec, front = _stored(board, key)
+            sent = float(board.job_fields(key).get("l_sent") or began)
+            with global_state.applied(job.request.options):
+                manifest = lower(key, ctx, job, target, dec, front, began - sent)
     except JobFailed as e:
         record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
         return
