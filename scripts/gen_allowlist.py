@@ -4,9 +4,11 @@
     .venv/bin/python scripts/gen_allowlist.py          # rewrite the file
     .venv/bin/python scripts/gen_allowlist.py --check  # exit 1 if it is stale
 
-The list is built from the pinned torch by enumerating namespaces of pure tensor ops,
-then removing a deny-list of anything that does I/O, touches storage or pointers,
-changes process-wide state, registers hooks or runs arbitrary callables. Names are
+The list is derived from the pinned torch: every target Dynamo can put in a graph
+(`torchfarm/fx/surface.py`: torch's overridable functions and Tensor methods, the
+builtins, numpy calls and higher-order ops Dynamo records, ATen and prims) and the
+namespaces of pure tensor ops, less what `torchfarm/denylist.py` refuses by name (I/O,
+storage and pointers, process-wide state, RNG state, hooks, arbitrary callables). Names are
 canonical as `torchfarm.fx.encode.qualified_name` writes them, and every one is checked to resolve
 back to the same object through `torchfarm.fx.decode.resolve_qualified_name`.
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,8 +32,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from torchfarm import collectives, dtensor, graphcheck  # noqa: E402
-from torchfarm.fx.decode import resolve_qualified_name  # noqa: E402
+from torchfarm import collectives, denylist, dtensor, graphcheck  # noqa: E402
+from torchfarm.fx import surface  # noqa: E402
+from torchfarm.fx.decode import resolve_target  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
 
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
@@ -84,19 +86,6 @@ OP_MODULES = frozenset(
     }
 )
 
-# Pure operator-module functions. attrgetter/itemgetter/methodcaller build callables and
-# operator.call runs one, so they are left out.
-OPERATOR_FUNCTIONS = (
-    "abs add and_ concat contains eq floordiv ge getitem gt iadd iand iconcat ifloordiv "
-    "ilshift imatmul imod imul index inv invert ior ipow irshift is_ is_not isub itruediv "
-    "ixor le lshift lt matmul mod mul ne neg not_ or_ pos pow rshift setitem sub truediv "
-    "truth xor"
-).split()
-
-# Factorials and binomials of a large int take unbounded time; everything else in math
-# is a bounded pure function.
-MATH_DENIED = {"factorial", "comb", "perm"}
-
 # Targets Dynamo emits for real models beyond plain ops (found by tracing no_grad,
 # autocast, vmap, dynamic shapes, .item() and torch._check). Each is pure or restores
 # the state it changes within the graph.
@@ -145,93 +134,6 @@ HIGHER_ORDER_OPS = tuple(
     ).split()
 )
 
-# Tensor attributes `builtins.getattr` may read: the public data descriptors of
-# torch.Tensor, less these, which lead to autograd state or leave the tensor world.
-DENIED_ATTRIBUTES = {"data", "grad", "grad_fn", "grad_dtype", "name", "output_nr", "retains_grad", "volatile"}
-
-# Qualified-name prefixes that never enter the list, whatever namespace lists them:
-# serialization and file I/O, library loading, hub downloads, global-state setters,
-# profilers that write traces, process and device management.
-DENIED_PREFIXES = (
-    "torch._C._set_",
-    "torch.set_",
-    "torch.hub.",
-    "torch.serialization.",
-    "torch.ops.load_library",
-    "torch._ops.ops.load_library",
-    "torch.profiler.",
-    "torch.autograd.profiler.",
-    "torch.ops.profiler.",
-    "torch.distributed.",
-    "torch.multiprocessing.",
-    "torch.cuda.",
-    "torch.utils.",
-    "torch.jit.",
-    "torch.package.",
-    "torch.random.",
-    "os.",
-    "sys.",
-    "subprocess.",
-    "socket.",
-    "pickle.",
-)
-
-# Names (last component of a function, or a method name) that are never allowed.
-DENIED_NAMES = {
-    # process-wide state, autograd machinery, helpers that dispatch to arbitrary code
-    "backward",
-    "_backward",
-    "set",
-    "set_",
-    "set_data",
-    "is_set_to",
-    "manual_seed",
-    "seed",
-    "initial_seed",
-    "handle_torch_function",
-    "has_torch_function",
-    "has_torch_function_unary",
-    "has_torch_function_variadic",
-    "boolean_dispatch",
-    "assert_int_or_pair",
-    # I/O, buffers and foreign memory
-    "load",
-    "save",
-    "asarray",
-    "frombuffer",
-    "from_numpy",
-    "from_file",
-    "numpy",
-    "tolist",
-    # Tensor methods that run callables, expose storage or leave the tensor world
-    "apply_",
-    "map_",
-    "map2_",
-    "as_subclass",
-    "module_load",
-    "new",
-    "reinforce",
-    "type",
-}
-# Substrings of a name that deny it.
-DENIED_PARTS = (
-    "storage",
-    "data_ptr",
-    "hook",
-    "pin_memory",
-    "is_pinned",
-    "record_stream",
-    "share_memory",
-    "is_shared",
-    "retain_grad",
-    "dlpack",
-    "seed",
-    "rng_state",
-    "print",
-    "plan_cache",
-    "from_file",
-)
-
 # Dunder Tensor methods a graph may call: arithmetic, comparison and indexing.
 TENSOR_DUNDERS = tuple(
     f"__{name}__"
@@ -244,13 +146,8 @@ TENSOR_DUNDERS = tuple(
 )
 
 
-def denied(name: str) -> bool:
-    if name.startswith(DENIED_PREFIXES):
-        return True
-    last = name.rsplit(".", 1)[-1]
-    if name.startswith("torch.ops."):
-        last = name.split(".")[3]  # torch.ops.<namespace>.<op>[.<overload>]
-    return last in DENIED_NAMES or any(part in last for part in DENIED_PARTS)
+def denied(name: str, kind: str = "function") -> bool:
+    return denylist.denial(name, kind) is not None
 
 
 def _public_callables(namespace: str) -> Iterable[object]:
@@ -296,12 +193,7 @@ def functions() -> list[str]:
             or name.startswith(tuple(f"torch.ops.{ns}." for ns in DISPATCHER_NAMESPACES))
         ) and not denied(name):
             names.add(name)
-    names.update(f"_operator.{n}" for n in OPERATOR_FUNCTIONS)
-    names.update(
-        f"math.{n}"
-        for n in dir(math)
-        if not n.startswith("_") and callable(getattr(math, n)) and n not in MATH_DENIED
-    )
+    names.update(_surface(surface.FUNCTION))
     names.update(HELPERS)
     # Functional collectives name their group by a string; torchfarm/collectives.py
     # checks it against the graph's declared groups.
@@ -312,13 +204,27 @@ def functions() -> list[str]:
     return sorted(names)
 
 
+def _surface(kind: str) -> set[str]:
+    """What Dynamo can put in a graph as `kind`, less what the deny-list names."""
+    found = set()
+    for target in surface.surface():
+        if target.kind != kind:
+            continue
+        if not target.encodable:
+            raise SystemExit(f"the format cannot name {target.name}: see torchfarm/fx/encode.py")
+        if not denied(target.name, kind):
+            found.add(target.name)
+    return found
+
+
 def methods() -> list[str]:
     public = [
         n
         for n in dir(torch.Tensor)
         if not n.startswith("_") and callable(getattr(torch.Tensor, n, None))
     ]
-    return sorted({n for n in public if not denied(n)} | set(TENSOR_DUNDERS) | set(dtensor.METHODS))
+    names = {n for n in public if not denied(n, surface.METHOD)} | _surface(surface.METHOD)
+    return sorted(names | set(TENSOR_DUNDERS) | set(dtensor.METHODS))
 
 
 def attributes() -> list[str]:
@@ -327,15 +233,16 @@ def attributes() -> list[str]:
         for n in dir(torch.Tensor)
         if not n.startswith("_") and not callable(getattr(torch.Tensor, n, None))
     ]
-    return sorted(n for n in public if n not in DENIED_ATTRIBUTES and not denied(n))
+    names = {n for n in public if not denied(n, surface.ATTRIBUTE)}
+    return sorted(names | _surface(surface.ATTRIBUTE))
 
 
 def verify(function_names: list[str]) -> None:
     """Every name must resolve, and name the object it resolves to."""
     for name in function_names:
-        obj = resolve_qualified_name(name)
-        if qualified_name(obj) != name:
-            raise SystemExit(f"{name} resolves to an object named {qualified_name(obj)}")
+        named = surface.name_of(resolve_target(name))
+        if named.name != name:
+            raise SystemExit(f"{name} resolves to an object named {named.name}")
 
 
 def build() -> dict[str, object]:

@@ -20,6 +20,8 @@ import logging
 from dataclasses import dataclass
 from importlib import resources
 
+from torchfarm import denylist
+
 log = logging.getLogger(__name__)
 
 ALLOWLIST_RESOURCE = "data/allowlist.json"
@@ -68,3 +70,10 @@ def is_allowed_method(name: str) -> bool:
 def is_allowed_attribute(name: str) -> bool:
     """True if a graph may read the Tensor attribute `name` with `builtins.getattr`."""
     return name in load_allowlist().attributes
+
+
+def refusal(name: str, kind: str = "op") -> str:
+    """Why a graph calling `name` is refused: off the allow-list, and the deny-list's
+    reason where a rule names it (`torchfarm.denylist`)."""
+    why = denylist.denial(name)
+    return f"{kind} {name!r} is not on the farm's allow-list" + (f" ({why})" if why else "")

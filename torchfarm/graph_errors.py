@@ -14,6 +14,8 @@ maps them to INVALID_ARGUMENT. This module imports neither torch nor grpc.
 
 from __future__ import annotations
 
+from torchfarm import allowlist
+
 
 class GraphError(ValueError):
     """Base class: the graph was rejected. Never transient."""
@@ -24,7 +26,7 @@ class DisallowedOp(GraphError):
 
     def __init__(self, target: str, kind: str = "op") -> None:
         self.target = target
-        super().__init__(f"{kind} {target!r} is not on the farm's allow-list")
+        super().__init__(allowlist.refusal(target, kind))
 
 
 class MalformedGraph(GraphError):

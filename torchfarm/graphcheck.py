@@ -610,14 +610,8 @@ class _Checker:
         if node.op not in (Node.CALL_FUNCTION, Node.CALL_METHOD):
             return
         applied = graphbounds.python_operator(node.target)
-        if applied is not None and applied[0] in ("pow", "lshift"):
-            for arg in node.args[1:] if node.op == Node.CALL_METHOD else node.args:
-                if arg.WhichOneof("kind") == "int_value" and abs(arg.int_value) > graphbounds.MAX_OPERATOR_EXPONENT:
-                    what = "exponent" if applied[0] == "pow" else "shift"
-                    raise MalformedGraph(
-                        f"{where}: {node.target} with {what} {arg.int_value}; "
-                        f"the limit is {graphbounds.MAX_OPERATOR_EXPONENT}"
-                    )
+        if applied is not None and applied[0] in ("pow", "lshift") and len(node.args) == 2:
+            _bound_exponent(node, applied, where)
         op = "call_method" if node.op == Node.CALL_METHOD else "call_function"
         kwargs = {kw.name: _operand(kw.value) for kw in node.kwargs}
         length = self.sequences.node(node.name, op, node.target, [_operand(a) for a in node.args], kwargs)
@@ -811,6 +805,26 @@ def _references(args: Iterable[graph_pb2.Argument]) -> Iterator[str]:
             yield arg.node
         elif kind in ("list", "tuple"):
             yield from _references(getattr(arg, kind).items)
+
+
+def _bound_exponent(node: graph_pb2.Node, applied: tuple[str, bool], where: str) -> None:
+    """`**` and `<<` grow an integer exponentially in their right operand only: a literal
+    exponent or shift past the limit is refused unless the base is a float. The base is
+    not bounded: `10000 ** (freq_seq / d)` (Funnel's and most sinusoidal position
+    encodings) has a literal base and a tensor exponent. An exponent only the worker
+    knows, it checks on the actual values (torchfarm/fx/decode.py)."""
+    name, reflected = applied
+    base, exponent = node.args[::-1] if reflected else node.args  # x.__rpow__(n) is n ** x
+    if (
+        exponent.WhichOneof("kind") == "int_value"
+        and abs(exponent.int_value) > graphbounds.MAX_OPERATOR_EXPONENT
+        and base.WhichOneof("kind") != "float_value"
+    ):
+        what = "exponent" if name == "pow" else "shift"
+        raise MalformedGraph(
+            f"{where}: {node.target} with {what} {exponent.int_value}; "
+            f"the limit is {graphbounds.MAX_OPERATOR_EXPONENT}"
+        )
 
 
 def _check_getattr(node: graph_pb2.Node, where: str) -> None:

@@ -180,6 +180,72 @@ def _clip() -> tuple[Any, dict]:
     }
 
 
+def _funnel():
+    from transformers import FunnelConfig, FunnelForSequenceClassification
+    config = FunnelConfig(vocab_size=VOCAB, block_sizes=[1, 1], block_repeats=[1, 1], num_decoder_layers=1,
+                          d_model=64, n_head=4, d_head=16, d_inner=128, num_labels=2)
+    ids = _tokens()
+    return FunnelForSequenceClassification(_no_dropout(config)), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1])}
+
+def _xlnet():
+    from transformers import XLNetConfig, XLNetLMHeadModel
+    config = XLNetConfig(vocab_size=VOCAB, d_model=64, n_layer=2, n_head=4, d_inner=128)
+    ids = _tokens()
+    return XLNetLMHeadModel(_no_dropout(config)), {"input_ids": ids, "labels": ids}
+
+def _albert():
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+    config = AlbertConfig(vocab_size=VOCAB, embedding_size=32, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+    ids = _tokens()
+    return AlbertForSequenceClassification(_no_dropout(config)), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1])}
+
+def _dinov2():
+    from transformers import Dinov2Config, Dinov2ForImageClassification
+    config = Dinov2Config(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2, num_labels=3)
+    return Dinov2ForImageClassification(_no_dropout(config)), {"pixel_values": torch.randn(BATCH, 3, 32, 32), "labels": torch.tensor([0, 2])}
+
+def _gptj():
+    from transformers import GPTJConfig, GPTJForCausalLM
+    config = GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, rotary_dim=8)
+    ids = _tokens()
+    return GPTJForCausalLM(_no_dropout(config)), {"input_ids": ids, "labels": ids}
+
+def _bigcode():
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
+    config = GPTBigCodeConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    ids = _tokens()
+    return GPTBigCodeForCausalLM(_no_dropout(config)), {"input_ids": ids, "labels": ids}
+
+def _modernbert():
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+    config = ModernBertConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, max_position_embeddings=64, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, num_labels=2)
+    ids = _tokens()
+    return ModernBertForSequenceClassification(_no_dropout(config)), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1])}
+
+def _mamba():
+    from transformers import MambaConfig, MambaForCausalLM
+    config = MambaConfig(vocab_size=VOCAB, hidden_size=64, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4)
+    ids = _tokens()
+    return MambaForCausalLM(config), {"input_ids": ids, "labels": ids}
+
+def _hubert():
+    from transformers import HubertConfig, HubertForCTC
+    config = HubertConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, ctc_loss_reduction="mean")
+    return HubertForCTC(_no_dropout(config)), {"input_values": torch.randn(BATCH, 800), "labels": torch.randint(1, 32, (BATCH, 5))}
+
+def _siglip():
+    from transformers import SiglipConfig, SiglipModel
+    text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+    config = SiglipConfig(text_config=text, vision_config=vision)
+    return SiglipModel(_no_dropout(config)), {"input_ids": _tokens(), "pixel_values": torch.randn(BATCH, 3, 32, 32), "return_loss": True}
+
+
 @dataclass(frozen=True)
 class Arch:
     name: str
@@ -223,6 +289,63 @@ ARCHITECTURES: tuple[Arch, ...] = (
     Arch("wav2vec2", "audio", _wav2vec2),
     Arch("whisper", "audio (encoder-decoder)", _whisper),
     Arch("clip", "multimodal", _clip),
+    # Architectures first tried from outside the suite (issue 43).
+    Arch("qwen3", "decoder (QK norm)", _decoder("Qwen3Config", "Qwen3ForCausalLM", num_key_value_heads=2, head_dim=16)),
+    Arch(
+        "qwen3-moe",
+        "decoder (MoE)",
+        _decoder(
+            "Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_key_value_heads=2, head_dim=16,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        ),
+    ),
+    Arch(
+        "gemma2", "decoder (soft-capping)",
+        _decoder("Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=16),
+    ),
+    Arch(
+        "gemma3", "decoder (local and global layers)",
+        _decoder("Gemma3TextConfig", "Gemma3ForCausalLM", num_key_value_heads=2, head_dim=16),
+    ),
+    Arch(
+        "deepseek-v3",
+        "decoder (MLA, MoE)",
+        _decoder(
+            "DeepseekV3Config", "DeepseekV3ForCausalLM", num_key_value_heads=4,
+            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+        ),
+    ),
+    Arch(
+        "gpt-oss",
+        "decoder (MoE, attention sinks)",
+        _decoder(
+            "GptOssConfig", "GptOssForCausalLM", num_key_value_heads=2, head_dim=16,
+            num_local_experts=4, num_experts_per_tok=2,
+        ),
+    ),
+    Arch(
+        "jamba",
+        "hybrid (Mamba, attention, MoE)",
+        _decoder(
+            "JambaConfig", "JambaForCausalLM", num_key_value_heads=2, num_experts=4,
+            num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=1, use_mamba_kernels=False, mamba_d_state=8,
+        ),
+    ),
+    Arch("mamba", "state space", _mamba),
+    Arch("falcon", "decoder", _decoder("FalconConfig", "FalconForCausalLM")),
+    Arch("gptj", "decoder (rotary)", _gptj),
+    Arch("gpt-bigcode", "decoder (multi-query)", _bigcode),
+    Arch("xlnet", "permutation language model", _xlnet),
+    Arch("funnel", "encoder (pooling)", _funnel),
+    Arch("albert", "encoder (shared layers)", _albert),
+    Arch("deberta-v2", "encoder", _encoder("DebertaV2Config", "DebertaV2ForSequenceClassification")),
+    Arch("modernbert", "encoder", _modernbert),
+    Arch("dinov2", "vision", _dinov2),
+    Arch("hubert", "audio", _hubert),
+    Arch("siglip", "multimodal", _siglip),
 )
 BY_NAME = {a.name: a for a in ARCHITECTURES}
 

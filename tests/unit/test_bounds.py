@@ -160,3 +160,31 @@ def test_the_worker_bounds_sequence_growth_it_could_not_see_statically():
     validate_graph(g, limits)
     with pytest.raises(GraphError, match="repeated"):
         decode_graph(g, limits)
+
+
+# Bounds refuse only what is hostile (issue 43): the base of `**` is not an exponent.
+
+
+def _pow(base: graph_pb2.Argument, exponent: graph_pb2.Argument, target: str = "_operator.pow") -> graph_pb2.Graph:
+    return graph(
+        Node(name="n", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]),
+        Node(name="p", op=Node.CALL_FUNCTION, target=target, args=[base, exponent]),
+    )
+
+
+def test_a_large_literal_base_with_a_node_exponent_is_no_bomb():
+    # Funnel: `1 / (10000 ** (freq_seq / d))`, refused as "exponent 10000; the limit is 64".
+    validate_graph(_pow(Arg(int_value=10000), Arg(node="n")))
+    validate_graph(_pow(Arg(int_value=1 << 40), Arg(node="n"), "_operator.lshift"))
+
+
+@pytest.mark.parametrize("target", ["_operator.pow", "_operator.ipow", "_operator.lshift"])
+def test_a_large_literal_exponent_on_a_node_is_refused(target):
+    with pytest.raises(GraphError, match="exponent|shift"):
+        validate_graph(_pow(Arg(node="n"), Arg(int_value=10000), target))
+
+
+def test_a_reflected_power_bounds_its_exponent_not_its_base():
+    rpow = Node(name="p", op=Node.CALL_METHOD, target="__rpow__", args=[Arg(node="n"), Arg(int_value=10000)])
+    g = graph(Node(name="n", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]), rpow)
+    validate_graph(g)  # 10000 ** n: the exponent is the node, the worker checks it

@@ -41,6 +41,7 @@ from torchfarm import allowlist, customops, graphbounds
 from torchfarm.fx import customops as fx_customops
 from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx import global_state
+from torchfarm.fx.encode import NUMPY_METHODS, NUMPY_PREFIX
 from torchfarm.fx.internals import resolve
 from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
 from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
@@ -111,12 +112,30 @@ def resolve_qualified_name(qualname: str) -> Any:
     return obj
 
 
+def numpy_call(name: str) -> Callable[..., Any]:
+    """The wrapper Dynamo puts in a graph for a numpy call, from the name
+    `encode.numpy_name` gave it: an ndarray method, an operator, or a function."""
+    inner = name.removeprefix(NUMPY_PREFIX)
+    if inner.startswith(NUMPY_METHODS):
+        method = inner.removeprefix(NUMPY_METHODS)
+        if not method.isidentifier():
+            raise MalformedGraph(f"target {name!r} names no ndarray method")
+        return cast(Callable[..., Any], resolve("numpy_method_wrapper")(method))
+    wrapper = "numpy_operator_wrapper" if inner.startswith("_operator.") else "numpy_to_tensor_wrapper"
+    return cast(Callable[..., Any], resolve(wrapper)(resolve_qualified_name(inner)))
+
+
+def resolve_target(name: str) -> Any:
+    """The object a call_function target's name denotes, allowed or not."""
+    return numpy_call(name) if name.startswith(NUMPY_PREFIX) else resolve_qualified_name(name)
+
+
 @functools.cache
 def resolve_function(qualname: str) -> Callable[..., Any]:
     """The callable for an allow-listed call_function target; `DisallowedOp` otherwise."""
     if not allowlist.is_allowed_function(qualname):
         raise DisallowedOp(qualname)
-    obj = resolve_qualified_name(qualname)
+    obj = resolve_target(qualname)
     if not callable(obj):
         raise MalformedGraph(f"target {qualname!r} is not callable")
     return obj
@@ -225,7 +244,8 @@ class _Propagate(FakeTensorProp):
     """The decoder's limits; set per graph."""
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        _check_python_op(target, args, self.limits)
+        # An operator on ndarrays runs the operator itself on whatever is not a tensor.
+        _check_python_op(getattr(target, "op", target), args, self.limits)
         _check_outputs(str(getattr(target, "_opname", None) or getattr(target, "__name__", "")), args, kwargs, self.limits)
         result = super().call_function(target, args, kwargs)
         _check_int_result(result)
@@ -492,7 +512,7 @@ class _Decoder:
 
     def run(self) -> DecodedGraph:
         gm, inputs = self.build()
-        with global_state.preserved():
+        with global_state.preserved(), _as_dynamo_propagates():
             propagate = _Propagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
             propagate.propagate_dont_convert_inputs(*inputs)
@@ -505,6 +525,15 @@ class _Decoder:
             shape_env=self.shape_env,
             symbols=dict(self.symbols),
         )
+
+
+def _as_dynamo_propagates() -> contextlib.AbstractContextManager[None]:
+    """The Python dispatcher, on as Dynamo has it when it fakes a node (`get_fake_value`):
+    ops whose C++ kernel takes concrete sizes only (`constant_pad_nd`) reach their
+    Python meta or decomposition with it. Without it `F.pad` by a symbolic amount (`math.lcm`
+    of a dynamic size) failed with "SymIntArrayRef expected to contain only concrete
+    integers" on a graph Dynamo had traced."""
+    return cast(contextlib.AbstractContextManager[None], resolve("enable_python_dispatcher")())
 
 
 def _mark_example_values(gm: torch.fx.GraphModule) -> None:
@@ -538,7 +567,7 @@ def decode_graph_into(
         gm, made = decoder.build()
         values = made if inputs is None else list(inputs)
         if propagate:
-            with global_state.preserved():
+            with global_state.preserved(), _as_dynamo_propagates():
                 _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
                 decoder.propagate_subgraphs()
         else:

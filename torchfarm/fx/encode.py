@@ -98,6 +98,72 @@ def _public_aliases() -> dict[int, str]:
 _OP_TYPES = (resolve("OpOverload"), resolve("OpOverloadPacket"))
 _HIGHER_ORDER_OP = resolve("HigherOrderOperator")
 
+NUMPY_PREFIX = "numpy:"
+"""Marks a numpy call as Dynamo puts it in a graph: a `torch._numpy` function, an
+ndarray method or an operator on ndarrays, each inside a wrapper of `torch._dynamo.utils`
+that makes tensors of the result. The name after it is the wrapped call's."""
+
+NUMPY_METHODS = "torch._numpy._ndarray.ndarray."
+"""Where an ndarray method's name goes after `NUMPY_PREFIX`."""
+
+
+_NUMPY_NAMESPACES = ("torch._numpy", "torch._numpy.fft", "torch._numpy.linalg", "torch._numpy.random")
+
+
+@functools.cache
+def _numpy_aliases() -> dict[int, str]:
+    """torch._numpy's public callables by id: many are decorated, so their own
+    `__module__` and `__qualname__` do not lead back to them."""
+    resolve("torch_numpy")  # imported: Dynamo imports it when a graph calls numpy
+    aliases: dict[int, str] = {}
+    for ns_name in _NUMPY_NAMESPACES:
+        ns = lookup_qualified_name(ns_name)
+        for attr in sorted(dir(ns)):
+            if not attr.startswith("_") and callable(getattr(ns, attr, None)):
+                aliases.setdefault(id(getattr(ns, attr)), f"{ns_name}.{attr}")
+    return aliases
+
+
+def _numpy_function(fn: object) -> str:
+    name = _numpy_aliases().get(id(fn))
+    return name if name is not None else qualified_name(fn)
+
+
+def numpy_name(target: object) -> str | None:
+    """The name of a wrapped numpy call ("numpy:torch._numpy._ufuncs.lcm"); None if
+    `target` is no such wrapper (`decode.numpy_call` makes the wrapper back)."""
+    if isinstance(target, resolve("numpy_to_tensor_wrapper")):
+        return NUMPY_PREFIX + _numpy_function(target.f)
+    if isinstance(target, resolve("numpy_method_wrapper")):
+        return NUMPY_PREFIX + NUMPY_METHODS + target.method
+    if isinstance(target, resolve("numpy_operator_wrapper")):
+        return NUMPY_PREFIX + qualified_name(target.op)
+    return None
+
+
+@functools.cache
+def _tensor_methods() -> dict[int, str]:
+    """Each Tensor method's function, by id, to its attribute name (first in sorted order
+    where one function has two names)."""
+    methods: dict[int, str] = {}
+    for name in sorted(dir(torch.Tensor)):
+        value = getattr(torch.Tensor, name, None)
+        if callable(value) and not isinstance(value, type):
+            methods.setdefault(id(value), name)
+    return methods
+
+
+def tensor_method_name(target: object) -> str | None:
+    """The method's name when `target` is a Tensor method called as a function.
+
+    Dynamo records a method written in Python (`Tensor.split` in torch/_tensor.py) as a
+    call of the function `torch._tensor.Tensor.split`, not as `call_method`, when a
+    torch-function mode is active (`torch.set_default_device`, `with torch.device(...)`)
+    or the code calls `torch.Tensor.split(x, ...)`. On the plain tensors a graph takes
+    both forms run the same function, so the format carries one: the method."""
+    name = _tensor_methods().get(id(target))
+    return name if name is not None and getattr(torch.Tensor, name, None) is target else None
+
 
 def qualified_name(target: object) -> str:
     """The canonical, importable name of a call_function target.
@@ -439,21 +505,29 @@ class _Encoder:
             out.target = str(node.target)
             self.placeholder(node, example, out)
             return
-        if node.op == "call_function":
+        method = tensor_method_name(node.target) if node.op == "call_function" else None
+        if method is not None:
+            if not args or not isinstance(args[0], torch.fx.Node):
+                raise UnsupportedGraph(f"node {node.name}: Tensor.{method} called on no node")
+            out.op = Node.CALL_METHOD
+            out.target = method
+            if not allowlist.is_allowed_method(method):
+                raise UnsupportedGraph(allowlist.refusal(method, "method"))
+        elif node.op == "call_function":
             out.op = Node.CALL_FUNCTION
-            out.target = qualified_name(node.target)
+            out.target = numpy_name(node.target) or qualified_name(node.target)
             schema = fx_customops.describe(node.target)
             if schema is not None:
                 self.custom_op(node, schema, out)
             elif not allowlist.is_allowed_function(out.target):
-                raise UnsupportedGraph(f"op {out.target!r} is not on the farm's allow-list")
+                raise UnsupportedGraph(allowlist.refusal(out.target, "op"))
             if node.target in _INDEXING and len(args) >= 2:
                 args = (args[0], _expand_ellipsis(args[0], args[1]), *args[2:])
         elif node.op == "call_method":
             out.op = Node.CALL_METHOD
             out.target = str(node.target)
             if not allowlist.is_allowed_method(out.target):
-                raise UnsupportedGraph(f"method {out.target!r} is not on the farm's allow-list")
+                raise UnsupportedGraph(allowlist.refusal(out.target, "method"))
         elif node.op == "get_attr":
             out.op = Node.GET_ATTR
             out.target = str(node.target)
