@@ -47,6 +47,18 @@ DENIED_PREFIXES: dict[str, str] = {
 }
 """Qualified-name prefixes, whatever namespace lists them."""
 
+_UNCACHEABLE = "AOTAutograd's cache does not take it, so no artifact of the graph can be serialized"
+
+UNCACHEABLE_PREFIXES: dict[str, str] = {
+    "numpy:torch._numpy._ndarray.ndarray.": _UNCACHEABLE,
+    "numpy:_operator.": _UNCACHEABLE,
+    "torch.nn.init.": _UNCACHEABLE,
+    "torch._lobpcg.": _UNCACHEABLE,
+}
+"""Whole-name prefixes of calls torch 2.13's `check_node_safe` refuses
+(tests/unit/test_cacheable.py): numpy methods and operators on ndarrays, as Dynamo wraps
+them, among others."""
+
 DENIED_NAMES: dict[str, str] = {
     **dict.fromkeys(("backward", "_backward"), "runs autograd outside the graph"),
     **dict.fromkeys(("set", "set_", "set_data", "is_set_to"), _MEMORY),
@@ -104,8 +116,9 @@ DENIED_TARGETS: dict[str, str] = {
             (("triton_kernel_wrapper_functional", "triton_kernel_wrapper_mutation"),
              "runs a user's Triton kernel source"),
             (("print", "with_effects"), "side effects outside the graph"),
-            (("auto_functionalized", "auto_functionalized_v2", "flex_attention_backward", "trace_wrapped"),
-             "made after Dynamo (functionalization, backward, compiled autograd)"),
+            (("auto_functionalized", "auto_functionalized_v2", "flex_attention_backward", "trace_wrapped",
+              "control_deps"),
+             "made after Dynamo (functionalization, backward, compiled autograd, Inductor's passes)"),
             (("associative_scan", "scan", "map_impl", "while_loop_stack_output", "foreach_map",
               "hints_wrapper", "invoke_quant", "invoke_quant_packed", "local_map_hop", "out_dtype",
               "wrap_activation_checkpoint"), _NOT_CARRIED),
@@ -160,6 +173,9 @@ def denial(name: str, kind: str = "function") -> str | None:
         return DENIED_METHODS[name]
     if name in DENIED_TARGETS:
         return DENIED_TARGETS[name]
+    for prefix, why in UNCACHEABLE_PREFIXES.items():
+        if name.startswith(prefix):
+            return why
     inner = _inner(name)
     for prefix, why in DENIED_PREFIXES.items():
         if inner.startswith(prefix):

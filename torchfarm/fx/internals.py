@@ -181,6 +181,9 @@ INTERNALS: dict[str, Internal] = {
     "torch_numpy": _i("torch._numpy", used_by="torchfarm/fx/encode.py, surface.py: numpy as Dynamo traces it"),
     "inductor_prims": _i("torch._inductor.inductor_prims",
                          used_by="torchfarm/fx/surface.py: registers the prims Inductor's decompositions emit"),
+    "inductor_passes": _i("torch._inductor.fx_passes.control_dependencies",
+                          used_by="torchfarm/fx/surface.py: registers the higher-order ops Inductor's "
+                          "passes make (control_deps), so the walk does not depend on what was imported"),
     "dispatcher_op_names": _i("torch._C", "_dispatch_get_all_op_names",
                               used_by="torchfarm/fx/surface.py: every ATen and prims op"),
     "higher_order_ops": _i("torch._ops", "_higher_order_ops",

@@ -121,5 +121,6 @@ def dispatcher_ops() -> Iterator[Target]:
 def surface() -> tuple[Target, ...]:
     """The whole walk, each target once, sorted."""
     resolve("inductor_prims")  # imported: registers the prims Inductor's decompositions emit
+    resolve("inductor_passes")  # and the higher-order ops its passes make
     found = {*overridable(), *builtin_calls(), *numpy_calls(), *higher_order_ops(), *dispatcher_ops()}
     return tuple(sorted(found, key=lambda t: (t.kind, t.name)))
