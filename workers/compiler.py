@@ -24,6 +24,7 @@ tests/unit/test_deferral.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -34,10 +35,14 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from torchfarm import graphcheck
+from torchfarm.allowlist import load_allowlist
 from torchfarm.fx import internals
+from torchfarm.fx.decode import resolve_function
+from torchfarm.fx.encode import NUMPY_PREFIX
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
 from torchfarm.fx.internals import resolve
 from torchfarm.fx.kernelspec import KernelSpec, kernel_name, load_fn_outputs, local_outputs
+from torchfarm.graph_errors import GraphError
 
 if TYPE_CHECKING:
     from torch._inductor.standalone_compile import AOTCompiledArtifact, DynamicShapesType
@@ -352,6 +357,23 @@ them is under the state the request's options key (`global_state.applied`).
 tests/unit/test_cacheable.py holds the whole allow-list to this."""
 
 
+@functools.cache
+def _numpy_wrappers() -> tuple[str, ...]:
+    """The allowed numpy calls as AOTAutograd names Dynamo's wrappers of them
+    ("torch._dynamo.utils.wrapped_absolute"): torch 2.13 takes them for cacheable itself
+    (`is_safe_numpy_wrapper`), 2.12 only where marked. The farm's key holds the call's
+    name, so marking them is safe."""
+    names = []
+    for name in load_allowlist().functions:
+        if name.startswith(NUMPY_PREFIX):
+            try:
+                target = resolve_function(name)
+            except GraphError:  # not on this torch
+                continue
+            names.append(f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}")
+    return tuple(names)
+
+
 @contextlib.contextmanager
 def cacheable_calls() -> Iterator[None]:
     """AOTAutograd's cache, and so its serialization, takes every higher-order op and
@@ -359,7 +381,10 @@ def cacheable_calls() -> Iterator[None]:
     and `autograd.Function`s."""
     inductor_config, functorch_config = internals.resolve("inductor_config"), internals.resolve("functorch_config")
     marked = dict(inductor_config.unsafe_marked_cacheable_functions)
-    marked.update((name, torch.__version__) for name in (*UNMARKED_CACHEABLE_HOPS, *UNMARKED_CACHEABLE_CALLS))
+    marked.update(
+        (name, torch.__version__)
+        for name in (*UNMARKED_CACHEABLE_HOPS, *UNMARKED_CACHEABLE_CALLS, *_numpy_wrappers())
+    )
     with inductor_config.patch(unsafe_marked_cacheable_functions=marked), \
             functorch_config.patch(autograd_cache_allow_custom_autograd_functions=True):
         yield

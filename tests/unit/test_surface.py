@@ -33,10 +33,13 @@ def test_every_target_dynamo_can_record_is_carried_or_denied_by_name() -> None:
     # The walk is the whole surface, not a sample: torch declares about 1,400
     # overridable functions and methods, ATen some 3,000 ops with their overloads.
     assert len(targets) > 5_000
+    # The allow-list is made from the pinned build: on another, a target it does not
+    # name is refused by name, so only encodability is asked of that build's surface.
+    pinned = allowlist.load_allowlist().torch_version == torch.__version__
     neither = [
         f"{t.kind} {t.name}" + ("" if t.encodable else " (the format cannot name it)")
         for t in targets
-        if not t.encodable or not (_allowed(t) or denylist.denial(t.name, t.kind))
+        if not t.encodable or (pinned and not (_allowed(t) or denylist.denial(t.name, t.kind)))
     ]
     assert neither == []
 
