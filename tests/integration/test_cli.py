@@ -13,28 +13,12 @@ from pathlib import Path
 import pytest
 
 from torchfarm import trustfile
+from torchfarm.cli.supervisor import descendants
 from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
 
 TORCHFARM = [sys.executable, "-m", "torchfarm.cli"]
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:

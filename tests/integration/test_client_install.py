@@ -148,7 +148,7 @@ def test_the_sdk_extra_alone_compiles_on_the_farm_up_started(up, client_python, 
 
     first = _run(client_python, CLIENT, [width, "error"], env)
     assert first.returncode == 0 and first.stdout.strip() == "ok", first.stderr[-3000:]
-    farm = [line for line in first.stderr.splitlines() if "graph 1 of Sequential: miss" in line]
+    farm = [line for line in first.stderr.splitlines() if "graph 1 of Sequential (<string>:13): miss" in line]
     assert len(farm) == 1 and " key=" in farm[0], first.stderr[-3000:]
     assert "1 graphs in this process: 1 from the farm (0 hits, 1 compiled), 0 compiled locally, 0 eager" \
         in first.stderr, first.stderr[-3000:]
@@ -158,7 +158,7 @@ def test_the_sdk_extra_alone_compiles_on_the_farm_up_started(up, client_python, 
                   _client_env(config, tmp_path / "b", TORCHFARM_REMOTE=f"grpc://localhost:{port}",
                               TORCH_TRACE=str(trace_dir)))
     assert second.returncode == 0, second.stderr[-3000:]
-    hit = [line for line in second.stderr.splitlines() if "graph 1 of Sequential: hit" in line]
+    hit = [line for line in second.stderr.splitlines() if "graph 1 of Sequential (<string>:13): hit" in line]
     assert len(hit) == 1, second.stderr[-3000:]
     key = hit[0].split(" key=")[1].split()[0]
     records = _trace_artifacts(trace_dir)
@@ -197,7 +197,7 @@ def test_every_graph_says_where_it_was_compiled_when_the_farm_is_down(tmp_path):
     assert len(warnings) == 1 and "FarmUnavailable" in warnings[0], lines  # once, not per graph
     local = [line for line in lines if "compiled locally in" in line]
     assert [line.split(": compiled")[0].split("torchfarm: ")[1] for line in local] == [
-        "graph 1 of fn", "graph 2 of fn"], lines
+        "graph 1 of fn (<string>:16)", "graph 2 of fn (<string>:16)"], lines  # the script's line
     assert all("FarmUnavailable" in line and "did not answer" in line for line in local), local
     assert "2 graphs in this process: 0 from the farm (0 hits, 0 compiled), 2 compiled locally, 0 eager" \
         in proc.stderr, lines
@@ -206,6 +206,6 @@ def test_every_graph_says_where_it_was_compiled_when_the_farm_is_down(tmp_path):
 def test_with_no_farm_configured_sdk_compile_says_so(tmp_path):
     proc = _run(sys.executable, BROKEN, [], _client_env(tmp_path / "config", tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "INFO sdk.backend torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): fn compiles " \
-        "locally" in proc.stderr, proc.stderr
+    assert "INFO sdk.backend torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): fn (<string>:16) " \
+        "compiles locally" in proc.stderr, proc.stderr
     assert proc.stderr.count("(no farm configured)") == 2, proc.stderr
