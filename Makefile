@@ -65,9 +65,10 @@ proto: setup
 	./scripts/gen_proto.sh
 
 # Regenerates the committed protobuf code and fails if anything changed.
+# Stale, changed or new untracked generated files all show in `git status --porcelain`.
 proto-check: setup
-	@./scripts/gen_proto.sh && git diff --exit-code --stat -- torchfarm/v1 \
-	  || (echo "generated protobuf code is stale: run 'make proto' and commit" >&2; exit 1)
+	@./scripts/gen_proto.sh && test -z "$$(git status --porcelain -- torchfarm/v1)" \
+	  || (git status --short -- torchfarm/v1; echo "generated protobuf code is stale: run 'make proto' and commit" >&2; exit 1)
 
 bench: setup
 	$(PY) bench/compile_bench.py
