@@ -3,8 +3,8 @@
 A coordinator answers NO_WORKER (FAILED_PRECONDITION) when no live worker serves a graph's
 target and the target is not one it knows (services/coordinator/farm.py queues jobs for
 known targets even with no worker live, which is what wakes a pool scaled to zero). A
-pool that is starting (pods scheduled, workers warming up, about 15 s) says the same
-for a moment. Falling back at once would compile locally what the farm is seconds from
+pool that is starting (pods scheduled, workers warming up) says the same for a
+moment. Falling back at once would compile locally what the farm is seconds from
 taking, so the submit is retried with backoff for up to `wake_timeout_s`, with the
 graph's progress showing "waiting for a worker"; past it the NO_WORKER error stands and
 the graph falls back (fallback="local") or raises. Free of torch.

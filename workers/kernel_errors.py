@@ -22,7 +22,7 @@ _OBJECT_REPR = re.compile(r"<[^<>\n]{0,200}? at 0x[0-9a-fA-F]+>")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,31}://)[^/@\s'\"]*@")
 """A scheme of at most 32 characters: unbounded, every start in a long run of letters
-scanned to the run's end, and a 100 kB diagnostic took 17 s (quadratic)."""
+scanned to the run's end, quadratic in a long diagnostic."""
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.<>/-])/(?:[\w.+-]+/)+[\w.+-]+")
 """Two components or more: `x /2` in a quoted kernel line is not a path."""
 

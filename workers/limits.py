@@ -2,9 +2,9 @@
 
 `SOFT_LIMIT` notes whether Celery's soft time limit fired during the task the pool
 process runs. The limit raises its exception wherever the compile happens to be. Seen
-under load: a 1 s limit, then "TypeError: 'NoneType' object is not callable" 11 s on,
-with no chain of causes leading back to the limit, as if torch had caught the limit's
-exception where it landed. The note makes such a failure COMPILE_TIMEOUT too.
+under load: the limit, then, seconds later, "TypeError: 'NoneType' object is not
+callable" with no chain of causes leading back to it, as if torch had caught the
+limit's exception where it landed. The note makes such a failure COMPILE_TIMEOUT too.
 
 `cpu_time_limit` bounds the CPU seconds a compile may burn with RLIMIT_CPU: past it the
 kernel sends SIGXCPU, whose default action ends the process. That is a real crash of the

@@ -4,13 +4,10 @@ inherit it, and so do those that replace a recycled one (`worker_max_tasks_per_c
 
 - Inductor's CPU vector ISA probe (`pick_vec_isa()`): it compiles a test program per
   ISA the CPU reports and dlopens it in a child process; the answer is cached for the
-  process (`valid_vec_isa_list`, `functools.cache`). Measured on the 2-core
-  development machine, pinned to one core: 4.9 s in a fresh process with an empty
-  Inductor cache dir, and the same again in every other worker process, where it sat on
-  the critical path of the first kernel build.
+  process (`valid_vec_isa_list`, `functools.cache`). Unwarmed, every worker process
+  pays it again, on the critical path of its first kernel build.
 - The build hashes every compile's cache key starts from (`torch_key()`, a hash of
-  torch's sources, and `triton_key()`; `prefetchable_cache`d for the process): 0.8 to
-  2.6 s on the same machine.
+  torch's sources, and `triton_key()`; `prefetchable_cache`d for the process).
 - The first compile's own start-up: Inductor's lazily built pattern-matcher passes,
   lowerings and decomposition tables, and the modules they import, and what each op
   costs the first time a process traces, decomposes and lowers it. A small
@@ -19,15 +16,10 @@ inherit it, and so do those that replace a recycled one (`worker_max_tasks_per_c
   way a staged compile goes: encoded and decoded, decomposed (`decompose_graph`),
   stored and lowered from the stored graphs (`using_decomposition`), with its kernel
   builds deferred (no compiler runs, nothing stays loaded) and one compile thread, so
-  no thread or process pool exists when Celery forks. Measured on the 2-core
-  development machine, pinned to one core, the GPT example's graph lowered from its
-  decomposition in a process other than the one that decomposed it: 11.0 and 11.8 s
-  (first kernel ready at 6.2 s) after the tiny MLP this warm-up lowered before, 9.9
-  and 10.3 s (first kernel at 5.0 s) after this block. The block's compile itself
-  takes about 9 s on that core (9.1 to 9.5 s in the scaling benchmark's workers),
-  against about 2 s for the MLP. A convolution block was tried too and left out: it
-  added 6 s and did not make the CNN example's first compile faster. Like every job,
-  it runs in a stack chunk of its own (workers/stackroom.py).
+  no thread or process pool exists when Celery forks. This block warms a later
+  compile more than a tiny MLP did, and a convolution block did not help the CNN
+  example (figures in docs/measurements.md). Like every job, it runs in a stack chunk
+  of its own (workers/stackroom.py).
 
 Nothing here changes what a compile does: the same functions run, earlier. Torch 2.13
 internals, pinned in tests/unit/test_warmup.py: `torch._inductor.cpu_vec_isa.

@@ -55,7 +55,7 @@ class WorkerSettings:
     run at once (`pipeline.build_threads`), since a job builds its batch at once on
     those cores. More kernels a job would queue inside it what an idle worker could
     take (one kernel builds in seconds); fewer would leave cores idle and send more
-    jobs (about 10 ms each)."""
+    jobs, each a round trip through the broker."""
     kernel_cache_scope: str = "fleet"
     """"fleet": a C++ kernel built for any tenant's graph is reused by every tenant's
     (workers/board.py). "tenant": each tenant's kernels are cached apart, so no
@@ -127,7 +127,7 @@ class WorkerSettings:
     Inductor once (workers/sandbox.py's `Forkserver`); False: each run starts Python."""
     sandbox_headers: bool = True
     """The forkserver prebuilds Inductor's precompiled C++ prefix headers for CPU kernels
-    (about 10 s of CPU once); False: each run that needs one builds it (a GPU target's
+    once; False: each run that needs one builds it (a GPU target's
     C++ kernels use none)."""
     soft_time_limit_s: int = celeryconf.SOFT_TIME_LIMIT_S
     """Wall seconds before a compile fails with COMPILE_TIMEOUT."""

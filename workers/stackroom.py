@@ -8,11 +8,10 @@ one spare chunk since March 2026; 3.11, which the farm runs, does not). Where a 
 frames start depends on the Celery and billiard frames above the task, so whether
 Inductor's loops land on a boundary is luck of the call depth.
 
-In the worker, they did. Measured on the 2-core development machine, the GPT
-example's lowering in a pool process pinned to one core: 190,000 mmap/munmap pairs
-(`strace -c`), 217,000 minor page faults, 1.9 s of system time and 12.7 to 13.4 s in
-all; the same lowering in a plain process took 10.3 s with 28,000 faults. Run
-through `in_stack_room`: 28,000 faults, 0.1 s of system time, 9.7 s.
+In the worker, they did: the GPT example's lowering in a pool process mapped and
+unmapped chunks hundreds of thousands of times, and ran far slower than in a plain
+process; through `in_stack_room` it faults as a plain process does (figures in
+docs/measurements.md).
 
 `in_stack_room(fn, ...)` calls `fn` from a frame that asks for `ROOM_SLOTS` stack
 slots. No chunk has that much room left, so CPython maps a chunk for it alone, sized to

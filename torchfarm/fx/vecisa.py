@@ -3,8 +3,8 @@
 Every C++ kernel's key and command line hold the chosen ISA's flags, so the first kernel
 a process keys calls `pick_vec_isa()`, whose `valid_vec_isa_list()` proves each ISA the
 CPU reports by building a test program per ISA and sub-feature (AVX-512 bf16 and VNNI,
-AMX tile and fp16) and dlopen'ing it: six builds, 2.7 s, on an AVX-512 machine with an
-empty cache dir (issue 19). Even `config.cpp.vec_isa_ok=True` keeps the sub-feature builds.
+AMX tile and fp16) and dlopen'ing it: six builds on an AVX-512 machine with an empty
+cache dir (docs/measurements.md). Even `config.cpp.vec_isa_ok=True` keeps the sub-feature builds.
 
 The worker that built the artifact ran that probe. `probe_record()` writes down what it
 concluded, per ISA: valid, bf16, amx_fp16; and the ISA it picked with its flags. The

@@ -53,8 +53,8 @@ def _path_from_env(name: str) -> Path | None:
 
 def seed_isa_probe(cache_dir: Path, python: str = sys.executable) -> Path:
     """`cache_dir`, holding what Inductor's vector-ISA probe builds (`pick_vec_isa()`: a
-    test program per ISA and sub-feature the CPU reports, 8.7 to 11.7 s on the 2-core
-    development machine under the test suite's load, 1.5 s once they are there), run in
+    test program per ISA and sub-feature the CPU reports, seconds each under the test
+    suite's load), run in
     a process of `python` the first time; returns `cache_dir`. The files are keyed by
     their source, the compiler's version and the torch version, so a process of another
     build builds its own beside them. Holds a lock while it runs, for concurrent test
@@ -117,8 +117,7 @@ class LocalStack:
     dlopens them instead of building six of them. None, the default unless
     TORCHFARM_STACK_INDUCTOR_SEED names one, starts every worker cache empty."""
     warmup: bool = True
-    """Workers warm Inductor up before they register (workers/priming.py, about 15 s on
-    the 2-core development machine). Tests that do not test it turn it off: the first
+    """Workers warm Inductor up before they register (workers/priming.py). Tests that do not test it turn it off: the first
     compile then pays the ISA probe and the build hashes instead."""
     split_state: bool = False
     """Start a second redis-server for the state and the broker (`noeviction`, AOF):
