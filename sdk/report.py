@@ -89,7 +89,8 @@ class WarmReport:
         ]
         header = ["MODEL", "GRAPH", "KEY", "TARGET", "OUTCOME", "COMPILE", "ROUND TRIP",
                   "KERNELS", "BYTES", "ERROR"]
-        return table(rows, header) + "\n" + self.summary()
+        numbers = ["GRAPH", "COMPILE", "ROUND TRIP", "KERNELS", "BYTES"]
+        return table(rows, header, right=numbers) + "\n" + self.summary()
 
     def to_json(self) -> str:
         return json.dumps({"graphs": [asdict(g) for g in self.graphs]}, indent=2)

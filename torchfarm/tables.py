@@ -1,16 +1,41 @@
-"""Plain aligned text tables and human units, for the `torchfarm` commands. Free of torch."""
+"""Text tables and human units, for the `torchfarm` commands and the SDK's reports.
+Free of torch.
+
+The tables are drawn by rich: it aligns the columns (numbers to the right), and on a
+terminal folds a column too wide for it; piped (`| grep`, a test), a row stays one
+line, however long."""
 
 from __future__ import annotations
 
+import io
+import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
-    """Columns padded to their widest cell, two spaces apart, no trailing blanks."""
-    cells = [[str(c) for c in r] for r in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
+_WIDE = 100_000
+"""The width a table is drawn at when stdout is no terminal: no row is folded."""
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str], right: Iterable[str] = ()) -> str:
+    """Columns two spaces apart under a plain header, no borders and no trailing
+    blanks; the columns named in `right` (numbers) aligned to the right."""
+    right = set(right)
+    tty = sys.stdout.isatty()
+    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style=None)
+    for name in header:
+        t.add_column(name, justify="right" if name in right else "left", no_wrap=not tty)
+    for row in rows:
+        t.add_row(*(Text(str(c)) for c in row))  # Text: no markup read in a cell
+    out = io.StringIO()
+    width = shutil.get_terminal_size().columns if tty else _WIDE
+    Console(file=out, width=width, no_color=True, highlight=False, emoji=False,
+            markup=False, force_terminal=False).print(t)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
 
 def fmt_bytes(n: float) -> str:

@@ -29,8 +29,8 @@ from google.protobuf.json_format import MessageToDict
 
 from torchfarm.cli.confirm import confirm
 from torchfarm.cli.errors import CliError
-from torchfarm.cli.render import hit_rate, model_of, table
-from torchfarm.tables import fmt_age, fmt_bytes, parse_age
+from torchfarm.cli.render import hit_rate, model_of
+from torchfarm.tables import fmt_age, fmt_bytes, parse_age, table
 
 EVERY = 2**31
 """A listing's limit for "every entry" (CacheQuery.limit is a uint32)."""

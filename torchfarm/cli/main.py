@@ -35,7 +35,6 @@ import sys
 import time
 
 from torchfarm import tables
-from torchfarm.cli import render
 from torchfarm.cli.cache import EVERY, add_cache_parser, as_json, call, stats_table
 from torchfarm.cli.errors import CliError
 from torchfarm.cli.explain import add_explain_parser
@@ -87,7 +86,7 @@ def _token(args: argparse.Namespace) -> int:
 
 
 _fmt_bytes = tables.fmt_bytes
-_table = render.table
+_table = tables.table
 
 
 def _status(args: argparse.Namespace) -> int:
