@@ -165,6 +165,11 @@ def test_the_sdk_extra_alone_compiles_on_the_farm_up_started(up, client_python, 
     assert [r["where"] for r in records] == ["farm"] and records[0]["outcome"] == "hit"
     assert records[0]["key"].startswith(key) and records[0]["farm"] == f"localhost:{port}"
 
+    # The CLI's client commands run from the same install, without the server packages.
+    status = subprocess.run([str(Path(client_python).parent / "torchfarm"), "status", "--remote",
+                             f"grpc://localhost:{port}"], capture_output=True, text=True, timeout=120, env=env)
+    assert status.returncode == 0 and "WORKER" in status.stdout, status.stderr[-3000:]
+
 
 def _trace_artifacts(trace_dir: Path) -> list[dict]:
     """The payloads of this farm's `artifact` entries in a TORCH_TRACE directory, as tlparse

@@ -133,3 +133,34 @@ def test_up_help_through_the_command():
     out = run("up", "--help")
     assert out.returncode == 0
     assert "(default: 50051)" in out.stdout and "(default: 1)" in out.stdout
+
+
+_SERVER_ONLY = ("redis", "celery", "kombu", "boto3", "botocore", "grpc_health", "prometheus_client")
+"""What the coordinator and worker extras bring and `pip install 'torchfarm[sdk]'` does not."""
+
+_CLIENT_ONLY = f"""
+import sys
+for name in {_SERVER_ONLY!r}:
+    sys.modules[name] = None  # import fails, as in a client's venv
+from torchfarm.cli.main import main
+sys.argv = ["torchfarm", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def client_only(*args: str) -> subprocess.CompletedProcess:
+    """The command as a training machine's `[sdk]` install runs it: no server packages."""
+    return subprocess.run([sys.executable, "-c", _CLIENT_ONLY, *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_client_install_runs_the_client_commands():
+    out = client_only("status", "--remote", f"grpc://127.0.0.1:{closed_port()}", "--timeout", "2")
+    line = one_line_error(out, "torchfarm status")  # the farm's absence, not a missing package
+    assert "UNAVAILABLE" in line and "ModuleNotFoundError" not in out.stderr, out.stderr
+    assert client_only("--help").returncode == 0
+
+
+def test_torchfarm_up_in_a_client_install_names_the_extras_it_needs():
+    line = one_line_error(client_only("up", "--grpc-port", str(closed_port())), "torchfarm up")
+    assert "torchfarm[all]" in line, line

@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +82,8 @@ file, as the deployments' state and broker Redis run)."""
 
 def wait_for_redis(url: str, timeout_s: float = 10.0, alive: Callable[[], None] = lambda: None) -> None:
     """Returns once `url` answers PING; `alive` raises if the server died meanwhile."""
+    import redis  # the server extras; `torchfarm up` checks for them first
+
     client = redis.Redis.from_url(url, socket_connect_timeout=1)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -202,6 +202,9 @@ def wait_ready(
 ) -> None:
     """Returns once the coordinator on `channel` reports SERVING and `workers` workers
     have registered; `alive` raises if a child died meanwhile."""
+    import redis
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     deadline = time.monotonic() + timeout_s
     # Any: the stub package's HealthStub lacks its generated methods (Check).
     health: Any = health_pb2_grpc.HealthStub(channel)

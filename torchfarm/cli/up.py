@@ -21,6 +21,7 @@ cleanly and kept (and named) when it stops on an error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import signal
@@ -135,9 +136,28 @@ def _token(keys: Path, tenant: str) -> tuple[Path, str]:
     return path, token
 
 
+SERVER_MODULES = ("redis", "celery", "grpc_health", "prometheus_client")
+"""What the coordinator and the workers import beyond a client's `[sdk]` install."""
+
+
+def _check_extras() -> None:
+    """Raises CliError, in one line, where this install lacks the coordinator's and the
+    workers' packages (a training machine's `pip install 'torchfarm[sdk]'`)."""
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise CliError(f"this install lacks {', '.join(missing)}, which the coordinator and workers need: "
+                       "pip install 'torchfarm[all]' (and apt-get install redis-server)", 1)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise CliError("--workers must be at least 1", 2)
+    _check_extras()
     _check_ports(args)
     launch.redis_server()  # fails now, in one line, where redis-server is not installed
     if args.data_dir is not None:
