@@ -11,12 +11,10 @@ import importlib.util
 import pytest
 import torch
 
+from tests.unit.test_customops import _graph
 from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES, RefusedCustomOp, reviewed_module
 from torchfarm.fx import customops
-from tests.unit.test_customops import _graph
 from workers.settings import WorkerSettings
-
-MOE = "transformers::grouped_mm_fallback(Tensor input, Tensor weight, Tensor offs) -> Tensor"
 
 
 @pytest.fixture
