@@ -40,7 +40,7 @@ OUTPUT = ROOT / "docs" / "model-coverage.md"
 
 
 def _reason(line: str) -> str:
-    return line.replace("|", "\\|").replace("\n", " ")[:220]
+    return line.replace("|", "\\|").replace("\n", " ")[:400]
 
 
 Row = tuple[StepResult, StepResult, float]

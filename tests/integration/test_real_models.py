@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
 
 IN_EVERY_RUN = frozenset({"gpt2", "bert", "llama"})
 """A decoder, an encoder and a grouped-query decoder run with `make test`; the whole zoo
-(about 25 minutes on the 2-core development machine) with `make test-models`."""
+(about an hour on the 2-core development machine) with `make test-models`; the zoo's
+variants (checkpointed, dynamic shapes) with it."""
 
 
 @pytest.mark.parametrize("arch", [

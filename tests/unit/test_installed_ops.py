@@ -77,9 +77,9 @@ def test_the_refusal_names_the_exact_setting(fresh_worker):
     """On a worker whose operator left transformers out, the refusal says what to set."""
     customops.use_installed(())
     assert customops.to_serve("transformers") == (
-        "the workers' operator adds transformers=transformers.integrations.moe to "
-        "TORCHFARM_INSTALLED_OP_MODULES (e.g. "
-        "TORCHFARM_INSTALLED_OP_MODULES=transformers=transformers.integrations.moe)"
+        "the workers' operator sets "
+        "TORCHFARM_INSTALLED_OP_MODULES=transformers=transformers.integrations.moe "
+        "(added to any entries it lists)"
     )
     assert "TORCHFARM_INSTALLED_OP_MODULES=tfown=<the module whose import registers it>" in (
         customops.to_serve("tfown")

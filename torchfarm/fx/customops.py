@@ -193,7 +193,7 @@ def to_serve(namespace: str) -> str:
     if namespace in _listed and module:
         return f"install the package of {module} on the workers ({INSTALLED_OP_SETTING} lists {namespace}={module})"
     entry = f"{namespace}={module or '<the module whose import registers it>'}"
-    return f"the workers' operator adds {entry} to {INSTALLED_OP_SETTING} (e.g. {INSTALLED_OP_SETTING}={entry})"
+    return f"the workers' operator sets {INSTALLED_OP_SETTING}={entry} (added to any entries it lists)"
 
 
 def _existing(schema: Schema) -> Any:
@@ -233,9 +233,8 @@ def _refuse_grad(target: str, op: Callable[[], Any], schema: Schema) -> Callable
         ):
             raise RefusedCustomOp(
                 schema.target,
-                "needs its backward, which is the client's Python: it compiles on the farm "
-                f"with gradients only where its namespace is installed on the workers; "
-                f"to serve it, {to_serve(schema.namespace)}",
+                "needs its backward, the client's Python, which the farm runs only from the "
+                f"package installed on the workers; to serve it, {to_serve(schema.namespace)}",
             )
         with _BELOW_AUTOGRAD():
             return op()(*args, **kwargs)
