@@ -19,6 +19,7 @@ import argparse
 import datetime
 import logging
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -103,7 +104,7 @@ def main() -> int:
     archs += [a for a in extra if a.name not in {b.name for b in archs}]
     os.environ.setdefault("TORCHFARM_WARMUP", "0")
     results: list[Row] = []
-    command = " ".join(["scripts/model_coverage.py", *sys.argv[1:]])
+    command = shlex.join(["scripts/model_coverage.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory() as work, LocalStack(workers=1, workdir=Path(work)) as stack:
         os.environ["TORCHFARM_TRUSTED_KEYS_FILE"] = str(stack.trusted_keys_file)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(work) / "client-inductor")

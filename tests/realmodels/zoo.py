@@ -321,6 +321,8 @@ class Arch:
     build: Callable[[], tuple[Any, dict]]
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed to `sdk.compile` with the model (a variant's `dynamic=True`)."""
+    tolerance: float = 1e-4
+    """Largest absolute difference from eager the suite allows (tests/realmodels/step.py)."""
 
 
 ARCHITECTURES: tuple[Arch, ...] = (
@@ -417,7 +419,9 @@ ARCHITECTURES: tuple[Arch, ...] = (
     Arch("hubert", "audio", _hubert),
     Arch("siglip", "multimodal", _siglip),
     Arch("segformer", "vision (segmentation)", _segformer),
-    Arch("mobilevit", "vision (convolutions and attention)", _mobilevit),
+    # A batch norm's bias gradient of about 17 differs from eager by 9.8e-4 in a local
+    # Inductor compile too (float32 rounding, 6e-5 relative): the issue's bound, 1e-3.
+    Arch("mobilevit", "vision (convolutions and attention)", _mobilevit, tolerance=1e-3),
     Arch("patchtst", "time series", _patchtst),
     Arch("reformer", "decoder (reversible layers)", _reformer),
     # Chosen besides the issue's list.
@@ -445,12 +449,14 @@ def checkpointed(arch: Arch) -> Arch:
         model.gradient_checkpointing_enable()
         return model, inputs
 
-    return Arch(f"{arch.name} + checkpointing", arch.family, build, arch.compile_kwargs)
+    return Arch(f"{arch.name} + checkpointing", arch.family, build, arch.compile_kwargs, arch.tolerance)
 
 
 def dynamic(arch: Arch) -> Arch:
     """`arch` compiled with `dynamic=True`: its graphs take symbolic sizes."""
-    return Arch(f"{arch.name} + dynamic", arch.family, arch.build, {**arch.compile_kwargs, "dynamic": True})
+    return Arch(
+        f"{arch.name} + dynamic", arch.family, arch.build, {**arch.compile_kwargs, "dynamic": True}, arch.tolerance,
+    )
 
 
 BY_NAME = {a.name: a for a in ARCHITECTURES}
