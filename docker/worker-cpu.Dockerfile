@@ -7,7 +7,9 @@
 # Builds behind a wheel mirror: --build-arg TORCH_INDEX_URL=... PIP_FIND_LINKS=...
 # `kernels` adds Triton from PyPI: the CPU wheel of torch has none, and the worker's
 # fingerprint names the Triton version, so it and the clients must agree on having it.
-ARG EXTRAS=worker,kernels
+# `transformers`: its mixture-of-experts op, which workers serve by default (Qwen3-MoE,
+# gpt-oss, Jamba, Mixtral; docs/operations.md).
+ARG EXTRAS=worker,kernels,transformers
 FROM python:3.11-slim-bookworm AS build
 
 ARG TORCH_VERSION=2.13.0

@@ -5,6 +5,7 @@
 #   docker build -f docker/worker-cuda.Dockerfile -t torchfarm/worker-cuda .
 # The `worker` extra has no Triton of its own and constraints.txt's torch and Triton
 # lines are dropped, so pip keeps the Triton this torch wheel was built with.
+# `transformers` brings its mixture-of-experts op, which workers serve by default.
 FROM python:3.11-slim-bookworm AS build
 
 ARG TORCH_VERSION=2.13.0
@@ -23,7 +24,7 @@ RUN /opt/torchfarm/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TO
 WORKDIR /src
 COPY pyproject.toml constraints.txt scripts/extra_requirements.py ./
 RUN grep -v -E '^(torch|triton|pytorch-triton-rocm)==' constraints.txt > /tmp/constraints.txt \
-    && python extra_requirements.py worker > /tmp/requirements.txt \
+    && python extra_requirements.py worker,transformers > /tmp/requirements.txt \
     && /opt/torchfarm/bin/pip install -c /tmp/constraints.txt -r /tmp/requirements.txt
 
 # The project itself, as a wheel (a few hundred KB).
@@ -60,7 +61,7 @@ RUN apt-get update \
 COPY --from=build /opt/torchfarm /opt/torchfarm
 # No index: every dependency of the extras must already be in the venv, or this fails.
 COPY --from=wheel /wheels /tmp/wheels
-RUN /opt/torchfarm/bin/pip install --no-index --find-links /tmp/wheels "torchfarm[worker]" \
+RUN /opt/torchfarm/bin/pip install --no-index --find-links /tmp/wheels "torchfarm[worker,transformers]" \
     && rm -rf /tmp/wheels
 
 USER 10001

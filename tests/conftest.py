@@ -33,7 +33,6 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-"
 # compile under bubblewrap.
 os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
-from tests.realmodels.zoo import INSTALLED_OPS  # noqa: E402
 from torchfarm.store import Store  # noqa: E402
 from torchfarm.testing.stack import (  # noqa: E402
     INDUCTOR_SEED_ENV,
@@ -83,9 +82,10 @@ def session_stack(tmp_path_factory):
     """The embedded local stack with one CPU worker, shared by the integration tests.
     Its worker skips the warm-up, as most test stacks' do: on a loaded machine the
     warm-up kept it from registering within the start timeout. The stack of
-    tests/faults/test_worker_faults.py warms up, and a test there checks it did."""
+    tests/faults/test_worker_faults.py warms up, and a test there checks it did. It has
+    no custom-op setting: transformers' ops load by default where it is installed."""
     workdir = tmp_path_factory.mktemp("stack")
-    with LocalStack(workers=1, workdir=workdir, warmup=False, worker_env={0: INSTALLED_OPS}) as s:
+    with LocalStack(workers=1, workdir=workdir, warmup=False) as s:
         yield s
 
 

@@ -43,6 +43,26 @@ DENIED_NAMESPACES = frozenset(
 )
 """Namespaces a graph may not declare: torch's own operators (and this project's)."""
 
+DEFAULT_INSTALLED_OP_MODULES: tuple[str, ...] = ("transformers=transformers.integrations.moe",)
+"""`namespace=module` entries a worker loads with no setting, each only where its package
+is installed: reviewed code whose import registers ops (transformers' mixture-of-experts
+`grouped_mm_fallback`, which Qwen3-MoE, gpt-oss, Jamba and Mixtral call) and does nothing
+else. A worker imports them at start, never on a request; TORCHFARM_INSTALLED_OP_MODULES
+replaces the list (docs/security.md)."""
+
+INSTALLED_OP_SETTING = "TORCHFARM_INSTALLED_OP_MODULES"
+"""The worker setting a refusal names, so the operator knows what to set."""
+
+
+def reviewed_module(namespace: str) -> str | None:
+    """The module of `namespace`'s entry in DEFAULT_INSTALLED_OP_MODULES, if it has one."""
+    for entry in DEFAULT_INSTALLED_OP_MODULES:
+        ns, _, module = entry.partition("=")
+        if ns == namespace:
+            return module
+    return None
+
+
 BASE_TYPES = frozenset(
     {
         "Tensor", "int", "float", "bool", "str", "SymInt", "SymFloat", "SymBool", "Scalar",

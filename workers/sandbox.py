@@ -134,6 +134,9 @@ class Sandbox:
     before its first run, as a worker's main process does before its pool forks."""
     devices: tuple[str, ...] = ()
     """Device nodes bound into the bwrap child (a GPU kind's: workers/sandbox_limits.py)."""
+    installed_ops: tuple[str, ...] = ()
+    """The worker's custom-op modules (TORCHFARM_INSTALLED_OP_MODULES), imported by the
+    forkserver before its first run, so no run pays their import (transformers': seconds)."""
 
     @property
     def degraded(self) -> bool:
@@ -350,6 +353,7 @@ class Forkserver:
             "vec_isa": vec_isa,
             "headers": box.prebuilt_headers,
             "warm": box.warm_compile,
+            "installed_ops": list(box.installed_ops),
         }
         # -P: the working directory is not on the server's import path.
         argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
@@ -764,6 +768,7 @@ def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, 
         prebuilt_headers=settings.sandbox_headers,
         warm_compile=warm_compile,
         devices=policy.nodes(),
+        installed_ops=settings.installed_op_modules,
     )
 
 

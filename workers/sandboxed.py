@@ -325,6 +325,7 @@ def serve(config: dict[str, Any]) -> int:
     try:
         headers = _preload(
             root, config.get("vec_isa") or {}, bool(config.get("headers", True)), bool(config.get("warm")),
+            tuple(str(m) for m in config.get("installed_ops", ())),
         )
         _answer({"ready": True})
         return _serve_runs(root, limits, own_namespace, headers)
@@ -371,8 +372,12 @@ _OPS_IMPORT = (
 )
 
 
-def _preload(root: str, vec_isa: dict[str, Any], headers: bool, warm: bool) -> dict[str, tuple[int, ...]]:
-    """Everything the ops import, the compiler's answers and the parent's vector ISA,
+def _preload(
+    root: str, vec_isa: dict[str, Any], headers: bool, warm: bool, installed_ops: tuple[str, ...] = (),
+) -> dict[str, tuple[int, ...]]:
+    """Everything the ops import, the worker's custom-op modules (`installed_ops`, the
+    operator's list: what each run's `_set_up` would import again), the compiler's
+    answers and the parent's vector ISA,
     (`headers`) Inductor's precompiled headers for CPU kernels (`_prebuild_headers`), and
     (`warm`) the worker's warm-up compile (workers/priming.py), a fixed graph of the
     farm's own: what each run would otherwise spend its first seconds on. Returns the
@@ -380,6 +385,9 @@ def _preload(root: str, vec_isa: dict[str, Any], headers: bool, warm: bool) -> d
     for module in _OPS_IMPORT:
         importlib.import_module(module)
     from torchfarm.fx import toolchain, vecisa
+    from torchfarm.fx.customops import use_installed
+
+    use_installed(installed_ops)
 
     toolchain.seed_inductor()
     if vec_isa:

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from torchfarm import celeryconf
+from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,13 @@ class WorkerSettings:
     this machine lacks gets Triton kernel jobs only. The queues follow from the targets."""
     queues: tuple[str, ...] = ()
     """Extra Celery queues to consume besides the targets' own; normally none."""
-    installed_op_modules: tuple[str, ...] = ()
+    installed_op_modules: tuple[str, ...] = DEFAULT_INSTALLED_OP_MODULES
     """Custom-op namespaces whose packages are installed on this worker, as
     `namespace=module` (say `transformers=transformers.integrations.moe`): the module is
     imported at start, and graphs calling that namespace's ops use the real ops, autograd
-    included, in place of stand-ins built from the client's schema (torchfarm/fx/customops.py)."""
+    included, in place of stand-ins built from the client's schema (torchfarm/fx/customops.py).
+    The default is the reviewed list (torchfarm/customops.py), each entry loaded only where
+    its package is installed; a value replaces it, and an empty one loads none."""
     lower_without_gpu: bool = False
     """Experimental: also lower graphs for one CUDA target this machine lacks, with its
     device properties faked (workers/gpuless.py). Needs a CUDA build of torch."""

@@ -591,3 +591,24 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_the_server_imports_the_installed_op_modules_before_its_runs(outside_tmp, monkeypatch):
+    """The worker's custom-op modules (transformers' by default: seconds to import) are
+    imported once, by the forkserver before its first run: a run forks with them loaded,
+    and its `use_installed` finds them there."""
+    marker = outside_tmp / "imports.txt"
+    (outside_tmp / "tf_marker_ops.py").write_text(
+        f"import os\nwith open({str(marker)!r}, 'a') as f:\n    f.write(str(os.getpid()) + '\\n')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(outside_tmp), os.environ.get("PYTHONPATH")])))
+    settings = WorkerSettings(sandbox="process", sandbox_headers=False, installed_op_modules=("tfmarker=tf_marker_ops",))
+    box = sandbox.for_worker(settings, "process")
+    try:
+        for source in (SOURCE, SOURCE.replace("11", "12")):
+            sandbox.build_kernels(box, [_kernel_spec(source)], 1, 1 << 30)
+        assert box.forkserver is not None and box.forkserver.runs == 2
+        assert marker.read_text().split() == [str(box.forkserver.pid)]
+    finally:
+        box.close()

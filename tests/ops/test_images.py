@@ -174,3 +174,19 @@ def test_kernel_caches_are_outside_tmp(dockerfile):
                           (ROOT / "docker" / dockerfile).read_text()))
     assert set(env) >= {"TORCHINDUCTOR_CACHE_DIR", "TMPDIR"}
     assert not any(v.startswith("/tmp") for v in env.values()), env
+
+
+@pytest.mark.parametrize("dockerfile", sorted(d for d, extra in DOCKERFILES.items() if extra == "worker"))
+def test_each_worker_image_installs_the_packages_whose_ops_it_serves_by_default(dockerfile):
+    """Issue 43: the reviewed custom-op modules a worker loads with no setting
+    (DEFAULT_INSTALLED_OP_MODULES) load only where their package is installed, so each
+    worker image installs it: transformers' MoE op compiles on the farm out of the box."""
+    from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES
+
+    text = (ROOT / "docker" / dockerfile).read_text()
+    (extras,) = _extras(text, r'pip install --no-index --find-links /tmp/wheels "torchfarm\[([^\]]+)\]"')
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installs = {re.split(r"[\[=<>!~; ]", r, maxsplit=1)[0].lower() for r in requirements(project, sorted(extras))}
+    for entry in DEFAULT_INSTALLED_OP_MODULES:
+        package = entry.partition("=")[2].partition(".")[0]
+        assert package in installs, f"{dockerfile} lacks {package}, whose ops workers load by default"

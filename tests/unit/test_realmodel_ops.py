@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 from sdk.scalars import specialize_float_inputs  # noqa: E402
 from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
+from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES  # noqa: E402
 from torchfarm.fx.customops import use_installed  # noqa: E402
 from torchfarm.fx.decode import decode_graph  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph  # noqa: E402
@@ -39,9 +40,9 @@ def test_every_graph_of_the_model_encodes_and_decodes(arch) -> None:
             problems.append(str(e))
         return gm.forward
 
-    # As the test stack's worker is configured (tests/conftest.py): this process's
-    # transformers ops are the installed package's, not a client's.
-    use_installed(["transformers=transformers.integrations.moe"])
+    # As a worker with no setting loads them: this process's transformers ops are the
+    # installed package's, not a client's.
+    use_installed(DEFAULT_INSTALLED_OP_MODULES)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, inputs = arch.build()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,14 @@ import sympy
 import torch
 
 from torchfarm import allowlist
-from torchfarm.customops import RefusedCustomOp, Schema, parse_schema
+from torchfarm.customops import (
+    DEFAULT_INSTALLED_OP_MODULES,
+    INSTALLED_OP_SETTING,
+    RefusedCustomOp,
+    Schema,
+    parse_schema,
+    reviewed_module,
+)
 from torchfarm.fx.internals import resolve as internal
 from torchfarm.v1 import graph_pb2
 
@@ -128,6 +136,8 @@ def record_call(
 
 _installed: set[str] = set()
 """Namespaces whose packages the operator installed on this worker (`use_installed`)."""
+_listed: dict[str, str] = {}
+"""Namespace → module of each entry `use_installed` was given, loaded or not."""
 _libraries: dict[str, torch.library.Library] = {}
 _standins: dict[str, str] = {}
 """Stand-in op target → the schema it was defined with, in this process."""
@@ -158,16 +168,32 @@ def job_scope() -> Iterator[None]:
 
 
 def use_installed(modules: Iterable[str]) -> None:
-    """Imports each `namespace=module` (an operator's setting, never a client's), whose
-    import registers that namespace's ops; their calls then use the real ops."""
+    """Imports each `namespace=module` (an operator's setting, or the reviewed defaults;
+    never a client's), whose import registers that namespace's ops; their calls then use
+    the real ops. An entry of DEFAULT_INSTALLED_OP_MODULES whose package is not installed
+    is skipped: its ops get stand-ins, and a refusal says what to install."""
     for entry in modules:
         namespace, _, module = entry.partition("=")
         if namespace in _installed:
+            continue
+        _listed[namespace] = module
+        if entry in DEFAULT_INSTALLED_OP_MODULES and importlib.util.find_spec(module.partition(".")[0]) is None:
+            log.info("custom ops of namespace %s: %s is not installed on this worker", namespace, module)
             continue
         if module:
             importlib.import_module(module)
         _installed.add(namespace)
         log.info("custom ops of namespace %s are installed on this worker (%s)", namespace, module)
+
+
+def to_serve(namespace: str) -> str:
+    """What the workers' operator does so that `namespace`'s ops run on the farm: the
+    exact setting, or the package to install where the setting already lists it."""
+    module = _listed.get(namespace) or reviewed_module(namespace)
+    if namespace in _listed and module:
+        return f"install the package of {module} on the workers ({INSTALLED_OP_SETTING} lists {namespace}={module})"
+    entry = f"{namespace}={module or '<the module whose import registers it>'}"
+    return f"the workers' operator sets {INSTALLED_OP_SETTING}={entry} (added to any entries it lists)"
 
 
 def _existing(schema: Schema) -> Any:
@@ -207,8 +233,8 @@ def _refuse_grad(target: str, op: Callable[[], Any], schema: Schema) -> Callable
         ):
             raise RefusedCustomOp(
                 schema.target,
-                "needs its backward, which is the client's Python: it compiles on the farm "
-                "with gradients only where its namespace is installed on the workers",
+                "needs its backward, the client's Python, which the farm runs only from the "
+                f"package installed on the workers; to serve it, {to_serve(schema.namespace)}",
             )
         with _BELOW_AUTOGRAD():
             return op()(*args, **kwargs)
@@ -236,7 +262,8 @@ def ensure_op(text: str) -> Schema:
     if schema.namespace in _installed:
         if existing is None or str(existing._schema) != text:
             raise RefusedCustomOp(
-                schema.target, "differs from, or is missing in, the package installed on the workers"
+                schema.target, "differs from, or is missing in, the package installed on the workers "
+                "(the client and the workers need the same version of it)",
             )
         return schema
     if schema.target in _standins:
@@ -245,7 +272,8 @@ def ensure_op(text: str) -> Schema:
         return schema
     if existing is not None:
         raise RefusedCustomOp(
-            schema.target, "exists on this worker, but its namespace is not configured as installed"
+            schema.target, "exists on this worker, but its namespace is not configured as installed; "
+            f"to serve it, {to_serve(schema.namespace)}",
         )
     _define(schema, text)
     return schema
