@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CHECKED_RANKS = 16
-"""The most ranks besides the client's that one job traces the graph at."""
+MAX_CHECKED_RANKS = keys.MAX_CHECKED_RANKS
+"""The most ranks besides the client's that one job traces the graph at (the
+coordinator charges the tenant's quota once per rank traced: `keys.traced_ranks`)."""
 
 _warm = False
 """Whether this process has traced a graph for the check (`first_differing`)."""
