@@ -67,6 +67,58 @@ def rank_shared(request: farm_pb2.CompileRequest) -> bool:
     return bool(request.graph.meshes) and not request.per_rank and not request.HasField("export")
 
 
+MAX_CHECKED_RANKS = 16
+"""The most ranks besides the client's that a job's rank check (workers/ranks.py)
+traces the graph at; past it the check traces none and the graph compiles per rank."""
+
+
+def traced_ranks(request: farm_pb2.CompileRequest) -> int:
+    """How many ranks the worker's rank check traces this request's graph at, as the
+    request's meshes and groups say (torch-free, for the coordinator's quota): the
+    client's and each other rank that sends the same bytes; 0 where it traces none."""
+    if not rank_shared(request):
+        return 0
+    graph = request.graph
+    try:
+        mine = _groups_at(graph, graph.rank)
+        others = [
+            r for r in sorted({r for mesh in graph.meshes for r in mesh.ranks})
+            if r != graph.rank and all(r in g.ranks for g in graph.groups)
+            and all(r in m.ranks for m in graph.meshes) and _groups_at(graph, r) == mine
+        ]
+    except ValueError:
+        return 0  # a mesh the worker refuses before it traces
+    return 1 + len(others) if 0 < len(others) <= MAX_CHECKED_RANKS else 0
+
+
+def _groups_at(graph: graph_pb2.Graph, rank: int) -> list[list[int]]:
+    """The ranks of `rank`'s group along each dimension of each of the graph's meshes
+    (torchfarm/fx/dtensor.py `mesh_groups`, without torch)."""
+    groups = []
+    for mesh in graph.meshes:
+        shape, ranks = list(mesh.shape), list(mesh.ranks)
+        size = 1
+        for n in shape:
+            size *= n
+        if size != len(ranks) or len(mesh.group_names) > len(shape):
+            raise ValueError("a mesh whose shape does not hold its ranks")
+        where, flat = [], ranks.index(rank)
+        for n in reversed(shape):
+            where.append(flat % n)
+            flat //= n
+        where.reverse()
+        for dim in range(len(mesh.group_names)):
+            members = []
+            for i in range(shape[dim]):
+                at = [*where[:dim], i, *where[dim + 1:]]
+                index = 0
+                for n, c in zip(shape, at, strict=True):
+                    index = index * n + c
+                members.append(ranks[index])
+            groups.append(members)
+    return groups
+
+
 def _without_hints(graph: graph_pb2.Graph) -> graph_pb2.Graph:
     copy = _copy(graph)
     stack: list[Any] = [copy]

@@ -425,17 +425,23 @@ class Store:
 
     # Per-tenant quota of queued and running jobs.
 
-    def note_job(self, tenant: str, key: str, ttl_s: int) -> int:
-        """Counts the job against the tenant; returns how many it now has in flight."""
+    def note_job(self, tenant: str, key: str, ttl_s: int, weight: int = 1) -> int:
+        """Counts the job against the tenant `weight` times (a DTensor graph whose rank
+        check traces several ranks: `keys.traced_ranks`); returns how many the tenant
+        now has in flight, so counted."""
         zk = self._k("inflight", tenant or "-")
+        ref, now = self.ref(key), time.time()
         pipe = self.r.pipeline()
-        pipe.zadd(zk, {self.ref(key): time.time()})
+        pipe.zadd(zk, {ref: now, **{f"{ref}#{i}": now for i in range(2, weight + 1)}})
         pipe.expire(zk, ttl_s)
         pipe.execute()
         return self.jobs_in_flight(tenant)
 
     def forget_job(self, tenant: str, key: str) -> None:
-        self.r.zrem(self._k("inflight", tenant or "-"), self.ref(key))
+        zk, ref = self._k("inflight", tenant or "-"), self.ref(key)
+        mine = [m for m in cast("list[bytes]", self.r.zrange(zk, 0, -1)) if m.decode().split("#")[0] == ref]
+        if mine:
+            self.r.zrem(zk, *mine)
 
     def jobs_in_flight(self, tenant: str) -> int:
         """The tenant's jobs still queued or running. Entries whose record finished or
@@ -446,7 +452,7 @@ class Store:
             return 0
         pipe = self.r.pipeline(transaction=False)
         for ref in refs:
-            pipe.hget(self._k("job", ref), "state")
+            pipe.hget(self._k("job", ref.split("#")[0]), "state")
         states = pipe.execute()
         done = [r for r, st in zip(refs, states, strict=False) if st is None or st.decode() in JobState.TERMINAL]
         if done:

@@ -14,14 +14,18 @@ Other graphs anywhere (a vocabulary-parallel embedding masks its own rows, a ran
 random offset) fail the job RANK_SPECIFIC, and each rank submits again with
 `per_rank`, keyed with its rank.
 
-The traces run in the job's process, as the decode does: fake tensors, no code made.
-More than `MAX_CHECKED_RANKS` such ranks are not traced; the graph compiles per rank.
+The traces are a compiler run on the tenant's input (AOTAutograd, and Inductor's compile
+entry as far as its graphs): with a sandbox they run in its child (workers/sandboxed.py's
+"ranks" op), one run for all the ranks, under the sandbox's limits; only without one
+(TORCHFARM_SANDBOX=off) in the job's process. More than `MAX_CHECKED_RANKS` such ranks
+are not traced; the graph compiles per rank.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from torchfarm import keys
 from torchfarm.codes import JobError
@@ -33,10 +37,17 @@ from workers import aot_seam, fakepg
 from workers.compiler import CompileFailed
 from workers.runtime import JobFailed, Prepared
 
+if TYPE_CHECKING:
+    from workers.sandbox import Sandbox
+
 log = logging.getLogger(__name__)
 
-MAX_CHECKED_RANKS = 16
-"""The most ranks besides the client's that one job traces the graph at."""
+MAX_CHECKED_RANKS = keys.MAX_CHECKED_RANKS
+"""The most ranks besides the client's that one job traces the graph at (the
+coordinator charges the tenant's quota once per rank traced: `keys.traced_ranks`)."""
+
+_warm = False
+"""Whether this process has traced a graph for the check (`first_differing`)."""
 
 
 def sharing_ranks(graph: graph_pb2.Graph) -> list[int]:
@@ -55,14 +66,17 @@ def sharing_ranks(graph: graph_pb2.Graph) -> list[int]:
     ]
 
 
-def check_shared(job: Prepared) -> None:
+def check_shared(
+    job: Prepared, sandbox: Sandbox | None = None, installed_ops: tuple[str, ...] = (),
+) -> None:
     """Raises JobFailed(RANK_SPECIFIC) unless the job's graph traces to the same graphs at
-    every rank that shares its key; a per-rank request, or one without meshes, passes."""
+    every rank that shares its key; a per-rank request, or one without meshes, passes.
+    With `sandbox`, the traces run in its child, never in this process."""
     request = job.request
     if not keys.rank_shared(request):
         return
     graph = request.graph
-    others = [r for r in sharing_ranks(graph) if r != graph.rank]
+    others = checked_ranks(graph)
     if not others:
         return
     if len(others) > MAX_CHECKED_RANKS:
@@ -72,34 +86,81 @@ def check_shared(job: Prepared) -> None:
             f"{MAX_CHECKED_RANKS + 1}, so it compiles per rank",
         )
     t0 = time.perf_counter()
+    if sandbox is not None:
+        differs = _differs_sandboxed(sandbox, job, others, installed_ops)
+    else:
+        try:
+            differs = first_differing(graph, others, request.options, job.inductor_options)
+        except GraphError as e:
+            raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
+        except CompileFailed as e:
+            raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
+    if differs is not None:
+        raise JobFailed(
+            JobError.RANK_SPECIFIC,
+            f"rank {differs}'s compile of this graph differs from rank {graph.rank}'s; "
+            "it compiles per rank",
+        )
+    log.info("graph is the same at ranks %s: one compile for all (checked in %.2fs%s)",
+             sorted([graph.rank, *others]), time.perf_counter() - t0,
+             " in the sandbox" if sandbox is not None else "")
+
+
+def checked_ranks(graph: graph_pb2.Graph) -> list[int]:
+    """The ranks besides the client's that the check traces `graph` at (more than
+    `MAX_CHECKED_RANKS` of them: the check refuses, tracing none)."""
+    return [r for r in sharing_ranks(graph) if r != graph.rank]
+
+
+def first_differing(
+    graph: graph_pb2.Graph, others: list[int], options: object, inductor_options: dict,
+) -> int | None:
+    """The first of `others` whose AOTAutograd graphs of `graph` differ from the client
+    rank's, or None. Traces in this process: the sandbox's child calls it, and the job
+    only without a sandbox. Raises GraphError or CompileFailed."""
     # Traced from a decode of its own, as every rank's: tracing adds guards to the
     # ShapeEnv of the job's decode, which the compile goes on to use.
-    mine = _graphs_at(graph, graph.rank, job)
-    for rank in others:
-        if _graphs_at(graph, rank, job) != mine:
-            raise JobFailed(
-                JobError.RANK_SPECIFIC,
-                f"rank {rank}'s compile of this graph differs from rank {graph.rank}'s; "
-                "it compiles per rank",
-            )
-    log.info("graph is the same at ranks %s: one compile for all (checked in %.2fs)",
-             sorted([graph.rank, *others]), time.perf_counter() - t0)
+    mine = _graphs_at(graph, graph.rank, options, inductor_options)
+    global _warm
+    if not _warm:
+        # A process's first trace can partition differently from every later one (it
+        # saved another, equal value for the backward: measured on the Colwise/Rowwise
+        # MLP), and a sandbox's child is always a process's first: trace the client's
+        # rank again, as the other ranks will be traced.
+        mine = _graphs_at(graph, graph.rank, options, inductor_options)
+        _warm = True
+    for rank in others[:MAX_CHECKED_RANKS]:
+        if _graphs_at(graph, rank, options, inductor_options) != mine:
+            return rank
+    return None
 
 
-def _graphs_at(graph: graph_pb2.Graph, rank: int, job: Prepared) -> list[str]:
+def _differs_sandboxed(
+    box: Sandbox, job: Prepared, others: list[int], installed_ops: tuple[str, ...],
+) -> int | None:
+    from workers.jobs.whole import sandbox_failure
+    from workers.sandbox import SandboxFailed, check_ranks
+
+    try:
+        differs = check_ranks(
+            box, job.request.SerializeToString(), installed_ops,
+            on_gpu=job.request.target.device != "cpu",
+        )
+    except SandboxFailed as e:
+        raise sandbox_failure(e) from e
+    if differs is not None and differs not in others:
+        raise JobFailed(JobError.COMPILE_ERROR, f"the sandboxed rank check named rank {differs}, not one it checks")
+    return differs
+
+
+def _graphs_at(graph: graph_pb2.Graph, rank: int, options: object, inductor_options: dict) -> list[str]:
     """AOTAutograd's graphs of `graph` as rank `rank` sends it, listed
     (`aot_seam.listing`)."""
     at = graph_pb2.Graph()
     at.CopyFrom(graph)
     at.rank = rank
-    options = job.request.options
-    try:
-        with fakepg.fake_groups(at):
-            return aot_seam.traced_graphs(
-                decode_graph(at), dynamic=options.dynamic, mode=options.mode,
-                inductor_options=job.inductor_options,
-            )
-    except GraphError as e:
-        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-    except CompileFailed as e:
-        raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
+    with fakepg.fake_groups(at):
+        return aot_seam.traced_graphs(
+            decode_graph(at), dynamic=options.dynamic, mode=options.mode,  # type: ignore[attr-defined]
+            inductor_options=inductor_options,
+        )

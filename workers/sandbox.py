@@ -923,6 +923,18 @@ def decompose(
     return dataclasses.replace(dec, seconds=float(seconds))
 
 
+def check_ranks(
+    sandbox: Sandbox, request: bytes, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
+) -> int | None:
+    """The DTensor rank check of a `CompileRequest` in the sandbox (workers/ranks.py,
+    `first_differing` there): the first rank whose graphs differ, or None."""
+    result, _ = sandbox.run("ranks", _compiler_inputs(installed_ops), {"request.pb": request}, 0, forked=not on_gpu)
+    differs = result.get("differs")
+    if differs is not None and (not isinstance(differs, int) or isinstance(differs, bool)):
+        raise SandboxFailed("crash", "the sandboxed rank check's result is malformed")
+    return differs
+
+
 @dataclass(frozen=True)
 class Lowered:
     """A sandboxed lowering's result, checked."""

@@ -15,6 +15,8 @@ It has no Redis, no keys and no network; it must not need them. Ops:
 - "lower": the same request (and its stored decomposition, `in/dec.<field>`) →
   lowered (`lower_graph`): the payload, each kernel's spec, the added guards, the specs
   streamed out under `stream/` as the compile asks for them;
+- "ranks": the same request → the first rank sharing its key whose AOTAutograd graphs
+  differ from the client rank's, or none (workers/ranks.py's check);
 - "export": an export request → its AOTInductor package;
 - "triton": a `KernelRequest` → the Triton kernel's binary, assembly and metadata.
 
@@ -244,6 +246,30 @@ def _decompose(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"files": _write(scratch, outputs), "seconds": dec.seconds}
 
 
+def _ranks(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The DTensor rank check (workers/ranks.py) of the request: `differs`, the first
+    checked rank whose graphs differ from the client rank's, or None."""
+    from torchfarm.fx import global_state
+    from torchfarm.graph_errors import GraphError
+    from workers import ranks
+    from workers.compiler import CompileFailed
+    from workers.runtime import JobFailed, check_options
+
+    compile_request = _compile_request(scratch, request)
+    graph = compile_request.graph
+    try:
+        inductor_options = check_options(compile_request)
+        with global_state.applied(compile_request.options):
+            differs = ranks.first_differing(
+                graph, ranks.checked_ranks(graph), compile_request.options, inductor_options,
+            )
+    except (GraphError, JobFailed) as e:
+        raise _Refused("graph", str(e)) from e
+    except CompileFailed as e:
+        raise _Refused("compile", str(e)) from e
+    return {"files": [], "differs": differs}
+
+
 def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     """An export request (`in/request.pb`) → its AOTInductor package (`out/package.pt2`)."""
     from torchfarm.graph_errors import GraphError
@@ -283,7 +309,7 @@ def _triton(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS = {
-    "build": _build, "whole": _whole, "decompose": _decompose, "lower": _lower, "export": _export,
+    "build": _build, "whole": _whole, "decompose": _decompose, "lower": _lower, "ranks": _ranks, "export": _export,
     "triton": _triton,
 }
 
@@ -368,7 +394,7 @@ def _remove_all(root: str) -> None:
 _OPS_IMPORT = (
     "torchfarm.fx.customops", "torchfarm.fx.decode", "torchfarm.fx.global_state", "torchfarm.fx.guards",
     "torchfarm.graph_errors", "torchfarm.v1.farm_pb2", "workers.aot_seam", "workers.aoti", "workers.compiler",
-    "workers.fakepg", "workers.priming", "workers.runtime", "workers.triton_compile",
+    "workers.fakepg", "workers.priming", "workers.ranks", "workers.runtime", "workers.triton_compile",
 )
 
 

@@ -244,7 +244,7 @@ class Farm:
         ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         explanation = self._explain(store, request, key)
-        self._charge(store, key, tenant)
+        self._charge(store, key, tenant, max(1, keys.traced_ranks(request)))
         self._trim(store)
         try:
             if request.HasField("export"):
@@ -293,23 +293,25 @@ class Farm:
         window = self.settings.known_target_window_s
         return window > 0 and queue in store.queues_seen_since(time.time() - window)
 
-    def _charge(self, store: Store, key: str, tenant: Tenant) -> None:
-        """Counts a new job against the tenant's quota, or undoes it and refuses.
+    def _charge(self, store: Store, key: str, tenant: Tenant, weight: int = 1) -> None:
+        """Counts a new job against the tenant's quota, `weight` times (a DTensor graph,
+        once per rank its rank check traces), or undoes it and refuses.
 
         Counting after the job exists, and undoing when over, never lets a burst of
         concurrent submits past the quota (at worst one of them is refused early)."""
         limit = self.settings.max_jobs_per_tenant
         if not limit:
             return
-        in_flight = store.note_job(tenant.name, key, self.settings.job_ttl_s)
+        in_flight = store.note_job(tenant.name, key, self.settings.job_ttl_s, weight)
         if in_flight > limit:
             store.forget_job(tenant.name, key)
             store.delete_job(key)
             metrics.QUOTA_REFUSALS.inc()
             who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
+            this = f"; this one counts {weight}, once per rank its rank check traces" if weight > 1 else ""
             raise TenantQueueFull(
-                f"{who} has {in_flight - 1} compiles queued or running, the most the farm "
-                f"allows per tenant ({limit}); retry when some finish"
+                f"{who} has {in_flight - weight} compiles queued or running{this}, the most the "
+                f"farm allows per tenant is {limit}; retry when some finish"
             )
 
     def _trim(self, store: Store) -> None:

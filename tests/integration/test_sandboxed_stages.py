@@ -245,3 +245,59 @@ def test_without_a_sandbox_the_jobs_compile_in_this_process(tmp_path, monkeypatc
     with _compilers_refused() as seen:
         run_kernel_job(key, ctx)
     assert seen == ["Triton"] and ctx.store.get_job(key).state == JobState.FAILED
+
+
+@contextlib.contextmanager
+def _traces_refused() -> Iterator[list[str]]:
+    """`_compilers_refused`, and AOTAutograd's trace of a graph (`aot_seam.traced_graphs`,
+    the DTensor rank check's) refused in this process too."""
+    from workers import aot_seam
+
+    with _compilers_refused() as tried:
+        def refused(*args: object, **kwargs: object) -> None:
+            tried.append("AOTAutograd")
+            raise AssertionError("AOTAutograd traced a tenant's graph in the process that signs")
+
+        with mock.patch.object(aot_seam, "traced_graphs", refused):
+            yield tried
+
+
+def _dtensor_job(ctx, graph) -> str:
+    request = build_request(graph, local_fingerprint(), "", {}, "dtensor")
+    key = keys.compute_key(request, "")
+    ctx.store.put_request(key, request.SerializeToString(), 600)
+    ctx.store.create_job(key, "cpu", "test", 600)
+    return key
+
+
+def test_the_dtensor_rank_check_traces_in_the_sandbox(box):
+    """Issue 40: the graph job's rank check traced every sharing rank's graph in the
+    process that signs. With a sandbox, a graph that differs between ranks fails the job
+    RANK_SPECIFIC as before, and one the same at every rank passes the check, this
+    process tracing nothing."""
+    from tests.unit.test_dtensor_format import capture_tp
+    from tests.unit.test_rank_shared import _job, capture_vocab_parallel
+    from workers import ranks
+    from workers.jobs.graph import run_job
+
+    farm = InProcessFarm(sandbox=box)
+    key = _dtensor_job(farm.context, capture_vocab_parallel(0))
+    shared = capture_tp(0)
+    with _traces_refused() as tried:
+        run_job(key, farm.context)
+        ranks.check_shared(_job(shared), box)
+    job = farm.store.get_job(key)
+    assert (job.state, job.error_code) == (JobState.FAILED, "RANK_SPECIFIC"), job.message
+    assert "rank 1's compile" in job.message
+    assert tried == []
+
+
+def test_without_a_sandbox_the_rank_check_traces_in_this_process():
+    """What proves `_traces_refused` can fail the test above."""
+    from tests.unit.test_dtensor_format import capture_tp
+    from tests.unit.test_rank_shared import _job
+    from workers import ranks
+
+    with _traces_refused() as tried, pytest.raises(AssertionError, match="process that signs"):
+        ranks.check_shared(_job(capture_tp(0)))
+    assert tried == ["AOTAutograd"]

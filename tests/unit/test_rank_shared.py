@@ -180,3 +180,29 @@ def test_a_mesh_compiled_in_the_shared_form_loads_as_this_processs_submesh():
         assert mesh == tp and mesh.mesh.tolist() == [2, 3] and list(mesh.get_coordinate()) == [1]
         assert mesh.get_group(0).group_name == tp.get_group(0).group_name
 
+
+
+def test_the_coordinator_counts_the_ranks_the_check_traces_without_torch(tp_graphs):
+    """`keys.traced_ranks` (the quota's weight) agrees with the worker's `sharing_ranks`:
+    the client's rank and each other rank it traces; none past the bound, per rank, or
+    without meshes."""
+    square = graph_pb2.DeviceMesh(device_type="cpu", shape=[2, 2], ranks=[0, 1, 2, 3], group_names=["5", "6"])
+    line = graph_pb2.DeviceMesh(device_type="cpu", shape=[4], ranks=[0, 1, 2, 3], group_names=["0"])
+    pair = graph_pb2.ProcessGroup(name="7", size=2, ranks=[2, 3])
+    graphs = [
+        tp_graphs[0], tp_graphs[1], graph_pb2.Graph(meshes=[square], rank=3),
+        graph_pb2.Graph(meshes=[line], rank=2), graph_pb2.Graph(meshes=[line], groups=[pair], rank=2),
+        graph_pb2.Graph(meshes=[line, square], rank=1),
+    ]
+    for graph in graphs:
+        shared = ranks.sharing_ranks(graph)
+        want = len(shared) if len(shared) > 1 else 0
+        assert keys.traced_ranks(farm_pb2.CompileRequest(graph=graph)) == want
+    assert keys.traced_ranks(farm_pb2.CompileRequest(graph=tp_graphs[0])) == 2
+    assert keys.traced_ranks(farm_pb2.CompileRequest(graph=tp_graphs[0], per_rank=True)) == 0
+    wide = graph_pb2.DeviceMesh(device_type="cpu", shape=[17], ranks=list(range(17)), group_names=["0"])
+    assert keys.traced_ranks(farm_pb2.CompileRequest(graph=graph_pb2.Graph(meshes=[wide]))) == 17
+    wider = graph_pb2.DeviceMesh(device_type="cpu", shape=[18], ranks=list(range(18)), group_names=["0"])
+    assert keys.traced_ranks(farm_pb2.CompileRequest(graph=graph_pb2.Graph(meshes=[wider]))) == 0
+    broken = graph_pb2.DeviceMesh(device_type="cpu", shape=[3], ranks=[0, 1], group_names=["0"])
+    assert keys.traced_ranks(farm_pb2.CompileRequest(graph=graph_pb2.Graph(meshes=[broken]))) == 0
