@@ -257,7 +257,7 @@ class FarmBackend:
         if not self.trust.loads_anything:
             raise self._untrusted()
         t0 = time.perf_counter()
-        inductor_config = self._carried_settings()
+        inductor_config = self.carried_settings()
         try:
             graph = encode_graph(gm, example_inputs)
         except UnsupportedGraph as e:
@@ -272,7 +272,7 @@ class FarmBackend:
             index, request, expected_key, fp, time.perf_counter() - t0, shapes, outcomes.compile_id()
         )
 
-    def _carried_settings(self) -> dict[str, Any]:
+    def carried_settings(self) -> dict[str, Any]:
         """The Inductor settings this graph's request carries: the mode's and `options=`
         over the changed global ones. A changed setting the farm refuses keeps the graph
         off it (torchfarm/inductor_settings.py), before anything is sent or run."""
@@ -423,7 +423,7 @@ class FarmBackend:
         try:
             if self._client is None:
                 raise ConfigError(f"compiling for {target} needs a farm: pass remote=")
-            inductor_config = self._carried_settings()
+            inductor_config = self.carried_settings()
             try:
                 graph = encode_graph(gm, example_inputs)
             except UnsupportedGraph as e:
