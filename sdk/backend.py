@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from sdk import artifact, outcomes, report
+from sdk import artifact, changed_settings, outcomes, report
 from sdk.client import FarmClient, parse_address
 from sdk.errors import (
     ArtifactRejected,
@@ -257,19 +257,30 @@ class FarmBackend:
         if not self.trust.loads_anything:
             raise self._untrusted()
         t0 = time.perf_counter()
+        inductor_config = self.carried_settings()
         try:
             graph = encode_graph(gm, example_inputs)
         except UnsupportedGraph as e:
             raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
         fp = local_fingerprint(device_kind(example_inputs))
         label = f"{self.name} graph {index} from {socket.gethostname()}"
-        request = build_request(graph, fp, self.mode, self.local.config, label)
+        request = build_request(graph, fp, self.mode, inductor_config, label)
         global_state.record(request.options)
         expected_key = keys.compute_key(request, self.trust.namespace)
         shapes = CaptureShapes.of(gm, [s.name for s in graph.symbols])
         return _Prepared(
             index, request, expected_key, fp, time.perf_counter() - t0, shapes, outcomes.compile_id()
         )
+
+    def carried_settings(self) -> dict[str, Any]:
+        """The Inductor settings this graph's request carries: the mode's and `options=`
+        over the changed global ones. A changed setting the farm refuses keeps the graph
+        off it (torchfarm/inductor_settings.py), before anything is sent or run."""
+        carried, refused = changed_settings.split(self.local.config)
+        if refused:
+            named = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
+            raise GraphRejected(f"Inductor settings the farm does not take are changed: {named}")
+        return carried
 
     def _untrusted(self) -> FarmError:
         """Why no graph loads from a farm this client has no key for: that the farm is
@@ -412,6 +423,7 @@ class FarmBackend:
         try:
             if self._client is None:
                 raise ConfigError(f"compiling for {target} needs a farm: pass remote=")
+            inductor_config = self.carried_settings()
             try:
                 graph = encode_graph(gm, example_inputs)
             except UnsupportedGraph as e:
@@ -421,7 +433,7 @@ class FarmBackend:
             builds = fleet.usable_builds(workers, torch.__version__, target)
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
-                request = build_request(graph, fp, self.mode, self.local.config, label)
+                request = build_request(graph, fp, self.mode, inductor_config, label)
                 global_state.record(request.options)
                 assert self.trust is not None
                 reply, _ = self._client.submit_and_wait(

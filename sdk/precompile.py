@@ -35,7 +35,7 @@ import torch
 
 from sdk import artifact, precompile_key
 from sdk.backend import FarmBackend
-from sdk.errors import ArtifactRejected, ConfigError, FarmError
+from sdk.errors import ArtifactRejected, ConfigError, FarmError, GraphRejected
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
 from torchfarm.codes import Reason
@@ -144,7 +144,11 @@ class Gate:
         parts = precompile_key.components(self.model, args, kwargs)
         fp = local_fingerprint(device_kind([*self.model.parameters(), *args]))
         build = fp.to_dict()
-        options = {"mode": self.backend.mode, "inductor": self.backend.local.config}
+        try:
+            inductor = self.backend.carried_settings()
+        except GraphRejected as e:
+            raise precompile_key.Ineligible(str(e)) from e
+        options = {"mode": self.backend.mode, "inductor": inductor}
         key = precompile_key.precompiled_key(parts, build, options, self.backend.trust.namespace)
         return key, fp, functools.partial(precompile_key.record, self.model, parts, build, options)
 

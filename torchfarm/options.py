@@ -36,7 +36,6 @@ ALLOWED: dict[str, tuple[type, ...]] = {
     "aggressive_fusion": _BOOL,
     "shape_padding": _BOOL,
     "comprehensive_padding": _BOOL,
-    "freezing": _BOOL,
     "layout_optimization": _BOOL,
     "fallback_random": _BOOL,
     "split_reductions": _BOOL,

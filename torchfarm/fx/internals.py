@@ -100,7 +100,8 @@ INTERNALS: dict[str, Internal] = {
     "aoti_load_package": _i("torch._inductor", "aoti_load_package", ("path",),
                             "sdk/exports.py: load an export"),
     "inductor_config": _i("torch._inductor.config", used_by="sdk/loader.py, workers/priming.py, "
-                          "workers/gpuless.py: config.patch"),
+                          "workers/gpuless.py: config.patch; sdk/changed_settings.py: "
+                          "_config, _is_default"),
     "unsafe_marked_cacheable_functions": _i(
         "torch._inductor.config", "unsafe_marked_cacheable_functions",
         used_by="workers/compiler.py: cond and while_loop cacheable"),

@@ -1,0 +1,39 @@
+"""The Inductor settings a user changed, and which of them keep a graph off the farm.
+
+Carried settings travel in the request and enter its key (torchfarm/options.py);
+refused ones (torchfarm/inductor_settings.py) make the graph compile locally, with
+their names in the log line, rather than be dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchfarm import inductor_settings
+from torchfarm.fx.internals import resolve
+
+
+def changed_global() -> dict[str, Any]:
+    """Settings of `torch._inductor.config` that are not at their defaults now."""
+    config = resolve("inductor_config")
+    # A patch that has ended leaves its names marked as set, at their default values.
+    return {
+        name: getattr(config, name)
+        for name, entry in config._config.items()
+        if not config._is_default(name) and getattr(config, name) != entry.default
+    }
+
+
+def split(per_call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings to carry (global changes, then `options=` over them), and the refused
+    ones the user changed, each with why."""
+    changed = {**changed_global(), **per_call}
+    carried: dict[str, Any] = {}
+    refused: dict[str, str] = {}
+    for name, value in changed.items():
+        kind = inductor_settings.classify(name)
+        if kind == "carried":
+            carried[name] = value
+        elif kind != "client-only":
+            refused[name] = inductor_settings.why_refused(name)
+    return carried, refused

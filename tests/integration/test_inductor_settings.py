@@ -1,0 +1,54 @@
+"""Inductor settings changed globally reach the farm or keep the graph local, named
+(torchfarm/inductor_settings.py); freezing, which the farm's artifact cannot take,
+compiles locally before anything runs."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+import sdk
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+
+
+def test_freezing_under_no_grad_compiles_locally_and_matches_eager(stack, client_cache_dir, caplog):
+    model, x = _mlp().eval(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="local")
+    with caplog.at_level(logging.INFO, logger="sdk"), inductor_config.patch(freezing=True), torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    torch.testing.assert_close(out, ref)
+    said = [m for m in _messages(caplog) if "compiles locally" in m]
+    assert said and "freezing" in said[0], _messages(caplog)
+    assert not [m for m in _messages(caplog) if "key=" in m], "nothing went to the farm"
+
+
+def test_freezing_with_fallback_error_raises_naming_it(stack, client_cache_dir):
+    torch._dynamo.reset()
+    compiled = sdk.compile(_mlp().eval(), remote=stack.address, fallback="error")
+    with inductor_config.patch(freezing=True), torch.no_grad(), pytest.raises(Exception, match="freezing"):
+        compiled(torch.randn(4, 16))
+
+
+def test_a_carried_global_setting_compiles_on_the_farm(stack, client_cache_dir, caplog):
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"), inductor_config.patch(fallback_random=True):
+        out = compiled(x)
+    assert [m for m in _messages(caplog) if "key=" in m], "compiled on the farm"
+    torch.testing.assert_close(out, model(x))
