@@ -2,8 +2,10 @@
 torch that the farm neither carries (torchfarm/options.py ALLOWED) nor leaves to the
 client (torchfarm/inductor_settings.py CLIENT_ONLY), each with why it is refused.
 
-Existing reasons are kept; a new setting gets one by its name's kind, to be reviewed.
-Run after a torch upgrade: tests/unit/test_inductor_settings.py fails until then.
+Existing entries are kept, so the list covers every supported build: run it under each
+(the second build's venv too, `make test-second-build`). A new setting gets a reason by
+its name's kind, to be reviewed. Run after a torch upgrade:
+tests/unit/test_inductor_settings.py fails until then.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def reason(name: str, default: object) -> str:
 
 def main() -> None:
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
-    out: dict[str, str] = {}
+    out: dict[str, str] = dict(old)  # settings of the other supported builds stay
     for name in sorted(inductor_config._config):
         if name in options.ALLOWED or name in inductor_settings.CLIENT_ONLY:
             continue
