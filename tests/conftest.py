@@ -181,3 +181,21 @@ def _collect_garbage_between_modules():
     during AST construction."""
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _no_default_device_left_set():
+    """A test that leaves `torch.set_default_device` set (or any torch-function mode on the
+    stack) changes the graphs Dynamo records in every later test of its process: under a
+    `DeviceContext` `x + y` becomes the method `add`, so a later test's key differs from
+    the one it would have alone. The mode is cleared and the test that left it fails."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    from torch.overrides import _get_current_function_mode_stack
+
+    left = _get_current_function_mode_stack()
+    if left:
+        torch.set_default_device(None)
+        pytest.fail(f"the test left torch-function modes active: {left}", pytrace=False)

@@ -120,12 +120,13 @@ def test_a_python_tensor_method_under_a_device_mode() -> None:
 
 
 def test_a_python_tensor_method_under_set_default_device() -> None:
-    previous = torch.get_default_device()
     torch.set_default_device("cpu")
     try:
         assert _round_trip(_qkv, torch.randn(3, 6)) == []
     finally:
-        torch.set_default_device(previous)
+        # None, not the previous `get_default_device()`: setting "cpu" back leaves a
+        # DeviceContext mode on the stack for every later test in the process.
+        torch.set_default_device(None)
 
 
 def test_math_on_a_dynamic_size_type_checks_on_the_worker() -> None:
