@@ -1,4 +1,4 @@
-"""`make bench-sandbox`: what the compile sandbox (workers/sandbox.py) costs a cold compile.
+"""`make bench-sandbox`: what the compile sandbox (workers/sandbox/process.py) costs a cold compile.
 
 One small model (the MLP example, forward and backward), compiled through a local stack
 of one worker whose caches are empty, with TORCHFARM_SANDBOX=off (C++ builds in the pool

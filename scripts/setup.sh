@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v g++ >/dev/null || need+=(g++)
-# The workers' compile sandbox (workers/sandbox.py); without it the tests run its
+# The workers' compile sandbox (workers/sandbox/process.py); without it the tests run its
 # "process" mode only.
 command -v bwrap >/dev/null || need+=(bubblewrap)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -192,7 +192,7 @@ sys.exit(0 if j["state"] in ("SUCCEEDED", 3) else 1)' \
   || fail "the job stopped mid-compile did not complete"
 
 wait_until 240 worker_listed || fail "the restarted worker is not listed"
-# Its sandboxed builds forked from a forkserver under bubblewrap (workers/sandbox.py),
+# Its sandboxed builds forked from a forkserver under bubblewrap (workers/sandbox/process.py),
 # not from a child each, which is the fallback when the server cannot start.
 podman logs "$(container worker-cpu)" >"$WORK/worker.log" 2>&1 || true
 grep "forkserver did not start" "$WORK/worker.log" >&2 && fail "the worker's sandbox forkserver did not start"

@@ -490,7 +490,7 @@ class Store:
         there ("graph", "kernel"); `fingerprint` is its build (torch, Triton, Python,
         platform, ISA, compiler), so a client compiling for a fleet it is not on can
         ask for exactly what that fleet's workers build (docs/targets.md). `sandbox` is
-        where its compiles run (workers/sandbox.py): anything but "bwrap" is degraded.
+        where its compiles run (workers/sandbox/process.py): anything but "bwrap" is degraded.
         `triton` is the Triton version its kernel jobs compile with, for a worker that
         takes them (a CPU target's build names none).
         """

@@ -50,10 +50,10 @@ if not settings.signing_key_file:
         "that pin the farm's keys will refuse them"
     )
 sandbox_mode = sandbox.resolve(settings.sandbox)
-"""Where compiles run (workers/sandbox.py), decided once at start-up: an explicit
+"""Where compiles run (workers/sandbox/process.py), decided once at start-up: an explicit
 TORCHFARM_SANDBOX=bwrap that cannot run stops the worker here."""
 compiles_in_pool = sandbox_mode == "off" or settings.lower_without_gpu
-"""Whether Inductor runs in the pool processes (`WorkerContext.compile_sandbox` is None):
+"""Whether Inductor runs in the pool processes (`WorkerContext.executor` decodes here):
 then the main process's warm-up compile is theirs; else each forkserver warms up."""
 app.conf.include = ["workers.tasks"]
 app.conf.task_queues = None

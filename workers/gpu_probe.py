@@ -62,7 +62,7 @@ def probe_argv(check: bool = False, python: str = sys.executable) -> list[str]:
 def run_probe(argv: list[str] | None = None, env: dict[str, str] | None = None,
               preexec: Callable[[], None] | None = None) -> Probe:
     """Runs the probe (`probe_argv()` unless given, in `env` with `preexec`, as a
-    sandbox runs a child: workers/sandbox.py `child_command`) and reads its answer.
+    sandbox runs a child: workers/sandbox/process.py `child_command`) and reads its answer.
     Never raises for the child's failure: `error` says it."""
     argv = argv or probe_argv()
     timeout = CHECK_TIMEOUT_S if "--check" in argv else PROBE_TIMEOUT_S

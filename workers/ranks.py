@@ -15,7 +15,7 @@ random offset) fail the job RANK_SPECIFIC, and each rank submits again with
 `per_rank`, keyed with its rank.
 
 The traces are a compiler run on the tenant's input (AOTAutograd, and Inductor's compile
-entry as far as its graphs): with a sandbox they run in its child (workers/sandboxed.py's
+entry as far as its graphs): with a sandbox they run in its child (workers/sandbox/child.py's
 "ranks" op), one run for all the ranks, under the sandbox's limits; only without one
 (TORCHFARM_SANDBOX=off) in the job's process. More than `MAX_CHECKED_RANKS` such ranks
 are not traced; the graph compiles per rank.
@@ -31,14 +31,12 @@ from torchfarm import keys
 from torchfarm.codes import JobError
 from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx.decode import decode_graph
-from torchfarm.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import aot_seam, fakepg
-from workers.compiler import CompileFailed
-from workers.runtime import JobFailed, Prepared
+from workers.job import JobFailed, Prepared
 
 if TYPE_CHECKING:
-    from workers.sandbox import Sandbox
+    from workers.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +64,10 @@ def sharing_ranks(graph: graph_pb2.Graph) -> list[int]:
     ]
 
 
-def check_shared(
-    job: Prepared, sandbox: Sandbox | None = None, installed_ops: tuple[str, ...] = (),
-) -> None:
+def check_shared(job: Prepared, executor: Executor) -> None:
     """Raises JobFailed(RANK_SPECIFIC) unless the job's graph traces to the same graphs at
     every rank that shares its key; a per-rank request, or one without meshes, passes.
-    With `sandbox`, the traces run in its child, never in this process."""
+    The traces run where `executor` runs its steps (workers/executor.py)."""
     request = job.request
     if not keys.rank_shared(request):
         return
@@ -86,15 +82,7 @@ def check_shared(
             f"{MAX_CHECKED_RANKS + 1}, so it compiles per rank",
         )
     t0 = time.perf_counter()
-    if sandbox is not None:
-        differs = _differs_sandboxed(sandbox, job, others, installed_ops)
-    else:
-        try:
-            differs = first_differing(graph, others, request.options, job.inductor_options)
-        except GraphError as e:
-            raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-        except CompileFailed as e:
-            raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
+    differs = executor.check_ranks(job, others)
     if differs is not None:
         raise JobFailed(
             JobError.RANK_SPECIFIC,
@@ -103,7 +91,7 @@ def check_shared(
         )
     log.info("graph is the same at ranks %s: one compile for all (checked in %.2fs%s)",
              sorted([graph.rank, *others]), time.perf_counter() - t0,
-             " in the sandbox" if sandbox is not None else "")
+             "" if executor.decodes_here else " in the sandbox")
 
 
 def checked_ranks(graph: graph_pb2.Graph) -> list[int]:
@@ -133,24 +121,6 @@ def first_differing(
         if _graphs_at(graph, rank, options, inductor_options) != mine:
             return rank
     return None
-
-
-def _differs_sandboxed(
-    box: Sandbox, job: Prepared, others: list[int], installed_ops: tuple[str, ...],
-) -> int | None:
-    from workers.jobs.whole import sandbox_failure
-    from workers.sandbox import SandboxFailed, check_ranks
-
-    try:
-        differs = check_ranks(
-            box, job.request.SerializeToString(), installed_ops,
-            on_gpu=job.request.target.device != "cpu",
-        )
-    except SandboxFailed as e:
-        raise sandbox_failure(e) from e
-    if differs is not None and differs not in others:
-        raise JobFailed(JobError.COMPILE_ERROR, f"the sandboxed rank check named rank {differs}, not one it checks")
-    return differs
 
 
 def _graphs_at(graph: graph_pb2.Graph, rank: int, options: object, inductor_options: dict) -> list[str]:

@@ -12,6 +12,7 @@ Each job belongs to a tenant namespace; everything it reads and writes goes thro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,11 +23,8 @@ from google.protobuf.message import DecodeError, Message
 
 from torchfarm import keys, options
 from torchfarm.codes import JobError, Stage
-from torchfarm.fx import global_state
-from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.customops import job_scope as use_standins_for_job
 from torchfarm.fx.customops import use_installed as use_installed_ops
-from torchfarm.fx.decode import DecodedGraph
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.graph_errors import GraphError
 from torchfarm.graphcheck import validate_graph
@@ -35,24 +33,14 @@ from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState, Store
 from torchfarm.v1 import farm_pb2
-from workers import fakepg
-from workers.compiler import CompileFailed, cause_of
-from workers.sandbox import Sandbox
+from workers.executor import Executor
+from workers.inprocess import InProcessExecutor
+from workers.job import JobFailed, Prepared
+from workers.sandbox import Sandbox, SandboxExecutor
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Message)
-
-
-class JobFailed(Exception):
-    """Ends a job as FAILED without a retry; `code`'s name is what clients see. Only a
-    `JobError` member is taken: a code is part of the contract (torchfarm/codes.py)."""
-
-    def __init__(self, code: JobError, message: str):
-        if not isinstance(code, JobError):
-            raise TypeError(f"JobFailed takes a torchfarm.codes.JobError, not {code!r}")
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -77,19 +65,35 @@ class WorkerContext:
     """Sends a stage job (Celery task name, arguments, queue) of a staged compile
     (workers/jobs/); None allows only the whole-graph path."""
     sandbox: Sandbox | None = None
-    """Where every compiler run on a tenant's input happens (workers/sandbox.py): a child
-    without secrets; None runs them in this process (TORCHFARM_SANDBOX=off, the fakes)."""
+    """The worker's sandbox (workers/sandbox/process.py), a child without secrets, for
+    `executor`; None runs every step in this process (TORCHFARM_SANDBOX=off, the fakes)."""
 
-    @property
-    def compile_sandbox(self) -> Sandbox | None:
-        """The sandbox Inductor runs in, or None where it runs in this process: without a
-        sandbox, or on a worker that fakes a GPU, whose fakes live here (workers/gpuless.py).
-        Kernel builds take `sandbox` itself."""
-        return None if self.settings.lower_without_gpu else self.sandbox
+    @functools.cached_property
+    def executor(self) -> Executor:
+        """Where the compile steps on a tenant's input run (workers/executor.py): in the
+        sandbox's child, or in this process without a sandbox."""
+        return executor_for(self.settings, self.sandbox, self.timeout_errors, self.timed_out)
 
     def __post_init__(self) -> None:
         # Operator-configured packages register their ops before any graph decodes.
         use_installed_ops(self.settings.installed_op_modules)
+
+
+def executor_for(
+    settings: WorkerSettings, sandbox: Sandbox | None, timeout_errors: tuple[type[BaseException], ...] = (),
+    timed_out: Callable[[], bool] = lambda: False,
+) -> Executor:
+    """A worker's executor. With a sandbox every step runs in its child, except on a
+    worker that lowers a GPU's graphs without the GPU (workers/gpuless.py): its fakes
+    live in this process, so Inductor runs here and only the kernel compiles go to the
+    sandbox."""
+    here = InProcessExecutor(settings.compile_cpu_limit_s, timeout_errors, timed_out)
+    if sandbox is None:
+        return here
+    boxed = SandboxExecutor(sandbox, settings.max_artifact_bytes, settings.installed_op_modules, timeout_errors)
+    if settings.lower_without_gpu:
+        return InProcessExecutor(settings.compile_cpu_limit_s, timeout_errors, timed_out, kernels=boxed)
+    return boxed
 
 
 class Outcome(Protocol):
@@ -235,37 +239,6 @@ def check_options(request: farm_pb2.CompileRequest) -> dict[str, Any]:
         raise JobFailed(JobError.OPTION_NOT_ALLOWED, str(e)) from e
 
 
-@dataclass
-class Prepared:
-    """A job's request, checked: what every compile path starts from."""
-
-    request: farm_pb2.CompileRequest
-    decoded_graph: DecodedGraph | None
-    """The decoded graph once a path in this process asked for it (`decoded`); None
-    where the job compiles in the sandbox, whose child decodes it: tenant bytes are
-    fake-propagated only there, under its memory and CPU limits."""
-    inductor_options: dict[str, Any]
-    decode_s: float
-    began: float
-    """`time.perf_counter()` when this job began."""
-
-    @property
-    def decoded(self) -> DecodedGraph:
-        """The graph decoded in this process, under the grad mode and autocast it was
-        captured in: only for a compile that runs here (no sandbox, a GPU faked)."""
-        if self.decoded_graph is None:
-            try:
-                with global_state.applied(self.request.options):
-                    self.decoded_graph = fakepg.decoded(self.request.graph)
-            except GraphError as e:
-                raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-        return self.decoded_graph
-
-    def redecoded(self) -> Prepared:
-        """The same, to be decoded afresh: a compile that gave up leaves guards in its ShapeEnv."""
-        return dataclasses.replace(self, decoded_graph=None)
-
-
 def prepare(key: str, ctx: WorkerContext) -> Prepared:
     """Loads the job's request, refuses a build mismatch, checks its options and the
     graph (`validate_graph`, torch-free and bounded); raises JobFailed. The graph is
@@ -281,32 +254,10 @@ def prepare(key: str, ctx: WorkerContext) -> Prepared:
     except GraphError as e:
         raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
     job = Prepared(request, None, inductor_options, 0.0, t0)
-    if ctx.compile_sandbox is None:
+    if ctx.executor.decodes_here:
         job.decoded  # noqa: B018  decoded now, so a bad graph fails before the compile starts
     job.decode_s = time.perf_counter() - t0
     return job
-
-
-def as_job_failure(e: CompileFailed, ctx: WorkerContext) -> JobFailed:
-    """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
-    if ctx.timed_out() or cause_of(e, ctx.timeout_errors) is not None:
-        return JobFailed(JobError.COMPILE_TIMEOUT, "the compile ran past the farm's time limit")
-    return JobFailed(JobError.COMPILE_ERROR, str(e))
-
-
-def added_guards(decoded: DecodedGraph, mark: tuple) -> tuple[list, ...]:
-    """The shape guards the compile added, over the client's symbol names: in a local
-    torch.compile they would be Dynamo's guards, so they travel with the artifact."""
-    names = {expr: name for name, expr in decoded.symbols.items() if expr.is_Symbol}
-    try:
-        return tuple(
-            shape_guards.encode(e, names)
-            for e in shape_guards.added_since(decoded.shape_env, mark)
-        )
-    except shape_guards.GuardError as e:
-        raise JobFailed(
-            JobError.UNSHIPPABLE_GUARD, f"the compile added a shape guard the farm cannot ship: {e}"
-        ) from e
 
 
 def put_blob(store: Store, data: bytes) -> BlobRef:

@@ -108,7 +108,7 @@ class WorkerSettings:
     kills it; the job is redelivered up to max_attempts. 0: no limit."""
     sandbox: str = "auto"
     """Where tenant-driven compiler runs (C++ kernel builds, whole-graph compiles) happen
-    (workers/sandbox.py):
+    (workers/sandbox/process.py):
     "bwrap" (a bubblewrap child: no network, a read-only system, no secrets; the worker
     will not start without it), "process" (a child with a scrubbed environment and
     rlimits only: degraded), "off" (in the process that holds the keys; development
@@ -127,7 +127,7 @@ class WorkerSettings:
     """Where per-job scratch directories are made; empty: the system's temp dir."""
     sandbox_forkserver: bool = True
     """Sandboxed runs fork from one child per pool process that has imported torch and
-    Inductor once (workers/sandbox.py's `Forkserver`); False: each run starts Python."""
+    Inductor once (workers/sandbox/process.py's `Forkserver`); False: each run starts Python."""
     sandbox_headers: bool = True
     """The forkserver prebuilds Inductor's precompiled C++ prefix headers for CPU kernels
     once; False: each run that needs one builds it (a GPU target's

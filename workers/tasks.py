@@ -47,7 +47,7 @@ from workers.jobs.lower import run_lowering
 from workers.jobs.sending import HANDED_ON
 from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
 from workers.limits import SOFT_LIMIT
-from workers.runtime import WorkerContext, fail_job
+from workers.runtime import WorkerContext, executor_for, fail_job
 from workers.stackroom import in_stack_room
 
 # A task killed at the hard time limit runs nothing more; the main process ends its job.
@@ -216,8 +216,7 @@ def _kernel_context() -> KernelContext:
         failed_ttl_s=settings.failed_ttl_s,
         done_ttl_s=settings.done_ttl_s,
         scratch_dir=os.environ.get("TRITON_CACHE_DIR"),  # Triton's own setting, not ours
-        sandbox=_sandbox(),
-        max_output_bytes=settings.max_artifact_bytes,
+        executor=executor_for(settings, _sandbox()),
     )
 
 

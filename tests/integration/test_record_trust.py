@@ -22,6 +22,7 @@ from torchfarm.manifest import blob_digest
 from torchfarm.seal import Seal
 from torchfarm.signing import Signer
 from torchfarm.store import JobState
+from workers import inprocess
 from workers.board import StageBoard, kernel_cache_key
 from workers.compiler import Kernel, LoweredGraph
 from workers.jobs import assemble, build, lower
@@ -68,7 +69,7 @@ def fake_builds(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(inprocess, "start_kernel_build", start_kernel_build)
     return built
 
 

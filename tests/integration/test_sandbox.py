@@ -1,4 +1,4 @@
-"""The compile sandbox (workers/sandbox.py): a C++ kernel build, driven by a tenant's
+"""The compile sandbox (workers/sandbox/process.py): a C++ kernel build, driven by a tenant's
 graph, runs in a child that holds no secrets, and whatever it does there is bounded.
 
 The probe is a planted compiler: `CXX` names a wrapper that answers Inductor's version
@@ -231,7 +231,7 @@ def test_the_child_environment_is_an_allow_list(tmp_path):
 
 
 def test_bwrap_asked_for_and_missing_stops_the_worker(monkeypatch, caplog):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.process.shutil, "which", lambda name: None)
     with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
         sandbox.resolve("bwrap")
     assert sandbox.resolve("auto") == "process"
@@ -257,7 +257,7 @@ def test_a_malformed_child_result_is_refused(tmp_path, result, files):
         else:
             (tmp_path / "out" / name).write_bytes(data)
     with pytest.raises(sandbox.SandboxFailed) as failed:
-        sandbox._read_outputs(str(tmp_path), 1024)
+        sandbox.protocol.read_outputs(str(tmp_path), 1024)
     assert failed.value.kind == "crash"
 
 
@@ -270,7 +270,7 @@ def test_an_out_directory_that_is_a_link_is_never_read(tmp_path):
     (scratch / "out").symlink_to(elsewhere, target_is_directory=True)
     (scratch / sandbox.RESULT_FILE).write_text('{"files": ["payload.bin"]}')
     with pytest.raises(sandbox.SandboxFailed, match="not a plain directory"):
-        sandbox._read_outputs(str(scratch), 1024)
+        sandbox.protocol.read_outputs(str(scratch), 1024)
 
 
 def test_the_registration_says_where_compiles_run():
@@ -333,7 +333,7 @@ def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_pat
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, torch.relu(x))
 
 
-# The forkserver (workers/sandbox.py's `Forkserver`): every run forks from one child that
+# The forkserver (workers/sandbox/process.py's `Forkserver`): every run forks from one child that
 # has imported torch and built Inductor's headers. Its planted g++ acts on a marker in
 # the kernel's source, so one server (whose environment, CXX included, is fixed when it
 # starts) serves runs that do different things; other sources it builds for real.

@@ -34,6 +34,7 @@ from torchfarm.store import JobState
 from torchfarm.testing.fakes import InProcessFarm, memory_store
 from workers import sandbox
 from workers.board import StageBoard
+from workers.inprocess import InProcessExecutor
 from workers.jobs.export import run_export_job
 from workers.jobs.triton import KernelContext, run_kernel_job
 from workers.settings import WorkerSettings
@@ -135,7 +136,7 @@ def test_a_staged_training_compile_lowers_in_the_sandbox(box, tmp_path, monkeypa
     forward graph's specs come out, so the parent reads the stream every 10 ms, not every
     `WATCH_S`: a 200 ms tick could miss that window (it did once, in CI)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(sandbox, "WATCH_S", 0.01)
+    monkeypatch.setattr(sandbox.process, "WATCH_S", 0.01)
     caplog.set_level(logging.INFO, logger="workers")
     farm, tried = _farm(box)
     _train_through(farm)
@@ -192,7 +193,8 @@ def _kernel_ctx(box: sandbox.Sandbox | None):
 
     return KernelContext(
         store=memory_store(), name="k0", targets=frozenset({"cuda:sm_90"}),
-        triton_version=importlib.metadata.version("triton"), sandbox=box,
+        triton_version=importlib.metadata.version("triton"),
+        executor=sandbox.SandboxExecutor(box, 64 << 20) if box is not None else InProcessExecutor(),
     )
 
 
@@ -285,7 +287,7 @@ def test_the_dtensor_rank_check_traces_in_the_sandbox(box):
     shared = capture_tp(0)
     with _traces_refused() as tried:
         run_job(key, farm.context)
-        ranks.check_shared(_job(shared), box)
+        ranks.check_shared(_job(shared), sandbox.SandboxExecutor(box, 64 << 20))
     job = farm.store.get_job(key)
     assert (job.state, job.error_code) == (JobState.FAILED, "RANK_SPECIFIC"), job.message
     assert "rank 1's compile" in job.message
@@ -299,5 +301,5 @@ def test_without_a_sandbox_the_rank_check_traces_in_this_process():
     from workers import ranks
 
     with _traces_refused() as tried, pytest.raises(AssertionError, match="process that signs"):
-        ranks.check_shared(_job(capture_tp(0)))
+        ranks.check_shared(_job(capture_tp(0)), InProcessExecutor())
     assert tried == ["AOTAutograd"]

@@ -19,6 +19,7 @@ from torchfarm.manifest import blob_digest
 from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.store import JobState
 from torchfarm.testing.memory_store import memory_store
+from workers import inprocess
 from workers.board import StageBoard, kernel_cache_key, waiter_name
 from workers.compiler import CompileFailed, Kernel, LoweredGraph
 from workers.jobs import assemble, build, lower
@@ -58,7 +59,7 @@ def ctx(store, sent, built, monkeypatch):
 
         return build
 
-    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(inprocess, "start_kernel_build", start_kernel_build)
     return WorkerContext(
         settings=WorkerSettings(kernel_batch=2, max_attempts=2),
         store=store,
@@ -279,7 +280,7 @@ def test_a_batch_builds_its_kernels_at_once_up_to_the_cores(store, ctx, sent, mo
 
         return build
 
-    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(inprocess, "start_kernel_build", start_kernel_build)
     monkeypatch.setattr(build, "build_threads", lambda: 2)
     key = _start(store, ctx, 2)
     _drain(ctx, sent)
@@ -366,7 +367,7 @@ def test_a_kernel_that_fails_to_build_fails_its_waiters_too(store, ctx, sent, mo
     def start_kernel_build(spec: bytes):
         raise CompileFailed("g++: internal compiler error")
 
-    monkeypatch.setattr(build, "start_kernel_build", start_kernel_build)
+    monkeypatch.setattr(inprocess, "start_kernel_build", start_kernel_build)
     first = _start(store, ctx, 1, "alice")
     second = _start(store, ctx, 1, "bob")
     _drain(ctx, sent)

@@ -15,9 +15,8 @@ from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.signing import Signer, TrustedKeys
 from torchfarm.store import JobState
 from torchfarm.testing.memory_store import memory_store
-from workers import runtime
+from workers import fakepg, inprocess, runtime
 from workers.compiler import CompileFailed, CompileResult, Kernel
-from workers.jobs import whole
 from workers.jobs.graph import run_job
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
@@ -36,7 +35,7 @@ class FakeTimeLimit(Exception):
 
 @pytest.fixture
 def ctx(store, monkeypatch):
-    monkeypatch.setattr(runtime.fakepg, "decoded", lambda graph: _Decoded())
+    monkeypatch.setattr(fakepg, "decoded", lambda graph: _Decoded())
     monkeypatch.setattr(runtime, "check_build", lambda request, local: None)
     return WorkerContext(
         settings=WorkerSettings(max_artifact_bytes=1000),
@@ -74,7 +73,7 @@ def _compile_returning(payload: bytes):
 
 
 def test_signed_artifact_in_the_tenants_namespace(ctx, store, monkeypatch):
-    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"payload"))
+    monkeypatch.setattr(inprocess, "compile_graph", _compile_returning(b"payload"))
     key = _submit(store, "alice")
     run_job(key, ctx, "alice")
     alice = store.tenant("alice")
@@ -88,7 +87,7 @@ def test_signed_artifact_in_the_tenants_namespace(ctx, store, monkeypatch):
 
 
 def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
-    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"payload"))
+    monkeypatch.setattr(inprocess, "compile_graph", _compile_returning(b"payload"))
     key = _submit(store, "alice")
     bob = store.tenant("bob")
     bob.put_request(key, store.tenant("alice").get_request(key), 60)  # Alice's request under Bob
@@ -97,7 +96,7 @@ def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
 
 
 def test_artifact_over_the_limit_fails_artifact_too_large(ctx, store, monkeypatch):
-    monkeypatch.setattr(whole, "compile_graph", _compile_returning(b"x" * 2000))
+    monkeypatch.setattr(inprocess, "compile_graph", _compile_returning(b"x" * 2000))
     key = _submit(store, "")
     run_job(key, ctx)
     record = store.get_job(key)
@@ -110,7 +109,7 @@ def test_disallowed_option_never_reaches_the_compiler(ctx, store, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compiled")
 
-    monkeypatch.setattr(whole, "compile_graph", boom)
+    monkeypatch.setattr(inprocess, "compile_graph", boom)
     key = _submit(store, "", options={"cpp.cxx": '[null, "/bin/sh"]'})
     run_job(key, ctx)
     assert store.get_job(key).error_code == "OPTION_NOT_ALLOWED"
@@ -123,7 +122,7 @@ def test_a_failure_after_the_time_limit_fired_is_compile_timeout(ctx, store, mon
     def swallowed(*a, **k):
         raise CompileFailed("TypeError: 'NoneType' object is not callable")
 
-    monkeypatch.setattr(whole, "compile_graph", swallowed)
+    monkeypatch.setattr(inprocess, "compile_graph", swallowed)
     key = _submit(store, "")
     run_job(key, ctx)
     assert store.get_job(key).error_code == "COMPILE_ERROR"  # the limit did not fire
@@ -144,7 +143,7 @@ def test_time_limit_wrapped_by_inductor_is_compile_timeout(ctx, store, monkeypat
         except RuntimeError as inductor:
             raise CompileFailed("RuntimeError: InductorError") from inductor
 
-    monkeypatch.setattr(whole, "compile_graph", wrapped)
+    monkeypatch.setattr(inprocess, "compile_graph", wrapped)
     key = _submit(store, "")
     run_job(key, ctx)
     assert store.get_job(key).error_code == "COMPILE_TIMEOUT"

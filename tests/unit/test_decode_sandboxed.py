@@ -11,7 +11,7 @@ from torchfarm import keys
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.testing.inline import InlineDispatcher, worker_context
 from torchfarm.testing.memory_store import MemoryStore
-from workers import runtime
+from workers import fakepg
 from workers.runtime import JobFailed, prepare
 from workers.sandbox import Sandbox
 
@@ -33,7 +33,7 @@ def test_a_sandboxed_job_is_not_decoded_in_the_pool_process(monkeypatch):
     def refuse(graph):  # noqa: ANN001, ANN202
         raise AssertionError("the pool process decoded a tenant's graph")
 
-    monkeypatch.setattr(runtime.fakepg, "decoded", refuse)
+    monkeypatch.setattr(fakepg, "decoded", refuse)
     job = prepare(key, ctx)
     assert job.decoded_graph is None
 

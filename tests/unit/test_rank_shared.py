@@ -25,6 +25,7 @@ from torchfarm.codes import JobError
 from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.v1 import farm_pb2, graph_pb2
 from workers import aot_seam, fakepg, ranks
+from workers.inprocess import InProcessExecutor
 from workers.runtime import JobFailed, Prepared
 
 
@@ -69,7 +70,7 @@ def test_the_ranks_of_a_group_share_a_key_unless_per_rank(tp_graphs):
 
 
 def test_a_graph_the_same_at_every_rank_passes(tp_graphs):
-    ranks.check_shared(_job(tp_graphs[1]))
+    ranks.check_shared(_job(tp_graphs[1]), InProcessExecutor())
 
 
 def test_graphs_list_the_same_whatever_tracing_named_their_nodes():
@@ -92,10 +93,10 @@ def test_graphs_list_the_same_whatever_tracing_named_their_nodes():
 def test_a_graph_with_rank_offsets_fails_rank_specific_and_per_rank_passes():
     graph = capture_vocab_parallel(1)
     with pytest.raises(JobFailed) as failed:
-        ranks.check_shared(_job(graph))
+        ranks.check_shared(_job(graph), InProcessExecutor())
     assert failed.value.code == JobError.RANK_SPECIFIC
     assert "rank 0's compile of this graph differs from rank 1's" in str(failed.value)
-    ranks.check_shared(_job(graph, per_rank=True))  # what the SDK resubmits: compiled as it is
+    ranks.check_shared(_job(graph, per_rank=True), InProcessExecutor())  # what the SDK resubmits: compiled as it is
 
 
 def test_the_checked_ranks_are_those_that_send_the_same_bytes():
@@ -111,7 +112,7 @@ def test_the_checked_ranks_are_those_that_send_the_same_bytes():
 def test_more_ranks_than_the_farm_checks_compile_per_rank(tp_graphs, monkeypatch):
     monkeypatch.setattr(ranks, "MAX_CHECKED_RANKS", 0)
     with pytest.raises(JobFailed, match="compiles per rank") as failed:
-        ranks.check_shared(_job(tp_graphs[0]))
+        ranks.check_shared(_job(tp_graphs[0]), InProcessExecutor())
     assert failed.value.code == JobError.RANK_SPECIFIC
 
 

@@ -1,4 +1,4 @@
-"""What a bwrap child is told to hide (workers/sandbox.py `hidden_paths`): mount points
+"""What a bwrap child is told to hide (workers/sandbox/process.py `hidden_paths`): mount points
 bwrap can make inside its new root."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_the_forkserver_empties_a_place_but_never_the_directory_it_keeps(tmp_pat
     """After a run, the server empties its /tmp: everything a run left there, except its
     own directory (bound into /tmp, so under a directory bwrap made there) and what is
     above it."""
-    from workers.sandboxed import _empty
+    from workers.sandbox.child import _empty
 
     keep = tmp_path / "made" / "tfbox-1"
     (keep / "tfjob-1").mkdir(parents=True)
@@ -54,7 +54,7 @@ def test_the_forkserver_empties_a_place_but_never_the_directory_it_keeps(tmp_pat
 
 
 def test_the_forkserver_reads_its_requests_a_line_at_a_time(tmp_path):
-    from workers.sandboxed import _Lines
+    from workers.sandbox.child import _Lines
 
     read, write = os.pipe()
     os.write(write, b'{"scratch": "a"}\n{"scratch"')
@@ -91,7 +91,7 @@ def test_a_python_under_tmp_is_bound_back_read_only_but_never_tmp_or_the_scratch
 
 def test_a_checkout_under_tmp_found_only_through_the_working_directory_is_bound_back(tmp_path, monkeypatch):
     """`python -c` in a checkout under /tmp imports the farm through '' (the working
-    directory): the child, which runs `-m workers.sandboxed`, needs the checkout bound
+    directory): the child, which runs `-m workers.sandbox.child`, needs the checkout bound
     back too (it failed with "No module named 'workers'")."""
     import sys
 

@@ -1,4 +1,4 @@
-"""What the process that signs takes from a sandboxed child (workers/sandbox.py), checked
+"""What the process that signs takes from a sandboxed child (workers/sandbox/protocol.py), checked
 before anything acts on it: a lowering's result and its streamed kernel specs, an
 export's package, a Triton kernel, a decomposition. The child is faked here: `_Box`
 returns what a child took over by a tenant's input could write."""

@@ -133,9 +133,9 @@ INTERNALS: dict[str, Internal] = {
                             ("header", "hashable_cmd_line"),
                             "torchfarm/fx/kernelspec.py, workers/deferral.py: patched out"),
     "header_dir": _i("torch._inductor.codecache", "_HEADER_DIR",
-                     used_by="workers/sandboxed.py: the forkserver's prebuilt headers"),
+                     used_by="workers/sandbox/child.py: the forkserver's prebuilt headers"),
     "header_lock_dir": _i("torch._inductor.codecache", "_HEADER_LOCK_DIR",
-                          used_by="workers/sandboxed.py: the forkserver's prebuilt headers"),
+                          used_by="workers/sandbox/child.py: the forkserver's prebuilt headers"),
     "CppPythonBindingsCodeCache.entry_function": _i(
         "torch._inductor.codecache", "CppPythonBindingsCodeCache.entry_function",
         used_by="workers/deferral.py"),

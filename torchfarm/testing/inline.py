@@ -128,7 +128,7 @@ def worker_context(
 ) -> Any:
     """A `WorkerContext` on `store` whose stage jobs go to `dispatcher`: this machine's
     fingerprint, a fresh signing key (`context.signer`) and the record seal derived from
-    it, `WorkerSettings(**settings)`, and `sandbox` (workers/sandbox.py) if given."""
+    it, `WorkerSettings(**settings)`, and `sandbox` (workers/sandbox/process.py) if given."""
     from torchfarm.fx.fingerprint import local_fingerprint
     from torchfarm.seal import Seal
     from torchfarm.signing import Signer

@@ -10,26 +10,20 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from torchfarm import keys, targets
 from torchfarm.codes import JobError
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
 from workers.board import StageBoard, parse_waiter, waiter_name
-from workers.compiler import CompileFailed, Kernel, start_kernel_build
 from workers.jobs.sending import build_seal, build_threads, kernel_key, send_assembly, send_build
-from workers.limits import cpu_time_limit
 from workers.runtime import (
     JobFailed,
     WorkerContext,
-    as_job_failure,
     get_verified_blob,
     in_tenant,
     live_job,
     record_failure,
 )
-from workers.sandbox import Sandbox, SandboxFailed, build_kernels
 
 log = logging.getLogger(__name__)
 
@@ -132,32 +126,13 @@ def _build_missing(
     if not todo:
         return 0.0, 0
     t0 = time.perf_counter()
-    if ctx.sandbox is not None:
-        _build_sandboxed(ctx, ctx.sandbox, todo, board)
-        return time.perf_counter() - t0, len(todo)
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
-            builds = [(cache_key, start_kernel_build(spec)) for cache_key, spec in todo]
-            with ThreadPoolExecutor(min(len(builds), build_threads())) as pool:
-                running = [(cache_key, pool.submit(_timed, b)) for cache_key, b in builds]
-                for cache_key, future in running:
-                    kernel, seconds = future.result()
-                    board.put_binary(cache_key, kernel.binary, ctx.name, seconds)
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e
+    specs = [spec for _, spec in todo]
+
+    def store(i: int, binary: bytes, seconds: float) -> None:
+        board.put_binary(todo[i][0], binary, ctx.name, seconds)
+
+    ctx.executor.build_kernels(specs, build_threads(), store)
     return time.perf_counter() - t0, len(todo)
-
-
-def _build_sandboxed(ctx: WorkerContext, box: Sandbox, todo: list[tuple[str, bytes]], board: StageBoard) -> None:
-    """The builds in the sandbox's child, which holds no key; their binaries are stored
-    from here once the sandbox checked them (one ELF file per spec, within the bound)."""
-    try:
-        built = build_kernels(box, [spec for _, spec in todo], build_threads(), ctx.settings.max_artifact_bytes)
-    except SandboxFailed as e:
-        code = JobError.COMPILE_TIMEOUT if e.kind == "cpu" else JobError.COMPILE_ERROR
-        raise JobFailed(code, str(e)) from e
-    for (cache_key, _), (binary, seconds) in zip(todo, built, strict=True):
-        board.put_binary(cache_key, binary, ctx.name, seconds)
 
 
 _TORCH_DEVICE = {"rocm": "cuda"}
@@ -177,8 +152,3 @@ def _check_flags(spec: bytes, target: str) -> None:
     device = targets.parse(target).device
     if args["device_type"].split(":")[0] != _TORCH_DEVICE.get(device, device):
         raise JobFailed(JobError.INVALID_KERNEL_SPEC, f"a kernel spec for {args['device_type']!r} on {target}")
-
-
-def _timed(build: Callable[[], Kernel]) -> tuple[Kernel, float]:
-    t0 = time.perf_counter()
-    return build(), time.perf_counter() - t0

@@ -1,5 +1,5 @@
 """The staged compile's decomposition stage, in the graph job: AOTAutograd up to its
-partition (workers/aot_seam.py; in the sandbox, when the worker has one), the forward
+partition (the executor's `decompose`: workers/executor.py), the forward
 and backward graphs stored in the graph format, then the lowering job sent to the
 stages queue. A graph whose decomposition cannot leave its job (`NotDecomposable`) is
 lowered here, decomposition included."""
@@ -13,17 +13,11 @@ import time
 from torchfarm import keys, routing
 from torchfarm.codes import Stage
 from torchfarm.manifest import Manifest
-from workers.aot_seam import Decomposition, NotDecomposable, decompose_graph
+from workers.aot_seam import NotDecomposable
 from workers.board import StageBoard
-from workers.compiler import CompileFailed
-from workers.fakepg import fake_groups
 from workers.jobs.lower import lower
 from workers.jobs.sending import send_stage, stage_queue, stage_record
-from workers.jobs.whole import sandbox_failure
-from workers.limits import cpu_time_limit
-from workers.runtime import Prepared, WorkerContext, as_job_failure
-from workers.sandbox import SandboxFailed
-from workers.sandbox import decompose as sandbox_decompose
+from workers.runtime import Prepared, WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +30,7 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     ctx.store.update_job(key, stage=Stage.DECOMPOSING)
     t0 = time.perf_counter()
     try:
-        dec = _decompose(ctx, job)
+        dec = ctx.executor.decompose(job)
     except NotDecomposable as e:
         log.info("job key=%s decomposes in its lowering: %s", keys.short(key), e)
         ctx.store.update_job(key, decomposed=f"in the lowering: {e}"[:300])
@@ -54,26 +48,3 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
         len(dec.backward.nodes) if dec.backward is not None else 0,
     )
     return None
-
-
-def _decompose(ctx: WorkerContext, job: Prepared) -> Decomposition:
-    """The decomposition, in the sandbox's child when there is one (it decodes the
-    request again and holds no key). Raises NotDecomposable."""
-    options = job.request.options
-    if ctx.compile_sandbox is not None:
-        try:
-            return sandbox_decompose(
-                ctx.compile_sandbox, job.request.SerializeToString(), ctx.settings.max_artifact_bytes,
-                ctx.settings.installed_op_modules, on_gpu=job.request.target.device != "cpu",
-            )
-        except SandboxFailed as e:
-            if e.kind == "undecomposable":
-                raise NotDecomposable(str(e)) from e
-            raise sandbox_failure(e) from e
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph):
-            return decompose_graph(
-                job.decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,
-            )
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e

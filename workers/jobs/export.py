@@ -1,5 +1,5 @@
-"""The export job: request → checks → AOTInductor package (in the sandbox, when the
-worker has one) → store.
+"""The export job: request → checks → AOTInductor package (the executor's `export`:
+workers/executor.py) → store.
 
 Each delivery goes through `workers.runtime.run_delivery`, as a compile's does. The
 artifact is a manifest of kind "export" whose payload is the AOTInductor .pt2 package,
@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from torchfarm import keys
 from torchfarm.codes import JobError, Stage
-from torchfarm.graph_errors import GraphError
 from torchfarm.manifest import EXPORT, BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
-from workers.aoti import ExportFailed, build_package
-from workers.compiler import cause_of
-from workers.jobs.whole import sandbox_failure
-from workers.limits import cpu_time_limit
 from workers.runtime import (
     Delivery,
     JobFailed,
@@ -31,7 +25,6 @@ from workers.runtime import (
     load_request,
     run_delivery,
 )
-from workers.sandbox import SandboxFailed, export_package
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +49,7 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
     check_build(request, ctx.fingerprint)
     inductor_options = check_options(request)
     ctx.store.update_job(key, stage=Stage.EXPORT)
-    if ctx.compile_sandbox is not None:
-        try:
-            package, timings = export_package(
-                ctx.compile_sandbox, request.SerializeToString(), ctx.settings.max_artifact_bytes,
-                ctx.settings.installed_op_modules, on_gpu=request.target.device != "cpu",
-            )
-        except SandboxFailed as e:
-            raise sandbox_failure(e) from e
-    else:
-        package, timings = _export_here(ctx, request, inductor_options)
+    package, timings = ctx.executor.export(request, inductor_options)
     if len(package) > ctx.settings.max_artifact_bytes:
         raise JobFailed(
             JobError.ARTIFACT_TOO_LARGE,
@@ -88,20 +72,3 @@ def _export_and_store(key: str, ctx: WorkerContext) -> Manifest:
         manifest = ctx.signer.sign(manifest, ctx.settings.signature_ttl_s)
     ctx.store.put_manifest(manifest)  # last: a reader that sees it finds the package
     return manifest
-
-
-def _export_here(
-    ctx: WorkerContext, request: farm_pb2.CompileRequest, inductor_options: dict[str, Any]
-) -> tuple[bytes, dict[str, float]]:
-    """The package built in this process (TORCHFARM_SANDBOX=off, or a GPU target lowered
-    without its GPU), and its timings."""
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s):
-            result = build_package(request.graph, request.export, inductor_options)
-    except GraphError as e:
-        raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
-    except ExportFailed as e:
-        if cause_of(e, ctx.timeout_errors) is not None:
-            raise JobFailed(JobError.COMPILE_TIMEOUT, "the export ran past the farm's time limit") from e
-        raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
-    return result.package, result.timings

@@ -45,7 +45,7 @@ def _compile_and_store(key: str, ctx: WorkerContext) -> Manifest | None:
     if ctx.settings.test_delay_s > 0:  # test hook: a compile in flight that tests can watch
         time.sleep(ctx.settings.test_delay_s)
     with global_state.applied(job.request.options):
-        ranks.check_shared(job, ctx.compile_sandbox, ctx.settings.installed_op_modules)
+        ranks.check_shared(job, ctx.executor)
         if ctx.settings.pipeline == "staged" and ctx.send is not None:
             return decompose_or_lower(key, ctx, job)
         return compile_whole(key, ctx, job)

@@ -25,13 +25,11 @@ from typing import Any
 from torchfarm import keys
 from torchfarm.codes import JobError, Stage
 from torchfarm.fx import customops, global_state
-from torchfarm.fx import guards as shape_guards
 from torchfarm.manifest import Manifest
 from torchfarm.store import JobState
-from workers.aot_seam import Decomposition, NotDecomposable, using_decomposition
+from workers.aot_seam import Decomposition, NotDecomposable
 from workers.board import BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard
-from workers.compiler import CompileFailed, LoweredGraph, NeedsWholeGraph, lower_graph
-from workers.fakepg import fake_groups
+from workers.compiler import LoweredGraph, NeedsWholeGraph
 from workers.jobs.sending import (
     claim,
     in_batches,
@@ -42,22 +40,17 @@ from workers.jobs.sending import (
     stage_queue,
     stage_record,
 )
-from workers.jobs.whole import compile_whole, sandbox_failure
-from workers.limits import cpu_time_limit
+from workers.jobs.whole import compile_whole
 from workers.runtime import (
     JobFailed,
     Prepared,
     WorkerContext,
-    added_guards,
-    as_job_failure,
     in_tenant,
     live_job,
     prepare,
     put_blob,
     record_failure,
 )
-from workers.sandbox import Sandbox, SandboxFailed
-from workers.sandbox import lower_graph as sandbox_lower
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +137,10 @@ def lower(
 def _lower(
     key: str, ctx: WorkerContext, job: Prepared, stream: KernelStream, dec: Decomposition | None
 ) -> tuple[LoweredGraph, tuple[Any, ...]]:
-    """`lower_graph` of the job's graph, taking `dec`'s graphs when given, in the
-    sandbox when there is one; the lowered graph and the shape guards it rests on."""
-    if ctx.compile_sandbox is not None:
-        lowered, guards, used = _lower_sandboxed(ctx, ctx.compile_sandbox, job, stream, dec)
-    else:
-        lowered, guards, used = _lower_here(ctx, job, stream, dec)
+    """The executor's lowering of the job's graph, taking `dec`'s graphs when given; the
+    lowered graph and the shape guards it rests on."""
+    done = ctx.executor.lower(job, stream, dec)
+    lowered, guards, used = done.graph, done.guards, done.used_decomposition
     if dec is not None:
         if not used:
             log.info("job key=%s: AOTAutograd's cache had the graph; its decomposition was not used",
@@ -157,48 +148,6 @@ def _lower(
         seen = {json.dumps(g) for g in guards}
         guards = (*guards, *(g for g in dec.guards if json.dumps(g) not in seen))
     return lowered, guards
-
-
-def _lower_here(
-    ctx: WorkerContext, job: Prepared, stream: KernelStream, dec: Decomposition | None
-) -> tuple[LoweredGraph, tuple[Any, ...], bool]:
-    """The lowering in this process (TORCHFARM_SANDBOX=off, or a GPU target lowered
-    without its GPU): the lowered graph, its added guards, whether `dec` was used."""
-    decoded, options = job.decoded, job.request.options
-    mark = shape_guards.snapshot(decoded.shape_env)
-    used: list[str] = []
-    seam = using_decomposition(dec, decoded, used) if dec is not None else None
-    try:
-        with cpu_time_limit(ctx.settings.compile_cpu_limit_s), fake_groups(job.request.graph):
-            lowered = lower_graph(
-                decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode,
-                dynamic=options.dynamic, mode=options.mode, inductor_options=job.inductor_options,
-                on_kernel=stream, aot_seam=seam,
-            )
-    except CompileFailed as e:
-        raise as_job_failure(e, ctx) from e
-    return lowered, added_guards(decoded, mark), bool(used)
-
-
-def _lower_sandboxed(
-    ctx: WorkerContext, box: Sandbox, job: Prepared, stream: KernelStream, dec: Decomposition | None
-) -> tuple[LoweredGraph, tuple[Any, ...], bool]:
-    """The lowering in the sandbox's child, which decodes the request again, holds no
-    key and streams its kernel specs back to `stream`; what it returns is checked there
-    (workers/sandbox.py) before anything here acts on it."""
-    try:
-        done = sandbox_lower(
-            box, job.request.SerializeToString(), None if dec is None else dec.to_fields(),
-            ctx.settings.max_artifact_bytes, ctx.settings.installed_op_modules, on_kernel=stream,
-            on_gpu=job.request.target.device != "cpu", timeouts=ctx.timeout_errors,
-        )
-    except SandboxFailed as e:
-        if e.kind == "undecomposable":
-            raise NotDecomposable(str(e)) from e
-        if e.kind == "whole":
-            raise NeedsWholeGraph(str(e)) from e
-        raise sandbox_failure(e) from e
-    return done.graph, done.guards, done.used_decomposition
 
 
 @dataclasses.dataclass

@@ -1,5 +1,5 @@
 """The Triton kernel job (the CompileKernel RPC): request → checks → Triton compile for
-the named target (in the sandbox, when the worker has one) → store. Delivered like
+the named target (the executor's `compile_triton`: workers/executor.py) → store. Delivered like
 every job (`workers.runtime.run_delivery`): a redelivered job whose kernel is already
 cached finishes at once, blobs are written by content digest, and the record
 (`tf:kernel:<key>`) is written after its blobs. A failure's message goes to the client,
@@ -16,15 +16,14 @@ from typing import Any
 
 from torchfarm import keys, routing
 from torchfarm.codes import JobError, Stage
-from torchfarm.kernelcheck import KernelRejected
 from torchfarm.manifest import blob_digest
 from torchfarm.store import Store
-from torchfarm.targets import Target, TargetError
+from torchfarm.targets import TargetError
 from torchfarm.v1 import farm_pb2
+from workers.executor import Executor
+from workers.inprocess import InProcessExecutor
 from workers.kernel_errors import client_message
 from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
-from workers.sandbox import Sandbox, SandboxFailed, compile_triton
-from workers.triton_compile import KernelCompileError, KernelResult, compile_kernel
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +40,8 @@ class KernelContext:
     done_ttl_s: int = 3600
     scratch_dir: str | None = None
     """The job's scratch directory (Triton's cache): paths under it may appear in errors."""
-    sandbox: Sandbox | None = None
-    """Where Triton runs (workers/sandbox.py): a secret-free child; None: in this process."""
-    max_output_bytes: int = 64 << 20
-    """The most a sandboxed compile may return, binary and assembly together."""
+    executor: Executor = field(default_factory=InProcessExecutor)
+    """Where Triton runs (workers/executor.py): the sandbox's secret-free child, or this process."""
 
 
 @dataclass(frozen=True)
@@ -90,15 +87,7 @@ def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelReco
             JobError.BUILD_MISMATCH,
             f"the kernel needs Triton {request.triton_version}; this worker has {ctx.triton_version}",
         )
-    if ctx.sandbox is not None:
-        result = _compile_sandboxed(ctx, ctx.sandbox, request, target)
-    else:
-        try:
-            result = compile_kernel(request, target)
-        except KernelRejected as e:
-            raise JobFailed(JobError.INVALID_KERNEL, str(e)) from e
-        except KernelCompileError as e:
-            raise JobFailed(JobError.KERNEL_COMPILE_ERROR, str(e)) from e
+    result = ctx.executor.compile_triton(request, target)
     store.update_job(key, stage=Stage.STORE)
     binary = _put(store, result.binary)
     assembly = _put(store, result.assembly.encode()) if result.assembly else None
@@ -117,20 +106,6 @@ def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelReco
     }
     store.put_kernel(key, fields)  # last: a reader that sees it finds both blobs
     return KernelRecord(fields, {"kernel": result.seconds, "total": time.perf_counter() - t0})
-
-
-_SANDBOX_CODES = {"rejected": JobError.INVALID_KERNEL, "cpu": JobError.KERNEL_TIMEOUT}
-
-
-def _compile_sandboxed(
-    ctx: KernelContext, box: Sandbox, request: farm_pb2.KernelRequest, target: Target
-) -> KernelResult:
-    """The compile in the sandbox's child, which checks the source again and holds no
-    secret; its binary is checked here to be code for `target` before it is stored."""
-    try:
-        return compile_triton(box, request.SerializeToString(), target, ctx.max_output_bytes)
-    except SandboxFailed as e:
-        raise JobFailed(_SANDBOX_CODES.get(e.kind, JobError.KERNEL_COMPILE_ERROR), str(e)) from e
 
 
 def fail_kernel_job(key: str, ctx: KernelContext, code: JobError, message: str, namespace: str = "") -> None:

@@ -1,10 +1,11 @@
-"""The compile sandbox: tenant-driven compiler runs happen in a child process that holds
-no secrets, and this (trusted) process only checks what comes back.
+"""The sandbox's processes: the child each run happens in, its limits, bubblewrap, and
+the forkserver runs fork from. What a run sends and reads back is protocol.py's; the
+compile steps over it are executor.py's.
 
 The Celery pool process holds the signing key, the record key and the Redis
 credentials. Running Inductor and g++ on a tenant's graph in that process gives the
-graph (and any compiler bug it reaches) all three. So C++ kernel builds
-(`build_kernels`) and whole-graph compiles (`compile_whole`) run in a child:
+graph (and any compiler bug it reaches) all three. So every compile step on a tenant's
+input runs in a child:
 
 - "bwrap": under bubblewrap, with a read-only view of the system, no network
   (`--unshare-net`: not even the loopback Redis), its own PID namespace (the parent's
@@ -39,7 +40,6 @@ import resource
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -51,21 +51,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import sandbox_limits
+from workers.sandbox.protocol import RESULT_FILE, Failure, SandboxFailed, read_outputs, write_inputs
 
 if TYPE_CHECKING:
-    from torchfarm.targets import Target
-    from workers.aot_seam import Decomposition
-    from workers.compiler import CompileResult, LoweredGraph
     from workers.settings import WorkerSettings
-    from workers.triton_compile import KernelResult
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "bwrap", "process", "off")
-RESULT_FILE = "result.json"
-REQUEST_FILE = "request.json"
-MAX_RESULT_JSON = 4 * 1024 * 1024
-"""Bytes of the child's result.json the parent reads at most."""
 WATCH_S = 0.2
 """Seconds between a run's `watch` calls."""
 
@@ -87,17 +80,6 @@ secret volumes): overlaid with an empty tmpfs in the bwrap sandbox when they exi
 
 class SandboxUnavailable(RuntimeError):
     """The sandbox asked for cannot run on this machine."""
-
-
-class SandboxFailed(Exception):
-    """The sandboxed child failed: `kind` is "compile" (the compiler's own error, the
-    tenant's fault), "graph" (the graph did not decode), "guard" (a guard the farm
-    cannot ship), "memory" (past the memory limit), "cpu" (past the CPU limit) or
-    "crash" (anything else: killed, no result, a malformed result)."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -145,7 +127,7 @@ class Sandbox:
     def run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
             max_output_bytes: int, forked: bool = True,
             watch: Callable[[str], None] | None = None) -> tuple[dict, dict[str, bytes]]:
-        """Runs `workers.sandboxed` `op` on `request` (JSON) and `files` (name → bytes) in
+        """Runs `workers.sandbox.child` `op` on `request` (JSON) and `files` (name → bytes) in
         a fresh scratch directory; returns its result (JSON) and output files, each
         checked: names it declared, inside the scratch, `max_output_bytes` in all.
         `forked`: in a fork of the forkserver, if there is one and it is free. `watch`
@@ -176,24 +158,24 @@ class Sandbox:
         scratch = tempfile.mkdtemp(prefix="tfjob-", dir=root)
         tick = None if watch is None else functools.partial(watch, scratch)
         try:
-            _write_inputs(scratch, op, request, files)
+            write_inputs(scratch, op, request, files)
             if server is not None:
                 server.run(self, scratch, tick)
             else:
                 self._start_and_wait(scratch, tick)
-            return _read_outputs(scratch, max_output_bytes)
+            return read_outputs(scratch, max_output_bytes)
         except SandboxFailed as e:
-            if e.kind != "memory":
+            if e.kind != Failure.MEMORY:
                 raise
             limit = f"{self.limits.memory_bytes >> 20} MiB" if self.limits.memory_bytes else "none set"
             # Short, since job records keep a message's tail: the limit, then the compiler's last words.
             tail = " ".join(str(e)[-800:].split())
-            raise SandboxFailed("memory", f"the compile ran past its memory limit ({limit}): ...{tail}") from e
+            raise SandboxFailed(Failure.MEMORY, f"the compile ran past its memory limit ({limit}): ...{tail}") from e
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _start_and_wait(self, scratch: str, tick: Callable[[], None] | None = None) -> None:
-        argv = [self.python, "-m", "workers.sandboxed", scratch]
+        argv = [self.python, "-m", "workers.sandbox.child", scratch]
         if self.mode == "bwrap":
             argv = bwrap_argv(scratch, self.hidden, devices=self.devices) + argv
         log_path = os.path.join(scratch, "stderr.log")  # a file: the child may say a lot
@@ -206,7 +188,7 @@ class Sandbox:
                 _wait_ticking(proc, self.limits.wall_s or None, tick)
             except subprocess.TimeoutExpired as e:
                 _kill(proc)
-                raise SandboxFailed("cpu", f"the compile ran past its wall limit ({self.limits.wall_s:.0f}s)") from e
+                raise SandboxFailed(Failure.CPU, f"the compile ran past its wall limit ({self.limits.wall_s:.0f}s)") from e
             except BaseException:  # Celery's soft limit, raised while waiting
                 _kill(proc)
                 raise
@@ -224,9 +206,6 @@ MAX_REPLY = 64 * 1024
 SERVER_LOG = "server.log"
 HEADERS = "headers"
 """The forkserver's directory (under its root) of prebuilt precompiled headers."""
-STREAM = "stream"
-"""A run's directory (in its scratch) of the kernel specs a lowering streams out as it
-asks for them: `<n>` for the n-th, renamed into place once written (`SpecStream`)."""
 
 
 class Forkserver:
@@ -314,11 +293,11 @@ class Forkserver:
             reply = self._receive(box.limits.wall_s or None, tick)
         except TimeoutError as e:
             self.stop()
-            raise SandboxFailed("cpu", f"the compile ran past its wall limit ({box.limits.wall_s:.0f}s)") from e
+            raise SandboxFailed(Failure.CPU, f"the compile ran past its wall limit ({box.limits.wall_s:.0f}s)") from e
         except (EOFError, OSError, ValueError) as e:
             tail = _last_line(_tail(os.path.join(scratch, "stderr.log"))) or str(e)
             self.stop()
-            raise SandboxFailed("crash", f"the sandbox's forkserver ended during the compile: {tail[:500]}") from e
+            raise SandboxFailed(Failure.CRASH, f"the sandbox's forkserver ended during the compile: {tail[:500]}") from e
         except BaseException:
             self.stop()
             raise
@@ -330,7 +309,7 @@ class Forkserver:
             self.stop()
         if not isinstance(status, int):
             self.stop()
-            raise SandboxFailed("crash", "the sandbox's forkserver answered out of turn")
+            raise SandboxFailed(Failure.CRASH, "the sandbox's forkserver answered out of turn")
         if status != 0 and not os.path.exists(os.path.join(scratch, RESULT_FILE)):
             raise _crash(status, _tail(os.path.join(scratch, "stderr.log")), box.limits)
 
@@ -356,7 +335,7 @@ class Forkserver:
             "installed_ops": list(box.installed_ops),
         }
         # -P: the working directory is not on the server's import path.
-        argv = [box.python, "-P", "-m", "workers.sandboxed", "--serve", json.dumps(config)]
+        argv = [box.python, "-P", "-m", "workers.sandbox.child", "--serve", json.dumps(config)]
         if box.mode == "bwrap":
             argv = bwrap_argv(root, box.hidden, chdir="/", server=True, devices=box.devices) + argv
         with open(os.path.join(root, SERVER_LOG), "wb") as err:
@@ -489,71 +468,10 @@ def _kill(proc: subprocess.Popen) -> None:
 def _crash(returncode: int, stderr: str, limits: Limits) -> SandboxFailed:
     tail = _last_line(stderr)
     if returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and limits.cpu_s):
-        return SandboxFailed("cpu", f"the compile ran past its CPU limit ({limits.cpu_s}s)")
+        return SandboxFailed(Failure.CPU, f"the compile ran past its CPU limit ({limits.cpu_s}s)")
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
-        return SandboxFailed("memory", "the child ran out of memory")
-    return SandboxFailed("crash", f"the sandboxed compile ended with status {returncode}: {tail[:500]}")
-
-
-def _write_inputs(scratch: str, op: str, request: Mapping[str, object], files: Mapping[str, bytes]) -> None:
-    os.makedirs(os.path.join(scratch, "in"))
-    os.makedirs(os.path.join(scratch, "out"))
-    for name, data in files.items():
-        _check_name(name)
-        with open(os.path.join(scratch, "in", name), "wb") as f:
-            f.write(data)
-    with open(os.path.join(scratch, REQUEST_FILE), "w") as f:
-        json.dump({"op": op, **request}, f)
-
-
-def _read_outputs(scratch: str, max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
-    """The child's result and the files it names, checked before anything trusts them.
-    Read by descriptor (`_read_at`): a leftover of the run cannot swap a file or out/ for
-    a link between a check and an open, to a file only this process can read."""
-    try:
-        top = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)  # the parent made it
-    except OSError as e:  # removed with a server that ended after the run
-        raise SandboxFailed("crash", f"the sandboxed compile left no result: {e}") from e
-    try:
-        return _read_result(top, max_output_bytes)
-    finally:
-        os.close(top)
-
-
-def _read_result(scratch: int, max_output_bytes: int) -> tuple[dict, dict[str, bytes]]:
-    raw = _read_at(scratch, RESULT_FILE, MAX_RESULT_JSON + 1)
-    if raw is None:
-        raise SandboxFailed("crash", "the sandboxed compile left no result")
-    if len(raw) > MAX_RESULT_JSON:
-        raise SandboxFailed("crash", "the sandboxed compile's result is too large")
-    try:
-        result = json.loads(raw)
-    except ValueError as e:
-        raise SandboxFailed("crash", f"the sandboxed compile's result is not JSON: {e}") from e
-    if not isinstance(result, dict):
-        raise SandboxFailed("crash", "the sandboxed compile's result is not an object")
-    error = result.get("error")
-    if error is not None:
-        kind = error.get("kind") if isinstance(error, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-        if kind not in _CHILD_ERRORS or not isinstance(message, str):
-            raise SandboxFailed("crash", "the sandboxed compile's error is malformed")
-        raise SandboxFailed(kind, message[:64 * 1024])
-    names = result.get("files", [])
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise SandboxFailed("crash", "the sandboxed compile's file list is malformed")
-    try:
-        out = os.open("out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=scratch)
-    except OSError as e:
-        raise SandboxFailed("crash", "the sandboxed compile's out/ is not a plain directory") from e
-    try:
-        return result, _read_files(out, names, max_output_bytes)
-    finally:
-        os.close(out)
-
-
-_CHILD_ERRORS = frozenset({"compile", "memory", "graph", "guard", "rejected", "undecomposable", "whole"})
-"""The error kinds a child may report (workers/sandboxed.py's `_Refused` and `main`)."""
+        return SandboxFailed(Failure.MEMORY, "the child ran out of memory")
+    return SandboxFailed(Failure.CRASH, f"the sandboxed compile ended with status {returncode}: {tail[:500]}")
 
 
 def _wait_ticking(proc: subprocess.Popen, timeout: float | None, tick: Callable[[], None] | None) -> None:
@@ -571,43 +489,6 @@ def _wait_ticking(proc: subprocess.Popen, timeout: float | None, tick: Callable[
             return
         except subprocess.TimeoutExpired:
             tick()
-
-
-def _read_files(out: int, names: Iterable[str], max_bytes: int) -> dict[str, bytes]:
-    """The files `names` of the directory open as `out`, `max_bytes` in all."""
-    files: dict[str, bytes] = {}
-    total = 0
-    for name in names:
-        _check_name(name)
-        data = _read_at(out, name, max_bytes - total + 1)
-        if data is None:
-            raise SandboxFailed("crash", f"the sandboxed compile's output {name!r} is not there")
-        total += len(data)
-        if total > max_bytes:
-            raise SandboxFailed("crash", f"the sandboxed compile's outputs exceed {max_bytes} bytes")
-        files[name] = data
-    return files
-
-
-def _read_at(directory: int, name: str, limit: int) -> bytes | None:
-    """At most `limit` bytes of the regular file `name` in the directory open as
-    `directory`, never through a link (the child wrote it, and could have made it point
-    at a file only this process can read); None if there is no such file."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory)
-    except FileNotFoundError:
-        return None
-    except OSError as e:  # ELOOP: a link
-        raise SandboxFailed("crash", f"the sandboxed compile's {name!r} is not a plain file") from e
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SandboxFailed("crash", f"the sandboxed compile's {name!r} is not a plain file")
-        return f.read(limit)
-
-
-def _check_name(name: str) -> None:
-    if not name or name.startswith(".") or "/" in name or "\\" in name or len(name) > 100:
-        raise SandboxFailed("crash", f"a sandbox file name that is not plain: {name[:100]!r}")
 
 
 def child_env(environ: Mapping[str, str], scratch: str) -> dict[str, str]:
@@ -651,7 +532,7 @@ def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: boo
 
 
 _CHILD_PACKAGES = ("workers", "torchfarm")
-"""What the child (`python -m workers.sandboxed`) imports of the farm."""
+"""What the child (`python -m workers.sandbox.child`) imports of the farm."""
 
 
 def python_under_tmp(scratch: str) -> list[str]:
@@ -770,264 +651,3 @@ def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, 
         devices=policy.nodes(),
         installed_ops=settings.installed_op_modules,
     )
-
-
-_ELF_MAGIC = b"\x7fELF"
-
-
-def build_kernels(sandbox: Sandbox, specs: list[bytes], threads: int, max_bytes: int) -> list[tuple[bytes, float]]:
-    """(binary, build seconds) of each C++ kernel spec, built in the sandbox with this
-    process's vector-ISA answers. Every spec must come back as an ELF file, within
-    `max_bytes` in all; anything else fails the build."""
-    from torchfarm.fx.vecisa import probe_record
-
-    names = [f"k{i}" for i in range(len(specs))]
-    request = {"specs": names, "threads": threads, "vec_isa": probe_record()}
-    result, files = sandbox.run("build", request, dict(zip(names, specs, strict=True)), max_bytes)
-    seconds = result.get("seconds")
-    wanted = [f"{n}.bin" for n in names]
-    if result.get("files") != wanted or not isinstance(seconds, list) or len(seconds) != len(specs):
-        raise SandboxFailed("crash", "the sandboxed build did not return one binary per kernel")
-    out = []
-    for name, s in zip(wanted, seconds, strict=True):
-        if not files[name].startswith(_ELF_MAGIC) or not isinstance(s, (int, float)):
-            raise SandboxFailed("crash", f"the sandboxed build's {name} is not an ELF binary")
-        out.append((files[name], float(s)))
-    return out
-
-
-def compile_whole(
-    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (),
-    on_gpu: bool = False,
-) -> tuple[CompileResult, tuple[list, ...]]:
-    """The whole-graph compile of a `CompileRequest` in the sandbox: its result and the
-    guards it added. `installed_ops` (TORCHFARM_INSTALLED_OP_MODULES) are imported in the
-    child before it decodes. Each kernel's spec must parse and its binary be an ELF file; names
-    and kinds are computed here, from the specs, not taken from the child.
-
-    A GPU compile (`on_gpu`) runs in a child of its own: a fork may not use a GPU
-    runtime its parent may have touched (CUDA refuses to start in a forked child)."""
-    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
-    from workers.compiler import CompileResult, Kernel
-
-    result, files = sandbox.run(
-        "whole", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
-    )
-    count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
-    if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):
-        raise SandboxFailed("crash", "the sandboxed compile's result is malformed")
-    if set(files) != {"payload.bin", *(f"k{i}.{e}" for i in range(count) for e in ("src", "bin"))}:
-        raise SandboxFailed("crash", "the sandboxed compile's files are not the ones it declared")
-    kernels = []
-    for i in range(count):
-        source, binary = files[f"k{i}.src"], files[f"k{i}.bin"]
-        try:
-            spec = KernelSpec.from_bytes(source)
-        except KernelSpecError as e:
-            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i}: {e}") from e
-        if not binary.startswith(_ELF_MAGIC):
-            raise SandboxFailed("crash", f"the sandboxed compile's kernel {i} is not an ELF binary")
-        kind = "cpp" if spec.is_library() else "cpp-object"
-        kernels.append(Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary))
-    if not all(isinstance(g, list) for g in guards):
-        raise SandboxFailed("crash", "the sandboxed compile's guards are malformed")
-    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=_seconds(timings)), tuple(guards)
-
-
-def _seconds(timings: dict) -> dict[str, float]:
-    """A child's timings, the numbers only."""
-    return {str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))}
-
-
-def _compiler_inputs(installed_ops: tuple[str, ...]) -> dict[str, object]:
-    """What every compiling op's child is set up with, as the parent's compiler is: the
-    vector-ISA record and the installed custom-op packages."""
-    from torchfarm.fx.vecisa import probe_record
-
-    return {"vec_isa": probe_record(), "installed_ops": list(installed_ops)}
-
-
-@dataclass
-class SpecStream:
-    """A run's `watch` for the lowering: hands each kernel spec the child streamed out
-    (workers/sandboxed.py's `stream/<n>`) to `on_kernel`, in order, each read through no
-    link and bounded by `max_bytes` in all. The specs are only a head start (the
-    authoritative list is the result's): a stream that breaks its rules, or an
-    `on_kernel` that raises, is logged and read no further, except for the errors in
-    `passing` (a time limit's), which end the run."""
-
-    on_kernel: Callable[[bytes], None]
-    max_bytes: int
-    passing: tuple[type[BaseException], ...] = ()
-    count: int = 0
-    total: int = 0
-    stopped: bool = False
-
-    def __call__(self, scratch: str) -> None:
-        if self.stopped:
-            return
-        try:
-            fd = os.open(os.path.join(scratch, STREAM), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return  # the child has not started lowering
-        except OSError as e:
-            self._stop(f"the stream is not a plain directory: {e}")
-            return
-        try:
-            while not self.stopped:
-                spec = self._next(fd)
-                if spec is None:
-                    return
-                self.count += 1
-                self.on_kernel(spec)
-        except self.passing:
-            raise
-        except Exception as e:  # the lowering goes on; its result lists every spec
-            self._stop(f"{type(e).__name__}: {e}")
-        finally:
-            os.close(fd)
-
-    def _next(self, directory: int) -> bytes | None:
-        data = _read_at(directory, str(self.count), self.max_bytes - self.total + 1)
-        if data is None:
-            return None
-        self.total += len(data)
-        if self.total > self.max_bytes:
-            raise SandboxFailed("crash", f"the streamed specs exceed {self.max_bytes} bytes")
-        return data
-
-    def _stop(self, why: str) -> None:
-        self.stopped = True
-        log.warning("kernel streaming from the sandbox stopped: %s", why)
-
-
-def decompose(
-    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
-) -> Decomposition:
-    """The staged compile's decomposition of a `CompileRequest`, in the sandbox
-    (`workers.aot_seam.decompose_graph` there). Its fields must parse as a decomposition;
-    its graphs are decoded through the allow-list where they are used (the lowering).
-    Raises SandboxFailed of kind "undecomposable" when the graph decomposes in its lowering."""
-    from workers.aot_seam import Decomposition, NotDecomposable
-
-    result, files = sandbox.run(
-        "decompose", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
-    )
-    seconds = result.get("seconds")
-    if not isinstance(seconds, (int, float)) or not set(files) <= {"dec.head", "dec.forward", "dec.backward"}:
-        raise SandboxFailed("crash", "the sandboxed decomposition's result is malformed")
-    try:
-        dec = Decomposition.from_fields({name[len("dec."):].encode(): data for name, data in files.items()})
-    except NotDecomposable as e:
-        raise SandboxFailed("crash", f"the sandboxed decomposition does not parse: {e}") from e
-    return dataclasses.replace(dec, seconds=float(seconds))
-
-
-def check_ranks(
-    sandbox: Sandbox, request: bytes, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
-) -> int | None:
-    """The DTensor rank check of a `CompileRequest` in the sandbox (workers/ranks.py,
-    `first_differing` there): the first rank whose graphs differ, or None."""
-    result, _ = sandbox.run("ranks", _compiler_inputs(installed_ops), {"request.pb": request}, 0, forked=not on_gpu)
-    differs = result.get("differs")
-    if differs is not None and (not isinstance(differs, int) or isinstance(differs, bool)):
-        raise SandboxFailed("crash", "the sandboxed rank check's result is malformed")
-    return differs
-
-
-@dataclass(frozen=True)
-class Lowered:
-    """A sandboxed lowering's result, checked."""
-
-    graph: LoweredGraph
-    guards: tuple[list, ...]
-    used_decomposition: bool
-
-
-def lower_graph(
-    sandbox: Sandbox, request: bytes, decomposition: Mapping[str, bytes] | None, max_bytes: int,
-    installed_ops: tuple[str, ...] = (), on_kernel: Callable[[bytes], None] | None = None,
-    on_gpu: bool = False, timeouts: tuple[type[BaseException], ...] = (),
-) -> Lowered:
-    """The staged lowering of a `CompileRequest` in the sandbox (`workers.compiler.lower_graph`
-    there), from the stored decomposition's fields (`Decomposition.to_fields`) when
-    given. `on_kernel` gets each
-    kernel spec as the compile asks for it (`SpecStream`; `timeouts`, raised by it, end
-    the run). Each spec must parse. A GPU target's lowering runs in a child of its own,
-    as `compile_whole`'s does.
-
-    Raises SandboxFailed: kind "undecomposable" when the decomposition does not fit,
-    "whole" when only the whole-graph path can compile the graph."""
-    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
-    from workers.compiler import LoweredGraph
-
-    fields = dict(decomposition or {})
-    files = {"request.pb": request, **{f"dec.{name}": data for name, data in fields.items()}}
-    stream = SpecStream(on_kernel, max_bytes, timeouts) if on_kernel is not None else None
-    result, out = sandbox.run(
-        "lower", {**_compiler_inputs(installed_ops), "decomposition": list(fields)},
-        files, max_bytes, forked=not on_gpu, watch=stream,
-    )
-    count, guards, timings, stats = (result.get(k) for k in ("specs", "guards", "timings", "stats"))
-    if (not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict)
-            or not isinstance(stats, dict) or not all(isinstance(g, list) for g in guards)):
-        raise SandboxFailed("crash", "the sandboxed lowering's result is malformed")
-    if set(out) != {"payload.bin", *(f"s{i}.spec" for i in range(count))}:
-        raise SandboxFailed("crash", "the sandboxed lowering's files are not the ones it declared")
-    specs = [out[f"s{i}.spec"] for i in range(count)]
-    for i, spec in enumerate(specs):
-        try:
-            KernelSpec.from_bytes(spec)
-        except KernelSpecError as e:
-            raise SandboxFailed("crash", f"the sandboxed lowering's kernel {i}: {e}") from e
-    clean = _seconds(timings)
-    if not {"compile", "collect"} <= set(clean):
-        raise SandboxFailed("crash", "the sandboxed lowering's timings are malformed")
-    graph = LoweredGraph(
-        payload=out["payload.bin"], specs=specs, timings=clean,
-        stats={str(k): int(v) for k, v in stats.items() if isinstance(v, int)},
-    )
-    return Lowered(graph, tuple(guards), result.get("used") is True)
-
-
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def export_package(
-    sandbox: Sandbox, request: bytes, max_bytes: int, installed_ops: tuple[str, ...] = (), on_gpu: bool = False,
-) -> tuple[bytes, dict[str, float]]:
-    """The AOTInductor package of an export `CompileRequest`, built in the sandbox, and
-    its timings. The package must be a zip file (a .pt2) within `max_bytes`."""
-    result, files = sandbox.run(
-        "export", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
-    )
-    timings = result.get("timings")
-    if set(files) != {"package.pt2"} or not isinstance(timings, dict):
-        raise SandboxFailed("crash", "the sandboxed export's result is malformed")
-    if not files["package.pt2"].startswith(_ZIP_MAGIC):
-        raise SandboxFailed("crash", "the sandboxed export's package is not a .pt2 (zip) file")
-    return files["package.pt2"], _seconds(timings)
-
-
-def compile_triton(sandbox: Sandbox, request: bytes, target: Target, max_bytes: int) -> KernelResult:
-    """A Triton `KernelRequest` compiled for `target` in the sandbox. Its binary must be
-    code for `target` (checked here again, on what came back), its kind the target's."""
-    from torchfarm import elf
-    from workers.triton_compile import KernelResult
-
-    result, files = sandbox.run("triton", {"target": str(target)}, {"request.pb": request}, max_bytes)
-    kind, metadata, seconds = result.get("kind"), result.get("metadata"), result.get("seconds")
-    expected = "cubin" if target.device == "cuda" else "hsaco"
-    if (set(files) != {"kernel.bin", "kernel.asm"} or kind != expected or not isinstance(metadata, dict)
-            or not isinstance(seconds, (int, float))):
-        raise SandboxFailed("crash", "the sandboxed kernel compile's result is malformed")
-    try:
-        elf.check_binary(files["kernel.bin"], target.device, target.arch)
-    except elf.NotAKernel as e:
-        raise SandboxFailed("crash", f"the sandboxed kernel compile's binary is not code for {target}: {e}") from e
-    try:
-        assembly = files["kernel.asm"].decode()
-    except UnicodeDecodeError as e:
-        raise SandboxFailed("crash", "the sandboxed kernel compile's assembly is not text") from e
-    return KernelResult(kind=kind, binary=files["kernel.bin"], assembly=assembly, metadata=metadata,
-                        seconds=float(seconds))

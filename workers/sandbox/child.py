@@ -1,6 +1,6 @@
-"""The sandboxed child's entry point: `python -m workers.sandboxed SCRATCH`.
+"""The sandboxed child's entry point: `python -m workers.sandbox.child SCRATCH`.
 
-It runs the compiler on what the trusted parent (workers/sandbox.py) wrote into the
+It runs the compiler on what the trusted parent (workers/sandbox/process.py) wrote into the
 scratch directory and writes what came of it there: `request.json` names the op and its
 inputs (files under `in/`); the child writes its outputs under `out/` and `result.json`
 listing them, or an error. JSON and raw bytes only: the parent unpickles nothing.
@@ -23,8 +23,8 @@ It has no Redis, no keys and no network; it must not need them. Ops:
 The compiling ops replay the vector-ISA record of the parent's Inductor, so the child
 picks the same ISA (the one the manifest names) and builds nothing to find it.
 
-`python -P -m workers.sandboxed --serve CONFIG` is a worker's forkserver
-(workers/sandbox.py's `Forkserver`): it imports what the ops need, asks the compiler
+`python -P -m workers.sandbox.child --serve CONFIG` is a worker's forkserver
+(workers/sandbox/process.py's `Forkserver`): it imports what the ops need, asks the compiler
 its questions once, then reads one JSON line per run (`{"scratch": ...}`) on stdin,
 forks a child that runs `main` on that scratch under the limits, clears up after it,
 and answers its exit status on stdout. No run sees another: each child is a fresh copy
@@ -49,10 +49,11 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from workers.sandbox import HEADERS, STREAM
+from workers.sandbox.process import HEADERS
+from workers.sandbox.protocol import STREAM, Failure
 
 if TYPE_CHECKING:
-    from workers.sandbox import Limits
+    from workers.sandbox.process import Limits
 
 _MEMORY_WORDS = ("out of memory", "virtual memory exhausted", "cannot allocate memory", "memoryerror")
 
@@ -97,7 +98,7 @@ class _Refused(Exception):
     checker refused a Triton source), or a lowering's other way: "undecomposable" (the
     stored decomposition does not fit) and "whole" (only the whole-graph path compiles it)."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: Failure, message: str):
         super().__init__(message)
         self.kind = kind
 
@@ -127,17 +128,17 @@ def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str,
         with global_state.applied(compile_request.options):
             decoded = fakepg.decoded(compile_request.graph)
     except (GraphError, JobFailed) as e:
-        raise _Refused("graph", str(e)) from e
+        raise _Refused(Failure.GRAPH, str(e)) from e
     return compile_request, decoded, inductor_options
 
 
 def _guards(decoded: Any, mark: tuple) -> list[Any]:
-    from workers.runtime import JobFailed, added_guards
+    from workers.job import JobFailed, added_guards
 
     try:
         return list(added_guards(decoded, mark))
     except JobFailed as e:
-        raise _Refused("guard", str(e)) from e
+        raise _Refused(Failure.GUARD, str(e)) from e
 
 
 def _write(scratch: str, outputs: dict[str, bytes]) -> list[str]:
@@ -215,9 +216,9 @@ def _lower(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
                 inductor_options=inductor_options, on_kernel=_Streamed(scratch), aot_seam=seam,
             )
     except NotDecomposable as e:
-        raise _Refused("undecomposable", str(e)) from e
+        raise _Refused(Failure.UNDECOMPOSABLE, str(e)) from e
     except NeedsWholeGraph as e:
-        raise _Refused("whole", str(e)) from e
+        raise _Refused(Failure.WHOLE, str(e)) from e
     guards = _guards(decoded, mark)
     outputs = {"payload.bin": lowered.payload, **{f"s{i}.spec": s for i, s in enumerate(lowered.specs)}}
     return {
@@ -241,7 +242,7 @@ def _decompose(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
                 decoded, dynamic=options.dynamic, mode=options.mode, inductor_options=inductor_options,
             )
     except NotDecomposable as e:
-        raise _Refused("undecomposable", str(e)) from e
+        raise _Refused(Failure.UNDECOMPOSABLE, str(e)) from e
     outputs = {f"dec.{name}": data for name, data in dec.to_fields().items()}
     return {"files": _write(scratch, outputs), "seconds": dec.seconds}
 
@@ -264,9 +265,9 @@ def _ranks(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
                 graph, ranks.checked_ranks(graph), compile_request.options, inductor_options,
             )
     except (GraphError, JobFailed) as e:
-        raise _Refused("graph", str(e)) from e
+        raise _Refused(Failure.GRAPH, str(e)) from e
     except CompileFailed as e:
-        raise _Refused("compile", str(e)) from e
+        raise _Refused(Failure.COMPILE, str(e)) from e
     return {"files": [], "differs": differs}
 
 
@@ -280,7 +281,7 @@ def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
         result = build_package(export_request.graph, export_request.export, check_options(export_request))
     except (GraphError, JobFailed) as e:
-        raise _Refused("graph", str(e)) from e
+        raise _Refused(Failure.GRAPH, str(e)) from e
     return {"files": _write(scratch, {"package.pt2": result.package}), "timings": result.timings}
 
 
@@ -298,9 +299,9 @@ def _triton(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
         result = compile_kernel(kernel_request, targets.parse(str(request["target"])))
     except KernelRejected as e:
-        raise _Refused("rejected", str(e)) from e
+        raise _Refused(Failure.REJECTED, str(e)) from e
     except KernelCompileError as e:  # told as the unsandboxed compile tells it
-        raise _Refused("compile", str(e)) from e
+        raise _Refused(Failure.COMPILE, str(e)) from e
     outputs = {"kernel.bin": result.binary, "kernel.asm": result.assembly.encode()}
     return {
         "files": _write(scratch, outputs), "kind": result.kind, "metadata": result.metadata,
@@ -322,10 +323,10 @@ def main(scratch: str) -> int:
     except _Refused as e:
         result = {"error": {"kind": e.kind, "message": str(e)[:64 * 1024]}}
     except MemoryError:
-        result = {"error": {"kind": "memory", "message": "the compile ran out of memory"}}
+        result = {"error": {"kind": Failure.MEMORY, "message": "the compile ran out of memory"}}
     except Exception as e:  # the compiler's error: the tenant's input, told back bounded
         message = f"{type(e).__name__}: {e}"[:64 * 1024]
-        kind = "memory" if any(w in message.lower() for w in _MEMORY_WORDS) else "compile"
+        kind = Failure.MEMORY if any(w in message.lower() for w in _MEMORY_WORDS) else Failure.COMPILE
         result = {"error": {"kind": kind, "message": message}}
     with open(os.path.join(scratch, "result.json"), "w") as f:
         json.dump(result, f)
@@ -339,7 +340,7 @@ _SETTLE_S = 10.0
 
 def serve(config: dict[str, Any]) -> int:
     """The forkserver's loop (see the module's text)."""
-    from workers.sandbox import Limits
+    from workers.sandbox.process import Limits
 
     _prctl(_PR_SET_DUMPABLE, 0)  # a run's process may not ptrace it or read its memory
     own_namespace = bool(config["pid_namespace"])
@@ -477,7 +478,7 @@ def _digests(top: str) -> dict[str, tuple[int, ...]]:
 def _run_forked(scratch: str, limits: Limits, own_namespace: bool) -> NoReturn:
     """The forked child: its own process group, output to the scratch's log, the
     limits, the scratch's directories; then the op."""
-    from workers.sandbox import apply_limits, scratch_env
+    from workers.sandbox.process import apply_limits, scratch_env
 
     code = 70
     try:
