@@ -144,8 +144,7 @@ def test_a_graph_compiles_in_process_through_the_sdk_backend(tmp_path, monkeypat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     farm = InProcessFarm()
     farm.register_worker()
-    backend = FarmBackend(farm.sdk_settings(fallback="error"))
-    backend._client = farm.client()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
     try:

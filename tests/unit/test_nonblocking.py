@@ -197,7 +197,7 @@ def test_the_blocking_backend_warns_of_every_farm_bug_but_of_an_outage_once(capl
             backend._warn_fallback(index, FarmUnavailable("farm down"))
             backend._warn_fallback(index, FarmBug("submit: the farm failed", f"{index}" * 64))
     finally:
-        backend._client.close()
+        backend.client.close()
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("FarmUnavailable" in w for w in warnings) == 1
     bugs = [w for w in warnings if "FarmBug" in w]
