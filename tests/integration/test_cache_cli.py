@@ -168,7 +168,7 @@ def _put(store, key: str, payload: bytes, created: float, device: str = "cpu") -
 
 def test_cache_view_is_scoped_to_the_tenant_and_counts_hits(store):
     farm = Farm(CoordinatorSettings(), store, _NoQueue())
-    cache = CacheService(farm)
+    cache = CacheService(farm, farm.runner)
     alice, bob = Tenant("alice", "alice"), Tenant("bob", "bob")
     req = relu_request()
     now = time.time()

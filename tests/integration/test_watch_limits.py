@@ -133,7 +133,7 @@ def kernel_fleet(store):
 
 def test_compile_kernel_counts_against_the_tenant_quota(farm, kernel_fleet):
     f = farm(max_jobs_per_tenant=1)
-    service = KernelService(f, wait_s=0.0)  # do not wait: the job stays in flight
+    service = KernelService(f, f.runner, wait_s=0.0)  # do not wait: the job stays in flight
     req = relu_request()
     _run(f.submit(req, req.ByteSize(), ALICE))  # alice's one job in flight
     with pytest.raises(TenantQueueFull):
@@ -147,7 +147,7 @@ def test_compile_kernel_counts_against_the_tenant_quota(farm, kernel_fleet):
 
 def test_compile_kernel_waits_by_notification(farm, kernel_fleet):
     f = farm()
-    service = KernelService(f, wait_s=HANG_GUARD_S)
+    service = KernelService(f, f.runner, wait_s=HANG_GUARD_S)
     req = _kernel()
     view = kernel_fleet.tenant("alice")
 

@@ -161,6 +161,10 @@ def test_inexact_target_is_invalid(fleet):
         asyncio.run(farm.submit(req, req.ByteSize()))
 
 
+def _kernel_service(farm: Farm, **kw) -> KernelService:
+    return KernelService(farm, farm.runner, **kw)
+
+
 def _kernel(target: str, triton_version: str | None = "3.7.0"):
     return kernelreq.build_kernel_request(
         SOURCE, "add_kernel", target=target, signature="*fp32,*fp32,*fp32,i32,constexpr",
@@ -172,7 +176,7 @@ def test_kernel_jobs_route_compile_and_hit(fleet):
     ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
                         triton_version="3.7.0")
     farm = Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx))
-    service = KernelService(farm, wait_s=60)
+    service = KernelService(farm, farm.runner, wait_s=60)
     req = _kernel("rocm:gfx942", triton_version="")  # "": the farm's version
     first = asyncio.run(service.compile(req, req.ByteSize()))
     assert farm.dispatcher.sent == [(first.key, "kernels.rocm.gfx942")]
@@ -184,7 +188,7 @@ def test_kernel_jobs_route_compile_and_hit(fleet):
 
 
 def test_unserved_kernel_target_or_version_is_unavailable_at_once(fleet, no_waiting):
-    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    service = _kernel_service(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
     for req, message in [
         (_kernel("cuda:sm_80"), "compiles Triton kernels for target cuda:sm_80"),
         (_kernel("rocm:gfx90a"), "compiles Triton kernels for target rocm:gfx90a"),
@@ -195,7 +199,7 @@ def test_unserved_kernel_target_or_version_is_unavailable_at_once(fleet, no_wait
 
 
 def test_bad_kernels_are_invalid_on_the_coordinator(fleet):
-    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    service = _kernel_service(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
     req = _kernel("rocm:gfx942")
     req.source = "import os\n" + req.source
     with pytest.raises(InvalidRequest, match="import of 'os'"):
@@ -209,7 +213,7 @@ def test_bad_kernels_are_invalid_on_the_coordinator(fleet):
 def test_kernel_compile_errors_come_back_as_invalid(fleet):
     ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
                         triton_version="3.7.0")
-    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx)))
+    service = _kernel_service(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx)))
     req = _kernel("rocm:gfx942")
     req.source = req.source.replace("tl.store(", "tl.no_such_builtin(")
     with pytest.raises(InvalidRequest, match="INVALID_KERNEL: .*no attribute 'no_such_builtin'"):
@@ -217,7 +221,7 @@ def test_kernel_compile_errors_come_back_as_invalid(fleet):
 
 
 def test_a_kernel_job_nobody_takes_times_out(fleet):
-    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher()), wait_s=0.3)
+    service = _kernel_service(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher()), wait_s=0.3)
     req = _kernel("cuda:sm_90")
     with pytest.raises(BackendUnavailable, match="did not compile within"):
         asyncio.run(service.compile(req, req.ByteSize()))
