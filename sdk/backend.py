@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from sdk import artifact, changed_settings, outcomes, report
-from sdk.client import FarmClient, parse_address
+from sdk.client import CompileClient, FarmClient
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -132,6 +132,7 @@ class FarmBackend:
         name: str = "",
         target: Target | None = None,
         wait: bool = True,
+        client: CompileClient | None = None,
     ):
         self.settings = settings
         self.mode = mode or ""
@@ -141,8 +142,12 @@ class FarmBackend:
         # Inductor config patch, and it is the local fallback compiler.
         self.local = resolve("TorchCompileInductorWrapper")(mode, options, dynamic)
         self.name = name
-        self._client: FarmClient | None = FarmClient(settings.remote, settings) if settings.remote else None
-        self.trust = Trust.from_settings(settings, parse_address(settings.remote)) if settings.remote else None
+        if client is None and settings.remote:
+            client = FarmClient(settings.remote, settings)
+        self.client = client
+        """The farm's client: `client` if given (an in-process one, say), else a gRPC
+        `FarmClient` for `settings.remote`; None: no farm, every graph compiles here."""
+        self.trust = Trust.from_settings(settings, client.address) if client is not None else None
         self._graphs = 0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -160,13 +165,13 @@ class FarmBackend:
 
     def _say_where(self) -> None:
         """Says, at INFO, when no graph of this model can load from a farm."""
-        if self._client is None:
+        if self.client is None:
             log.info(
                 "torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): %s compiles "
                 "locally, as torch.compile would", self.name,
             )
         elif self.trust is not None and not self.trust.loads_anything:
-            log.info("torchfarm: %s compiles locally: %s", self.name, untrusted_message(self._client.address))
+            log.info("torchfarm: %s compiles locally: %s", self.name, untrusted_message(self.client.address))
 
     def farm_key(self, fn: Any) -> str | None:
         """The farm key of a graph this backend returned; None for one compiled here."""
@@ -179,7 +184,7 @@ class FarmBackend:
         return fn
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        if self._client is not None or self.target is not None:
+        if self.client is not None or self.target is not None:
             specialize_float_inputs(gm)  # may restart Dynamo's trace (sdk/scalars.py)
         regions.inline_for_training(gm, example_inputs)  # torch 2.13's backward of a reused region is wrong
         with self._lock:
@@ -187,7 +192,7 @@ class FarmBackend:
             index = self._graphs
         if self.target is not None and self.target != local_target(device_kind(example_inputs)):
             return self._prewarm(gm, example_inputs, index)
-        if self._client is None:
+        if self.client is None:
             return self._local(gm, example_inputs, index, "no farm configured")
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
@@ -253,7 +258,7 @@ class FarmBackend:
         ), prepared.key)
 
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
-        assert self._client is not None and self.trust is not None
+        assert self.client is not None and self.trust is not None
         if not self.trust.loads_anything:
             raise self._untrusted()
         t0 = time.perf_counter()
@@ -286,16 +291,16 @@ class FarmBackend:
         """Why no graph loads from a farm this client has no key for: that the farm is
         down, when it is (asked once), since trusting it would not help; else that
         nothing it sends could be verified."""
-        assert self._client is not None
+        assert self.client is not None
         if self._down is None:
             try:
-                self._client.connect()
+                self.client.connect()
                 self._down = ""
             except FarmUnavailable as e:
                 self._down = str(e)
         if self._down:
             return FarmUnavailable(self._down)
-        return ArtifactRejected(untrusted_message(self._client.address), Rejection.UNTRUSTED_FARM)
+        return ArtifactRejected(untrusted_message(self.client.address), Rejection.UNTRUSTED_FARM)
 
     def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable[..., Any]:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
@@ -305,14 +310,14 @@ class FarmBackend:
         decided from the hints: if one is false at this capture's sizes, the graph is
         submitted again with `specialize_hints`. They go into Dynamo's guards, which
         only works `in_backend` (before Dynamo builds the frame's guards)."""
-        assert self._client is not None and self.trust is not None
+        assert self.client is not None and self.trust is not None
         index, request, expected_key, fp = (
             prepared.index, prepared.request, prepared.key, prepared.fingerprint
         )
         with self.progress.graph(index, expected_key) as track:
             t1 = time.perf_counter()
             try:
-                reply, status = self._client.submit_and_wait(request, track, expected_key)
+                reply, status = self.client.submit_and_wait(request, track, expected_key)
             except RemoteCompileError as e:
                 if e.code != JobError.RANK_SPECIFIC or request.per_rank:
                     raise
@@ -325,7 +330,7 @@ class FarmBackend:
                 )
             t3 = time.perf_counter()
             track.set_stage("fetch")
-            manifest_bytes, blobs = self._client.fetch(reply.key)
+            manifest_bytes, blobs = self.client.fetch(reply.key)
             t4 = time.perf_counter()
             track.set_stage("verify and load")
             manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
@@ -357,7 +362,7 @@ class FarmBackend:
         outcomes.record(published)
         outcomes.trace({
             "model": self.name, "graph": index, "where": "farm", "outcome": outcome, "key": reply.key,
-            "farm": self._client.address, "target": target, "why_missed": why.strip(" ()"),
+            "farm": self.client.address, "target": target, "why_missed": why.strip(" ()"),
             "seconds": {"encode": prepared.encode_s, "submit_and_wait": t3 - t1, "fetch": t4 - t3,
                         "verify_and_load": t5 - t4},
             "stages": [
@@ -421,7 +426,7 @@ class FarmBackend:
                 self.name, target, local_target(device_kind(example_inputs)),
             )
         try:
-            if self._client is None:
+            if self.client is None:
                 raise ConfigError(f"compiling for {target} needs a farm: pass remote=")
             inductor_config = self.carried_settings()
             try:
@@ -429,14 +434,14 @@ class FarmBackend:
             except UnsupportedGraph as e:
                 raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
             graph = fleet.retarget_graph(graph, target)
-            workers = fleet.fleet_fingerprints(self._client, target)
+            workers = fleet.fleet_fingerprints(self.client, target)
             builds = fleet.usable_builds(workers, torch.__version__, target)
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
             for fp in builds:
                 request = build_request(graph, fp, self.mode, inductor_config, label)
                 global_state.record(request.options)
                 assert self.trust is not None
-                reply, _ = self._client.submit_and_wait(
+                reply, _ = self.client.submit_and_wait(
                     request, key=keys.compute_key(request, self.trust.namespace)
                 )
                 log.info(

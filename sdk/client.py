@@ -1,5 +1,9 @@
 """The SDK's thin gRPC layer: one channel per farm, deadlines, retries, status mapping.
 
+`CompileClient` is what the backend asks of a farm; `StubClient` implements it over
+any object with the gRPC stub's methods, and `FarmClient` is that over a real channel
+(torchfarm/testing/inprocess.py puts a servicer in this process behind the same stub).
+
 Nothing here knows about torch. Every call has a deadline; a status code (and the
 farm's `torchfarm-reason` trailing metadata) becomes one `sdk.errors` class, so the
 backend decides on fallback from the class alone.
@@ -17,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -180,39 +184,68 @@ def make_channel(
     return grpc.insecure_channel(address, options=options), metadata
 
 
-class FarmClient:
-    def __init__(self, remote: str, settings: SDKSettings):
-        self.address = parse_address(remote)
-        self.settings = settings
-        opts: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
-            ("grpc.service_config", _SERVICE_CONFIG),
-            ("grpc.enable_retries", 1),
-        ]
-        self.channel, self.metadata = make_channel(remote, settings, opts)
-        self._ready = False
-        self.stub = farm_pb2_grpc.CompileFarmStub(self.channel)
+class CompileClient(Protocol):
+    """What the SDK asks of a farm, whatever carries the calls. `FarmClient` carries them
+    over gRPC; `torchfarm.testing.inprocess.InProcessClient` hands them to a coordinator
+    in this process. Each call raises `sdk.errors` classes, never a transport's own."""
 
-    def close(self) -> None:
-        self.channel.close()
+    @property
+    def address(self) -> str:
+        """The farm's "host:port", as errors and trust messages name it."""
+        ...
+
+    @property
+    def settings(self) -> SDKSettings: ...
 
     def connect(self) -> None:
-        """Fails fast with FarmUnavailable when the farm does not answer. Once connected,
-        later outages surface from the calls themselves (UNAVAILABLE after the channel's
-        retries), so the readiness wait, which costs a thread, runs until it first succeeds."""
-        if self._ready:
-            return
-        try:
-            grpc.channel_ready_future(self.channel).result(
-                timeout=self.settings.connect_timeout_s
-            )
-            self._ready = True
-        except grpc.FutureTimeoutError as e:
-            raise FarmUnavailable(
-                f"farm at {self.address} did not answer within "
-                f"{self.settings.connect_timeout_s:.0f}s"
-            ) from e
+        """Fails fast with FarmUnavailable when the farm does not answer."""
+        ...
+
+    def close(self) -> None: ...
+
+    def submit(self, request: farm_pb2.CompileRequest, key: str = "") -> farm_pb2.SubmitReply: ...
+
+    def wait(
+        self, key: str, on_status: Callable[[farm_pb2.JobStatus], None] | None = None
+    ) -> farm_pb2.JobStatus: ...
+
+    def submit_and_wait(
+        self, request: farm_pb2.CompileRequest, track: GraphTrack | None = None, key: str = "",
+    ) -> tuple[farm_pb2.SubmitReply, farm_pb2.JobStatus | None]: ...
+
+    def fetch(self, key: str) -> tuple[bytes, dict[str, bytes]]: ...
+
+    def put_precompiled(
+        self, manifest: bytes, blobs: dict[str, bytes], record: farm_pb2.PrecompiledRecord | None = None
+    ) -> str: ...
+
+    def explain_precompiled(self, key: str, record: farm_pb2.PrecompiledRecord) -> farm_pb2.MissExplanation: ...
+
+    def compile_kernel(self, request: farm_pb2.KernelRequest) -> farm_pb2.KernelReply: ...
+
+    def status(self) -> farm_pb2.FarmStatus: ...
+
+
+class StubClient:
+    """A `CompileClient` over `stub`: any object with `CompileFarmStub`'s methods (each
+    taking the request, `timeout` and `metadata`, and raising `grpc.RpcError`), as httpx's
+    client sits on a transport. Deadlines, retries on a lost job, the mapping of status
+    codes to `sdk.errors` and the chunked fetch live here, above the transport."""
+
+    def __init__(
+        self, address: str, settings: SDKSettings, stub: Any, metadata: tuple[tuple[str, str], ...] = ()
+    ):
+        self.address = address
+        self.settings = settings
+        self.stub = stub
+        self.metadata = metadata
+        """What each call adds: the token, where it cannot travel as call credentials."""
+
+    def connect(self) -> None:
+        """Nothing to wait for: a stub with no channel answers from its first call."""
+
+    def close(self) -> None:
+        """Nothing to close: the stub holds no channel."""
 
     def submit(self, request: farm_pb2.CompileRequest, key: str = "") -> farm_pb2.SubmitReply:
         """Submits the request; `key` (the one the client expects) is named in a farm bug."""
@@ -405,3 +438,38 @@ class FarmClient:
             ))
         except grpc.RpcError as e:
             raise _map_error(e, "status") from e
+
+
+class FarmClient(StubClient):
+    """The `CompileClient` over gRPC: one channel to the farm at `remote`."""
+
+    def __init__(self, remote: str, settings: SDKSettings):
+        opts: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.service_config", _SERVICE_CONFIG),
+            ("grpc.enable_retries", 1),
+        ]
+        self.channel, metadata = make_channel(remote, settings, opts)
+        super().__init__(parse_address(remote), settings, farm_pb2_grpc.CompileFarmStub(self.channel), metadata)
+        self._ready = False
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def connect(self) -> None:
+        """Fails fast with FarmUnavailable when the farm does not answer. Once connected,
+        later outages surface from the calls themselves (UNAVAILABLE after the channel's
+        retries), so the readiness wait, which costs a thread, runs until it first succeeds."""
+        if self._ready:
+            return
+        try:
+            grpc.channel_ready_future(self.channel).result(
+                timeout=self.settings.connect_timeout_s
+            )
+            self._ready = True
+        except grpc.FutureTimeoutError as e:
+            raise FarmUnavailable(
+                f"farm at {self.address} did not answer within "
+                f"{self.settings.connect_timeout_s:.0f}s"
+            ) from e

@@ -35,7 +35,7 @@ import torch
 
 from sdk import artifact, fleet
 from sdk.backend import build_request
-from sdk.client import FarmClient, parse_address
+from sdk.client import CompileClient, FarmClient, parse_address
 from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
@@ -147,7 +147,7 @@ def export(
         client.close()
 
 
-def _target_build(client: FarmClient, target: str | Target | None, inputs: list[Any]) -> tuple[Target, Fingerprint]:
+def _target_build(client: CompileClient, target: str | Target | None, inputs: list[Any]) -> tuple[Target, Fingerprint]:
     """The exact target and the fingerprint the package must carry (module docstring)."""
     try:
         here = local_target(device_kind(inputs))

@@ -26,7 +26,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from sdk.client import FarmClient
+from sdk.client import CompileClient
 from sdk.errors import FarmUnavailable, NoWorker
 from torchfarm.codes import JobError, Reason
 from torchfarm.fx.fingerprint import Fingerprint
@@ -36,7 +36,7 @@ from torchfarm.v1 import graph_pb2
 log = logging.getLogger(__name__)
 
 
-def fleet_fingerprints(client: FarmClient, target: Target) -> list[Fingerprint]:
+def fleet_fingerprints(client: CompileClient, target: Target) -> list[Fingerprint]:
     """The distinct builds of the live workers that lower graphs for `target`."""
     status = client.status()
     found: dict[Fingerprint, None] = {}

@@ -179,7 +179,7 @@ class Gate:
         Refused or FarmError when it cannot serve."""
         CompilePackage, _DynamoCacheEntry = resolve("CompilePackage"), resolve("DynamoCacheEntry")
 
-        client, trust = self.backend._client, self.backend.trust
+        client, trust = self.backend.client, self.backend.trust
         assert client is not None and trust is not None
         try:
             manifest_bytes, blobs = client.fetch(key)
@@ -217,7 +217,7 @@ class Gate:
 
     def _why_missed(self, key: str, record: _Record) -> str:
         """The farm's explanation of the miss; the key's coverage where it gives none."""
-        client = self.backend._client
+        client = self.backend.client
         assert client is not None
         try:
             found = client.explain_precompiled(key, record())
@@ -229,7 +229,7 @@ class Gate:
     def _upload(self, key: str, fp: Fingerprint, record: _Record) -> None:
         try:
             manifest, blobs = self._package(key, fp)
-            client = self.backend._client
+            client = self.backend.client
             assert client is not None and self.signer is not None
             client.put_precompiled(self.signer.sign(manifest).to_json(), blobs, record())
         except (Refused, FarmError) as e:

@@ -1,5 +1,6 @@
 """A real coordinator gRPC server in a background thread, for tests that need the wire
-(auth, limits, fuzzing) but no Celery: the dispatcher records what would be queued."""
+(auth, limits, fuzzing) but no Celery: pass the shipped InlineDispatcher, which records
+what would be queued."""
 
 from __future__ import annotations
 
@@ -13,17 +14,6 @@ from collections.abc import Iterator
 from services.coordinator.farm import Dispatcher
 from services.coordinator.server import serve
 from services.coordinator.settings import CoordinatorSettings
-
-
-class Recorder(Dispatcher):
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, str]] = []
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append((key, queue, namespace))
-
-    def depth(self, queue: str) -> int:
-        return sum(1 for _, q, _ in self.sent if q == queue)
 
 
 @contextlib.contextmanager

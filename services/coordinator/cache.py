@@ -19,18 +19,16 @@ import builtins
 import logging
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
+from services.coordinator.runner import Runner
 from torchfarm import keys, targets
 from torchfarm.codes import Reason
 from torchfarm.manifest import Manifest, ManifestError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MIN_PREFIX = 8
 """Shortest key prefix `evict` and `ls` accept, so a typo cannot match half the cache."""
@@ -114,14 +112,13 @@ def _totals(entries: list[Entry]) -> Totals:
 
 
 class CacheService:
-    def __init__(self, farm: Farm):
+    def __init__(self, farm: Farm, runner: Runner):
         self.farm = farm
-
-    async def _io(self, fn: Callable[..., T], *args: object) -> T:
-        return await self.farm._io(fn, *args)
+        self.runner = runner
+        """Where each blocking store call runs: the one `farm` uses."""
 
     async def list(self, filters: Filters, limit: int, namespace: str = "") -> Listing:
-        matched = await self._io(self._matching, filters, namespace)
+        matched = await self.runner.run(self._matching, filters, namespace)
         by_target: dict[str, list[Entry]] = {}
         for e in matched:
             by_target.setdefault(e.target, []).append(e)
@@ -137,9 +134,9 @@ class CacheService:
             raise InvalidRequest(
                 "evict needs keys, all, or a filter (target, older than)", Reason.NOTHING_TO_EVICT
             )
-        matched = await self._io(self._matching, filters, namespace)
+        matched = await self.runner.run(self._matching, filters, namespace)
         store = self.farm.store.tenant(namespace)
-        await self._io(store.evict_artifacts, [e.key for e in matched])
+        await self.runner.run(store.evict_artifacts, [e.key for e in matched])
         for e in matched:
             log.info("key=%s evicted (%s, %d bytes, %d hits)", keys.short(e.key), e.target,
                      e.bytes, e.hits)

@@ -10,8 +10,8 @@ fetch: stream the manifest, then every blob, in chunks, checking each blob's dig
 Every call names its tenant (torchfarm/tokens.py); all it reads and writes goes through
 `Store.tenant(namespace)`, so a tenant can neither see nor fetch another's jobs.
 
-Redis and Celery clients are synchronous; their calls run in worker threads so the
-asyncio loop that serves gRPC never blocks on them.
+Redis and Celery clients are synchronous; their calls go through a `Runner`
+(runner.py), so the asyncio loop that serves gRPC never blocks on them.
 """
 
 from __future__ import annotations
@@ -23,15 +23,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import redis
-from kombu.exceptions import OperationalError
 
 from services.coordinator import metrics, precompiled, storage
 from services.coordinator.errors import (
     ArtifactCorrupt,
-    BackendUnavailable,
     InvalidRequest,
     NotFound,
     NoWorker,
@@ -39,6 +37,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
+from services.coordinator.runner import Runner
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm import builds, exportcheck, graphcheck, keys, options, redisconn, routing, targets
 from torchfarm.celeryconf import make_celery
@@ -52,7 +51,6 @@ from torchfarm.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -153,23 +151,20 @@ class CeleryDispatcher(Dispatcher):
 class Farm:
     def __init__(
         self, settings: CoordinatorSettings, store: Store, dispatcher: Dispatcher,
-        events: JobEvents | None = None,
+        events: JobEvents | None = None, runner: Runner | None = None,
     ):
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
+        self.runner = runner or Runner()
+        """Where each blocking store and broker call runs (runner.py); shared with the
+        kernel and cache services."""
         self.events = events
         """Wake-ups when a job record changes; None polls every poll_interval_s instead."""
         self._watches: dict[str, int] = {}
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
         self._known_queues = known_queues(settings.known_targets)
-
-    async def _io(self, fn: Callable[..., T], *args: object) -> T:
-        try:
-            return await asyncio.to_thread(fn, *args)
-        except (redis.RedisError, OperationalError, OSError) as e:
-            raise BackendUnavailable(f"farm backend unavailable: {e}") from e
 
     async def submit(
         self, request: farm_pb2.CompileRequest, size: int, tenant: Tenant = OPEN
@@ -196,7 +191,7 @@ class Farm:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), _graph_reason(e)) from e
         key = keys.compute_key(request, tenant.namespace)
-        result = await self._io(self._submit_sync, key, queue, request, tenant)
+        result = await self.runner.run(self._submit_sync, key, queue, request, tenant)
         metrics.REQUESTS.labels(outcome=_outcome(result)).inc()
         log.info(
             "submit key=%s queue=%s state=%s hit=%s dedup=%s label=%s",
@@ -217,7 +212,7 @@ class Farm:
             log.warning("key=%s has a corrupt manifest; recompiling", keys.short(key))
             store.delete_artifact(key)
         job = store.get_job(key)
-        if job is not None and self._is_stale(job):
+        if job is not None and self.is_stale(job):
             log.warning("key=%s job stuck in %s; requeueing", keys.short(key), job.state)
             store.delete_job(key)
             metrics.REQUEUED.inc()
@@ -244,7 +239,7 @@ class Farm:
         ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         explanation = self._explain(store, request, key)
-        self._charge(store, key, tenant, max(1, keys.traced_ranks(request)))
+        self.charge(store, key, tenant, max(1, keys.traced_ranks(request)))
         self._trim(store)
         try:
             if request.HasField("export"):
@@ -279,7 +274,7 @@ class Farm:
 
     async def explain(self, key: str, tenant: Tenant = OPEN) -> Explanation:
         """The explanation of `key`'s last miss in the caller's namespace."""
-        found = await self._io(MissIndex(self.store.tenant(tenant.namespace)).last, key)
+        found = await self.runner.run(MissIndex(self.store.tenant(tenant.namespace)).last, key)
         if found is None:
             raise NotFound(f"the farm has no explanation of a miss for key {keys.short(key)}")
         return found
@@ -293,7 +288,7 @@ class Farm:
         window = self.settings.known_target_window_s
         return window > 0 and queue in store.queues_seen_since(time.time() - window)
 
-    def _charge(self, store: Store, key: str, tenant: Tenant, weight: int = 1) -> None:
+    def charge(self, store: Store, key: str, tenant: Tenant, weight: int = 1) -> None:
         """Counts a new job against the tenant's quota, `weight` times (a DTensor graph,
         once per rank its rank check traces), or undoes it and refuses.
 
@@ -349,7 +344,7 @@ class Farm:
             return e.reason
         return None
 
-    def _is_stale(self, job: JobRecord) -> bool:
+    def is_stale(self, job: JobRecord) -> bool:
         return (
             job.state not in JobState.TERMINAL
             and time.time() - job.updated > self.settings.stale_job_s
@@ -357,10 +352,10 @@ class Farm:
 
     async def job(self, key: str, tenant: Tenant = OPEN) -> JobRecord:
         store = self.store.tenant(tenant.namespace)
-        job = await self._io(store.get_job, key)
+        job = await self.runner.run(store.get_job, key)
         if job is not None:
             return job
-        manifest = await self._io(store.get_manifest, key)
+        manifest = await self.runner.run(store.get_manifest, key)
         if manifest is not None:
             return JobRecord(
                 key=key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
@@ -425,13 +420,13 @@ class Farm:
         With `direct`, where the blob store pre-signs URLs, each blob is a link instead
         of bytes: the client downloads and checks it, and no byte passes through here."""
         store = self.store.tenant(tenant.namespace)
-        manifest_bytes = await self._io(store.get_manifest_bytes, key)
-        manifest = await self._io(store.get_manifest, key)
+        manifest_bytes = await self.runner.run(store.get_manifest_bytes, key)
+        manifest = await self.runner.run(store.get_manifest, key)
         if manifest is None or manifest_bytes is None:
             raise NotFound(f"no artifact for key {keys.short(key)}")
         yield ArtifactPiece("", 0, manifest_bytes)
         if direct:
-            links = await self._io(self._links, store, manifest)
+            links = await self.runner.run(self._links, store, manifest)
             if links is not None:
                 for piece in links:
                     yield piece
@@ -441,7 +436,7 @@ class Farm:
             digest = hashlib.sha256()
             for offset in range(0, max(ref.size, 1), step):
                 end = min(offset + step, ref.size) - 1
-                data = await self._io(store.get_blob_range, ref.digest, offset, end)
+                data = await self.runner.run(store.get_blob_range, ref.digest, offset, end)
                 if len(data) != end - offset + 1:
                     raise NotFound(f"artifact {keys.short(key)} was evicted while streaming")
                 digest.update(data)
@@ -452,8 +447,8 @@ class Farm:
                           keys.short(key), ref.digest[:19])
                 # The blob is keyed by the digest it no longer has: drop it too, or the
                 # recompile's SET NX would keep the bad bytes.
-                await self._io(store.delete_artifact, key)
-                await self._io(store.delete_blob, ref.digest)
+                await self.runner.run(store.delete_artifact, key)
+                await self.runner.run(store.delete_blob, ref.digest)
                 raise ArtifactCorrupt(
                     f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
                 )
@@ -464,11 +459,11 @@ class Farm:
         (services/coordinator/precompiled.py); returns its key."""
         manifest, blobs, record = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
         store = self.store.tenant(tenant.namespace)
-        await self._io(storage.admit_upload, store, self.settings, upload.ByteSize())
-        await self._io(precompiled.store_upload, store, manifest, blobs, self.settings.precompiled_ttl_s)
+        await self.runner.run(storage.admit_upload, store, self.settings, upload.ByteSize())
+        await self.runner.run(precompiled.store_upload, store, manifest, blobs, self.settings.precompiled_ttl_s)
         if record is not None:
             try:
-                await self._io(MissIndex(store).remember_precompiled, record)
+                await self.runner.run(MissIndex(store).remember_precompiled, record)
             except redis.RedisError as e:  # it costs later explanations, never the upload
                 log.warning("key=%s: precompiled record not kept: %s", keys.short(manifest.key), e)
         return manifest.key
@@ -478,7 +473,7 @@ class Farm:
         same model; counted by reason and kept for `torchfarm explain`."""
         precompiled.check_key(miss.key, "precompiled miss refused")
         try:
-            explanation = await self._io(
+            explanation = await self.runner.run(
                 MissIndex(self.store.tenant(tenant.namespace)).explain_precompiled, miss.record, miss.key,
             )
         except ValueError as e:
@@ -499,7 +494,7 @@ class Farm:
         return links
 
     async def status(self, tenant: Tenant = OPEN) -> FarmState:
-        return await self._io(self._status_sync, tenant)
+        return await self.runner.run(self._status_sync, tenant)
 
     def _status_sync(self, tenant: Tenant = OPEN) -> FarmState:
         workers = self.store.live_workers()

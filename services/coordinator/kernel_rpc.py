@@ -29,6 +29,7 @@ from services.coordinator.errors import (
     RequestTooLarge,
 )
 from services.coordinator.farm import Farm
+from services.coordinator.runner import Runner
 from torchfarm import kernelcheck, keys, routing
 from torchfarm.codes import JobError, Reason
 from torchfarm.store import JobState, Store
@@ -59,15 +60,17 @@ class CompiledKernel:
 
 
 class KernelService:
-    def __init__(self, farm: Farm, wait_s: float = KERNEL_WAIT_S):
+    def __init__(self, farm: Farm, runner: Runner, wait_s: float = KERNEL_WAIT_S):
         self.farm = farm
+        self.runner = runner
+        """Where each blocking store call runs: the one `farm` uses."""
         self.wait_s = wait_s
 
     async def compile(
         self, request: farm_pb2.KernelRequest, size: int, tenant: Tenant = OPEN
     ) -> CompiledKernel:
         """The kernel's binary. A new kernel job counts against the tenant's quota of
-        jobs in flight, as a Submit's does (Farm._charge)."""
+        jobs in flight, as a Submit's does (Farm.charge)."""
         settings = self.farm.settings
         namespace = tenant.namespace
         if size > settings.max_request_bytes:
@@ -82,22 +85,22 @@ class KernelService:
             kernelcheck.check_options(request.options)
         except (TargetError, kernelcheck.KernelRejected) as e:
             raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
-        workers = await self.farm._io(self.farm.store.live_workers)
+        workers = await self.runner.run(self.farm.store.live_workers)
         request = _with_triton_version(request, str(target), workers)
         key = keys.compute_kernel_key(request, namespace)
         store = self.farm.store.tenant(namespace)
-        hit = await self.farm._io(self._start, store, key, queue, request, tenant)
+        hit = await self.runner.run(self._start, store, key, queue, request, tenant)
         if not hit:
             await self._wait(store, key, tenant)
-        record = await self.farm._io(store.get_kernel, key)
+        record = await self.runner.run(store.get_kernel, key)
         if record is None:
             raise BackendUnavailable(
                 f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
             )
-        binary = await self.farm._io(store.get_blob, record["binary"]["digest"])
+        binary = await self.runner.run(store.get_blob, record["binary"]["digest"])
         assembly = b""
         if record.get("assembly"):
-            blob = await self.farm._io(store.get_blob, record["assembly"]["digest"])
+            blob = await self.runner.run(store.get_blob, record["assembly"]["digest"])
             assembly = blob or b""
         if binary is None:
             raise BackendUnavailable(
@@ -116,7 +119,7 @@ class KernelService:
         if store.get_kernel(key) is not None:
             return True
         job = store.get_job(key)
-        if job is not None and (self.farm._is_stale(job) or job.state == JobState.SUCCEEDED):
+        if job is not None and (self.farm.is_stale(job) or job.state == JobState.SUCCEEDED):
             store.delete_job(key)  # stuck, or done but its record was evicted
             job = None
         if job is not None:
@@ -126,7 +129,7 @@ class KernelService:
             key, queue, request.label, settings.job_ttl_s,
             request=request.SerializeToString(), request_ttl_s=settings.request_ttl_s, kind="kreq",
         ):
-            self.farm._charge(store, key, tenant)
+            self.farm.charge(store, key, tenant)
             try:
                 self.farm.dispatcher.send_kernel(key, queue, tenant.namespace)
             except Exception:
@@ -142,9 +145,9 @@ class KernelService:
     async def _wait_for(self, store: Store, key: str, changed: Callable[[], Awaitable[None]]) -> None:
         deadline = time.monotonic() + self.wait_s
         while True:
-            job = await self.farm._io(store.get_job, key)
+            job = await self.runner.run(store.get_job, key)
             if job is None:
-                if await self.farm._io(store.get_kernel, key) is not None:
+                if await self.runner.run(store.get_kernel, key) is not None:
                     return
                 raise BackendUnavailable(f"kernel job {keys.short(key)} vanished")
             if job.state == JobState.SUCCEEDED:

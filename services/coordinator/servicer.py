@@ -103,8 +103,8 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
     def __init__(self, farm: Farm, settings: CoordinatorSettings):
         self.farm = farm
         self.settings = settings
-        self.kernels = KernelService(farm)
-        self.cache = CacheService(farm)
+        self.kernels = KernelService(farm, farm.runner)
+        self.cache = CacheService(farm, farm.runner)
 
     async def Submit(self, request: farm_pb2.CompileRequest, context: _Context) -> farm_pb2.SubmitReply:
         async with _ErrorMapping(context):

@@ -74,7 +74,7 @@ class Client:
             **overrides,
         )
         self.backend = FarmBackend(self.settings, name="fault-test")
-        self.farm = self.backend._client
+        self.farm = self.backend.client
         self.trust = self.backend.trust
 
     def compile(self, request: farm_pb2.CompileRequest) -> Outcome:

@@ -1,5 +1,5 @@
 """Authentication, tenant isolation and limits, on the wire: a real gRPC coordinator with
-a token table over a real redis-server (Celery is replaced by a recorder)."""
+a token table over a real redis-server (Celery is replaced by an inline dispatcher that runs nothing)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from sdk.client import FarmClient
 from sdk.errors import GraphRejected, QuotaExceeded, RequestTooLarge, Unauthenticated
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys, tokens
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.store import JobState
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc, graph_pb2
 
@@ -41,7 +42,7 @@ def farm(store, tmp_path, redis_url):
         poll_interval_s=0.02, grace_s=1,
     )
     store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
-    recorder = Recorder()
+    recorder = InlineDispatcher()
     with running_coordinator(settings, recorder):
         yield f"127.0.0.1:{port}", toks, recorder, settings
 
@@ -93,7 +94,7 @@ def test_tenants_get_separate_keys_jobs_and_artifacts(farm, store):
     b = _call(address, "Submit", req, toks["bob"])
     assert a.key == keys.compute_key(req, "alice") and b.key == keys.compute_key(req, "bob")
     assert a.key != b.key and not b.deduplicated
-    assert {(k, ns) for k, _, ns in recorder.sent} == {(a.key, "alice"), (b.key, "bob")}
+    assert {(t.key, t.namespace) for t in recorder.sent} == {(a.key, "alice"), (b.key, "bob")}
     assert store.r.exists(f"tf:job:alice:{a.key}") and store.r.exists(f"tf:req:bob:{b.key}")
     # Alice's finished artifact: she can fetch it, Bob cannot, even knowing its key.
     payload = b"compiled"

@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import tokens
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2
 
@@ -41,7 +42,7 @@ def make_farm(store, tmp_path, redis_url):
             **{"tokens_check_s": 0.0, "poll_interval_s": 0.02, "grace_s": 1, **over},
         )
         store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
-        stack.enter_context(running_coordinator(settings, Recorder()))
+        stack.enter_context(running_coordinator(settings, InlineDispatcher()))
         return f"127.0.0.1:{port}", path
 
     with stack:

@@ -17,11 +17,12 @@ from examples.models import make_mlp
 from sdk import report
 from services.coordinator.cache import CacheService, Filters
 from services.coordinator.errors import InvalidRequest
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm import keys
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.tokens import OPEN, Tenant
 
 pytestmark = pytest.mark.integration
@@ -151,14 +152,6 @@ def test_status_shows_workers_per_target_and_in_flight_jobs(stack):
 # The coordinator's cache view, against a real redis-server.
 
 
-class _NoQueue(Dispatcher):
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        raise AssertionError("no job is queued in these tests")
-
-    def depth(self, queue: str) -> int:
-        return 0
-
-
 def _put(store, key: str, payload: bytes, created: float, device: str = "cpu") -> None:
     ref = BlobRef(blob_digest(payload), len(payload))
     store.put_blob(ref.digest, payload)
@@ -167,8 +160,8 @@ def _put(store, key: str, payload: bytes, created: float, device: str = "cpu") -
 
 
 def test_cache_view_is_scoped_to_the_tenant_and_counts_hits(store):
-    farm = Farm(CoordinatorSettings(), store, _NoQueue())
-    cache = CacheService(farm)
+    farm = Farm(CoordinatorSettings(), store, InlineDispatcher(down=AssertionError("no job is queued in these tests")))
+    cache = CacheService(farm, farm.runner)
     alice, bob = Tenant("alice", "alice"), Tenant("bob", "bob")
     req = relu_request()
     now = time.time()

@@ -1,6 +1,6 @@
 """The coordinator's request path against the in-memory store (no process needed).
 
-The dispatcher here records what would be queued; the full path through Celery is
+The shipped InlineDispatcher records what would be queued, and runs none of it; the full path through Celery is
 covered by test_end_to_end.py.
 """
 
@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+from kombu.exceptions import OperationalError
 
 from services.coordinator.errors import (
     BackendUnavailable,
@@ -18,13 +19,13 @@ from services.coordinator.errors import (
     NoWorker,
     RequestTooLarge,
 )
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.store import JobState
-from torchfarm.testing.memory_store import memory_store
+from torchfarm.testing.fakes import InlineDispatcher, memory_store
 
 
 @pytest.fixture
@@ -34,26 +35,14 @@ def store():
     return memory_store()
 
 
-class Recorder(Dispatcher):
-    def __init__(self, fail: bool = False):
-        self.sent: list[tuple[str, str]] = []
-        self.fail = fail
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        if self.fail:
-            from kombu.exceptions import OperationalError
-
-            raise OperationalError("broker down")
-        self.sent.append((key, queue))
-
-    def depth(self, queue: str) -> int:
-        return sum(1 for _, q in self.sent if q == queue)
-
-
 @pytest.fixture
 def farm(store):
     store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
-    return Farm(CoordinatorSettings(poll_interval_s=0.01, chunk_bytes=5), store, Recorder())
+    return Farm(CoordinatorSettings(poll_interval_s=0.01, chunk_bytes=5), store, InlineDispatcher())
+
+
+def _sent(farm: Farm) -> list[tuple[str, str]]:
+    return [(t.key, t.queue) for t in farm.dispatcher.sent]
 
 
 def run(coro):
@@ -76,7 +65,7 @@ def test_miss_queues_one_job_and_concurrent_submits_join_it(farm):
 
     results = run(many())
     key = keys.compute_key(req)
-    assert farm.dispatcher.sent == [(key, RELU_QUEUE)]
+    assert _sent(farm) == [(key, RELU_QUEUE)]
     assert sum(not r.deduplicated for r in results) == 1
     assert all(r.key == key and r.state == JobState.QUEUED for r in results)
     assert farm.store.get_request(key) == req.SerializeToString()
@@ -98,7 +87,7 @@ def test_evicted_blob_turns_a_hit_into_a_recompile(farm):
     farm.store.r.delete(f"tf:blob:{m.payload.digest}")
     result = run(farm.submit(req, req.ByteSize()))
     assert not result.cache_hit
-    assert farm.dispatcher.sent == [(key, RELU_QUEUE)]
+    assert _sent(farm) == [(key, RELU_QUEUE)]
     assert farm.store.get_manifest_bytes(key) is None
 
 
@@ -122,7 +111,7 @@ async def _fetch_all(farm, key):
 
 
 def test_no_live_worker_is_unavailable_naming_the_target(store, no_waiting):
-    farm = Farm(CoordinatorSettings(), store, Recorder())
+    farm = Farm(CoordinatorSettings(), store, InlineDispatcher())
     req = relu_request()
     with pytest.raises(NoWorker, match="cpu:avx512"):
         run(farm.submit(req, req.ByteSize()))
@@ -192,12 +181,12 @@ def test_stale_job_is_requeued(farm):
     run(farm.submit(req, req.ByteSize()))
     farm.store.r.hset(f"tf:job:{key}", "updated", time.time() - farm.settings.stale_job_s - 1)
     run(farm.submit(req, req.ByteSize()))
-    assert farm.dispatcher.sent == [(key, RELU_QUEUE), (key, RELU_QUEUE)]
+    assert _sent(farm) == [(key, RELU_QUEUE), (key, RELU_QUEUE)]
 
 
 def test_broker_down_is_unavailable_and_leaves_no_job(store):
     store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
-    farm = Farm(CoordinatorSettings(), store, Recorder(fail=True))
+    farm = Farm(CoordinatorSettings(), store, InlineDispatcher(down=OperationalError("broker down")))
     req = relu_request()
     with pytest.raises(BackendUnavailable, match="broker down"):
         run(farm.submit(req, req.ByteSize()))

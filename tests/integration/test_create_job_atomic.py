@@ -10,11 +10,12 @@ import asyncio
 import pytest
 import redis
 
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import keys
 from torchfarm.store import JobState
+from torchfarm.testing.fakes import InlineDispatcher
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +24,10 @@ class Killed(BaseException):
     """The process dies here: nothing after it runs, no except clause catches it."""
 
 
-class Recorder(Dispatcher):
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append(key)
-
-
 @pytest.fixture
 def farm(store):
     store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
-    return Farm(CoordinatorSettings(), store, Recorder())
+    return Farm(CoordinatorSettings(), store, InlineDispatcher())
 
 
 def _kill_after(monkeypatch, steps: int) -> list[int]:
@@ -104,7 +97,7 @@ def test_a_kill_anywhere_inside_create_job_leaves_no_job_or_a_whole_one(farm, st
         if raw:
             assert reply.deduplicated  # the job did exist, whole (its send was lost: stale_job_s)
         else:
-            assert not reply.deduplicated and farm.dispatcher.sent == [key], f"killed after step {n}"
+            assert not reply.deduplicated and [t.key for t in farm.dispatcher.sent] == [key], f"killed after step {n}"
         assert store.get_request(key) == req.SerializeToString()
 
 
@@ -121,7 +114,7 @@ def test_a_kill_between_the_old_two_steps_would_have_left_a_stuck_key(farm, stor
         assert store.r.ttl(f"tf:job:{key}") > 0
         assert store.get_request(key) == req.SerializeToString()
     else:
-        assert farm.dispatcher.sent == [key]
+        assert [t.key for t in farm.dispatcher.sent] == [key]
 
 
 @pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.FAILED])

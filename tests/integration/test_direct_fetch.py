@@ -13,9 +13,10 @@ from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from torchfarm.manifest import BlobRef, Manifest, blob_digest
 from torchfarm.store import Store
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2
 
@@ -28,7 +29,7 @@ def farm(redis_url, s3_blob_url):
     store = Store.from_url(redis_url, blob_url=blob_url)
     store.r.flushall()
     settings = CoordinatorSettings(listen=f"127.0.0.1:{free_port()}", cache_url=redis_url, blob_url=blob_url)
-    with running_coordinator(settings, Recorder()):
+    with running_coordinator(settings, InlineDispatcher()):
         yield f"grpc://{settings.listen}", store
     store.r.flushall()
 

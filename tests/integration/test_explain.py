@@ -9,26 +9,19 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.coordinator.errors import NotFound
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of, relu_request
 from torchfarm import explain, keys
 from torchfarm.cli.explain import render
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 pytestmark = pytest.mark.integration
 
-class Recorder(Dispatcher):
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str]] = []
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append((key, queue))
-
-
 @pytest.fixture
 def farm(store):
-    return Farm(CoordinatorSettings(poll_interval_s=0.01), store, Recorder())
+    return Farm(CoordinatorSettings(poll_interval_s=0.01), store, InlineDispatcher())
 
 
 def submit(farm, request, *tenant):

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm.store import Store
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port, start_redis_server
 from torchfarm.v1 import farm_pb2, graph_pb2
 
@@ -65,7 +66,7 @@ def farm(tmp_path_factory):
         listen=f"127.0.0.1:{port}", cache_url=f"redis://127.0.0.1:{redis_port}/1",
         max_jobs_per_tenant=0, grace_s=1,
     )
-    recorder = Recorder()
+    recorder = InlineDispatcher()
     with running_coordinator(settings_, recorder):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         submit = channel.unary_unary(SUBMIT, request_serializer=None, response_deserializer=None)

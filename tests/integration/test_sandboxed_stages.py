@@ -91,8 +91,7 @@ class _Mlp(torch.nn.Module):
 
 def _train_through(farm: InProcessFarm) -> None:
     """One training step of `_Mlp` compiled on `farm`, against eager's."""
-    backend = FarmBackend(farm.sdk_settings(fallback="error"))
-    backend._client = farm.client()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
     torch.manual_seed(0)
     model, x = _Mlp(), torch.randn(5, 6)
     eager = _Mlp()

@@ -12,12 +12,13 @@ import grpc
 import pytest
 
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import tokens
 from torchfarm.explain import MissIndex
 from torchfarm.manifest import COMPILE, PRECOMPILED, BlobRef, KernelRef, Manifest, blob_digest
 from torchfarm.store import Store
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port, redis_command, wait_for_redis
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
@@ -77,7 +78,7 @@ def test_one_tenants_uploads_do_not_evict_anothers_artifact_or_explanation(split
     )
     store = Store.from_url(cache_url, state_url=state_url)
     store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=60)
-    with running_coordinator(settings, Recorder()):
+    with running_coordinator(settings, InlineDispatcher()):
         address = f"127.0.0.1:{port}"
         # Bob compiles: a miss, explained; his worker stores an artifact of 8 blobs.
         channel, stub, md = _call(address, bob)

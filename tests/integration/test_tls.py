@@ -10,10 +10,11 @@ from sdk.client import FarmClient
 from sdk.errors import FarmUnavailable
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import Recorder, running_coordinator
+from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from tests.tls import make_pki
 from torchfarm import tokens
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def test_tls_with_token(store, tmp_path, redis_url, mutual):
     store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
     remote = f"grpcs://{settings.listen}"
     client_cert = {"tls_cert_file": str(pki["client_cert"]), "tls_key_file": str(pki["client_key"])}
-    with running_coordinator(settings, Recorder()):
+    with running_coordinator(settings, InlineDispatcher()):
         ok = FarmClient(remote, SDKSettings(token=tok, tls_ca_file=str(pki["ca"]), connect_timeout_s=5, **client_cert))
         assert ok.submit(relu_request()).key
         # Plaintext to a TLS port never connects.

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from services.coordinator.errors import TenantQueueFull
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.jobevents import JobEvents
 from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm import kernelreq
 from torchfarm.store import JobState
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.tokens import Tenant
 
 pytestmark = pytest.mark.integration
@@ -31,17 +32,6 @@ ALICE, BOB = Tenant("alice", "alice"), Tenant("bob", "bob")
 KERNEL_SOURCE = (Path(__file__).parents[1] / "targets" / "kernels" / "add_kernel.py").read_text()
 
 
-class Recorder(Dispatcher):
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append(key)
-
-    def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append(key)
-
-
 def _settings(**over) -> CoordinatorSettings:
     return CoordinatorSettings(**{"poll_interval_s": NEVER_S, "watch_poll_s": NEVER_S, **over})
 
@@ -51,7 +41,7 @@ def farm(store, redis_url):
     store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=60)
 
     def make(**over) -> Farm:
-        return Farm(_settings(**over), store, Recorder(), events=JobEvents(redis_url))
+        return Farm(_settings(**over), store, InlineDispatcher(), events=JobEvents(redis_url))
 
     return make
 
@@ -133,7 +123,7 @@ def kernel_fleet(store):
 
 def test_compile_kernel_counts_against_the_tenant_quota(farm, kernel_fleet):
     f = farm(max_jobs_per_tenant=1)
-    service = KernelService(f, wait_s=0.0)  # do not wait: the job stays in flight
+    service = KernelService(f, f.runner, wait_s=0.0)  # do not wait: the job stays in flight
     req = relu_request()
     _run(f.submit(req, req.ByteSize(), ALICE))  # alice's one job in flight
     with pytest.raises(TenantQueueFull):
@@ -147,7 +137,7 @@ def test_compile_kernel_counts_against_the_tenant_quota(farm, kernel_fleet):
 
 def test_compile_kernel_waits_by_notification(farm, kernel_fleet):
     f = farm()
-    service = KernelService(f, wait_s=HANG_GUARD_S)
+    service = KernelService(f, f.runner, wait_s=HANG_GUARD_S)
     req = _kernel()
     view = kernel_fleet.tenant("alice")
 
@@ -155,7 +145,7 @@ def test_compile_kernel_waits_by_notification(farm, kernel_fleet):
         call = asyncio.ensure_future(service.compile(req, req.ByteSize(), ALICE))
         while not f.dispatcher.sent:
             await asyncio.sleep(0.01)
-        key = f.dispatcher.sent[0]
+        key = f.dispatcher.sent[0].key
         await asyncio.to_thread(view.fail_job, key, "KERNEL_COMPILE_ERROR", "no", 60)
         with pytest.raises(Exception, match="KERNEL_COMPILE_ERROR"):
             await call

@@ -12,7 +12,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from services.coordinator import metrics
-from services.coordinator.farm import Dispatcher
 from services.coordinator.gauges import read_gauges
 from services.coordinator.metrics import FarmCollector, FarmGauges
 from services.coordinator.server import serve
@@ -20,6 +19,7 @@ from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm import metric_labels
 from torchfarm.store import JobState
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
@@ -93,20 +93,13 @@ def test_refusal_and_auth_series_exist_before_any_event():
         assert f'torchfarm_rpc_duration_seconds_count{{method="{method}",outcome="ok"}}' in text
 
 
-class _Broker(Dispatcher):
-    """Depths and declared queues as a broker would report them."""
-
-    def __init__(self, depths: dict[str, int], declared: set[str]):
-        self.depths, self.declared = depths, declared
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        pass
-
-    def depth(self, queue: str) -> int:
-        return self.depths.get(queue, 0)
-
-    def queues(self) -> set[str]:
-        return self.declared
+def _queued(depths: dict[str, int]) -> InlineDispatcher:
+    """A dispatcher holding `depths[queue]` jobs on each queue, run by nobody."""
+    dispatcher = InlineDispatcher()
+    for queue, depth in depths.items():
+        for n in range(depth):
+            dispatcher.send(f"job-{n}", queue)
+    return dispatcher
 
 
 @pytest.mark.integration
@@ -118,7 +111,8 @@ def test_read_gauges_from_redis(store):
                               ("k5", "rocm", JobState.QUEUED)]:
         store.create_job(key, queue, "", ttl_s=60)
         store.update_job(key, state=state)
-    broker = _Broker({"cpu": 5, "rocm": 1, "xpu": 2}, {"xpu", "cpu0@vm.celery.pidbox", "celeryev"})
+    # Celery's own queues are declared in a real broker too; nothing runs what is sent.
+    broker = _queued({"cpu": 5, "rocm": 1, "xpu": 2, "cpu0@vm.celery.pidbox": 1, "celeryev": 1})
     g = read_gauges(store, broker)
     # Served, named by a job, or declared in the broker; Celery's own queues left out.
     assert set(g.queued) == {"cpu", "cuda", "rocm", "xpu"}
@@ -150,7 +144,7 @@ def test_coordinator_serves_metrics(store, redis_url):
 
     async def scenario() -> str:
         stop = asyncio.Event()
-        server = asyncio.create_task(serve(settings, stop, dispatcher=_Broker({"cpu": 4}, set())))
+        server = asyncio.create_task(serve(settings, stop, dispatcher=_queued({"cpu": 4})))
         async with grpc.aio.insecure_channel(settings.listen) as ch:
             await ch.channel_ready()
             stub = farm_pb2_grpc.CompileFarmStub(ch)

@@ -11,20 +11,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.coordinator import readiness
-from services.coordinator.farm import Dispatcher
 from services.coordinator.server import SERVICE_NAME, serve
 from services.coordinator.settings import CoordinatorSettings
+from torchfarm.testing.fakes import InlineDispatcher
 from torchfarm.testing.stack import free_port, start_redis_server
 
 pytestmark = pytest.mark.integration
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class _NoBroker(Dispatcher):
-    def depth(self, queue: str) -> int:
-        return 0
 
 
 async def _status(address: str, service: str) -> int:
@@ -59,7 +54,7 @@ def test_readiness_fails_while_redis_is_down_and_recovers(tmp_path):
     async def scenario() -> None:
         nonlocal redis
         stop = asyncio.Event()
-        server = asyncio.create_task(serve(settings, stop, dispatcher=_NoBroker()))
+        server = asyncio.create_task(serve(settings, stop, dispatcher=InlineDispatcher()))
         try:
             await _until(probe, SERVING)
             assert await _status(probe, "") == SERVING

@@ -1,26 +1,25 @@
 """The coordinator's routing against the in-memory store: each job goes to the queue of
 its exact target, and a target no live worker serves is refused at once (NoWorker), named.
 
-The kernel path here runs the worker's job function in a thread instead of Celery; the
-real gRPC + Celery path is in test_kernel_rpc.py.
+The shipped InlineDispatcher runs the kernel path's worker job function in a thread
+instead of Celery; the real gRPC + Celery path is in test_kernel_rpc.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
 
 from services.coordinator.errors import BackendUnavailable, InvalidRequest, NoWorker
-from services.coordinator.farm import Dispatcher, Farm
+from services.coordinator.farm import Farm
 from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of, relu_request
 from torchfarm import builds, kernelreq
-from torchfarm.testing.memory_store import memory_store
-from workers.jobs.triton import KernelContext, run_kernel_job
+from torchfarm.testing.fakes import InlineDispatcher, memory_store
+from workers.jobs.triton import KernelContext
 
 
 @pytest.fixture
@@ -29,25 +28,6 @@ def store():
     return memory_store()
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
-
-
-class InlineDispatcher(Dispatcher):
-    """Records graph jobs; runs kernel jobs with the worker's own function, in a thread."""
-
-    def __init__(self, kernel_ctx: KernelContext | None = None):
-        self.sent: list[tuple[str, str]] = []
-        self.kernel_ctx = kernel_ctx
-
-    def send(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append((key, queue))
-
-    def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
-        self.sent.append((key, queue))
-        if self.kernel_ctx is not None:
-            threading.Thread(target=run_kernel_job, args=(key, self.kernel_ctx, namespace)).start()
-
-    def depth(self, queue: str) -> int:
-        return 0
 
 
 def gpu_request(arch: str, device: str = "cuda"):
@@ -79,7 +59,7 @@ def test_graph_jobs_go_to_their_exact_target_queue(fleet):
     for req, queue in [(relu_request(isa="avx512"), "cpu.avx512."), (gpu_request("sm_90"), "cuda.sm_90.")]:
         asyncio.run(farm.submit(req, req.ByteSize()))
         build = builds.digest(builds.of_request(req))
-        assert farm.dispatcher.sent[-1][1] == queue + "b" + build
+        assert farm.dispatcher.sent[-1].queue == queue + "b" + build
 
 
 def _other_build(**changes):
@@ -101,7 +81,7 @@ def test_a_client_of_one_build_never_reaches_a_worker_of_another(fleet):
     for req in (mine, other):
         asyncio.run(farm.submit(req, req.ByteSize()))
     workers = fleet.live_workers()
-    (_, q1), (_, q2) = farm.dispatcher.sent
+    q1, q2 = (t.queue for t in farm.dispatcher.sent)
     assert q1 != q2
     assert [n for n, w in workers.items() if q1 in w["queues"]] == ["cpu-1"]
     assert [n for n, w in workers.items() if q2 in w["queues"]] == ["cpu-2"]
@@ -161,6 +141,10 @@ def test_inexact_target_is_invalid(fleet):
         asyncio.run(farm.submit(req, req.ByteSize()))
 
 
+def _kernel_service(farm: Farm, **kw) -> KernelService:
+    return KernelService(farm, farm.runner, **kw)
+
+
 def _kernel(target: str, triton_version: str | None = "3.7.0"):
     return kernelreq.build_kernel_request(
         SOURCE, "add_kernel", target=target, signature="*fp32,*fp32,*fp32,i32,constexpr",
@@ -171,11 +155,11 @@ def _kernel(target: str, triton_version: str | None = "3.7.0"):
 def test_kernel_jobs_route_compile_and_hit(fleet):
     ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
                         triton_version="3.7.0")
-    farm = Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx))
-    service = KernelService(farm, wait_s=60)
+    farm = Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(kernel_context=ctx))
+    service = KernelService(farm, farm.runner, wait_s=60)
     req = _kernel("rocm:gfx942", triton_version="")  # "": the farm's version
     first = asyncio.run(service.compile(req, req.ByteSize()))
-    assert farm.dispatcher.sent == [(first.key, "kernels.rocm.gfx942")]
+    assert [(t.key, t.queue) for t in farm.dispatcher.sent] == [(first.key, "kernels.rocm.gfx942")]
     assert not first.cache_hit and first.binary[:4] == b"\x7fELF"
     assert first.record["triton_version"] == "3.7.0" and first.record["target"] == "rocm:gfx942"
     again = asyncio.run(service.compile(req, req.ByteSize()))
@@ -184,7 +168,7 @@ def test_kernel_jobs_route_compile_and_hit(fleet):
 
 
 def test_unserved_kernel_target_or_version_is_unavailable_at_once(fleet, no_waiting):
-    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    service = _kernel_service(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
     for req, message in [
         (_kernel("cuda:sm_80"), "compiles Triton kernels for target cuda:sm_80"),
         (_kernel("rocm:gfx90a"), "compiles Triton kernels for target rocm:gfx90a"),
@@ -195,7 +179,7 @@ def test_unserved_kernel_target_or_version_is_unavailable_at_once(fleet, no_wait
 
 
 def test_bad_kernels_are_invalid_on_the_coordinator(fleet):
-    service = KernelService(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
+    service = _kernel_service(Farm(CoordinatorSettings(), fleet, InlineDispatcher()))
     req = _kernel("rocm:gfx942")
     req.source = "import os\n" + req.source
     with pytest.raises(InvalidRequest, match="import of 'os'"):
@@ -209,7 +193,7 @@ def test_bad_kernels_are_invalid_on_the_coordinator(fleet):
 def test_kernel_compile_errors_come_back_as_invalid(fleet):
     ctx = KernelContext(store=fleet, name="cpu-kernels", targets=frozenset({"rocm:gfx942"}),
                         triton_version="3.7.0")
-    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(ctx)))
+    service = _kernel_service(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher(kernel_context=ctx)))
     req = _kernel("rocm:gfx942")
     req.source = req.source.replace("tl.store(", "tl.no_such_builtin(")
     with pytest.raises(InvalidRequest, match="INVALID_KERNEL: .*no attribute 'no_such_builtin'"):
@@ -217,7 +201,7 @@ def test_kernel_compile_errors_come_back_as_invalid(fleet):
 
 
 def test_a_kernel_job_nobody_takes_times_out(fleet):
-    service = KernelService(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher()), wait_s=0.3)
+    service = _kernel_service(Farm(CoordinatorSettings(poll_interval_s=0.02), fleet, InlineDispatcher()), wait_s=0.3)
     req = _kernel("cuda:sm_90")
     with pytest.raises(BackendUnavailable, match="did not compile within"):
         asyncio.run(service.compile(req, req.ByteSize()))
@@ -234,7 +218,7 @@ def test_rocm_mps_and_xpu_graphs_route_on_target_and_build(store, device, arch):
     )
     farm = Farm(CoordinatorSettings(), store, InlineDispatcher())
     asyncio.run(farm.submit(req, req.ByteSize()))
-    assert farm.dispatcher.sent[-1][1] == queue_of(req)
+    assert farm.dispatcher.sent[-1].queue == queue_of(req)
     other = gpu_request(arch, device)
     other.build.torch_version = "2.11.0"
     with pytest.raises(NoWorker, match=f"for target {target} with build torch 2.11.0") as e:

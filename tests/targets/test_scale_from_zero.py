@@ -12,8 +12,9 @@ from services.coordinator.errors import NoWorker
 from services.coordinator.farm import Farm, known_queues
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of
-from tests.targets.test_farm_routing import InlineDispatcher, fleet, gpu_request  # noqa: F401
+from tests.targets.test_farm_routing import fleet, gpu_request  # noqa: F401
 from torchfarm.store import JobState
+from torchfarm.testing.fakes import InlineDispatcher
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def test_a_target_whose_pool_went_to_zero_is_queued(fleet):
     farm = Farm(CoordinatorSettings(), fleet, InlineDispatcher())
     out = _submit(farm, req)
     assert out.state == JobState.QUEUED and not out.cache_hit
-    assert farm.dispatcher.sent == [(out.key, queue_of(req))]
+    assert [(t.key, t.queue) for t in farm.dispatcher.sent] == [(out.key, queue_of(req))]
     assert fleet.get_job(out.key).queue == queue_of(req)
 
 
@@ -40,7 +41,7 @@ def test_a_configured_target_no_worker_ever_served_is_queued(fleet):
     req = gpu_request("sm_80")
     out = _submit(farm, req)
     assert out.state == JobState.QUEUED
-    assert farm.dispatcher.sent == [(out.key, queue_of(req))]
+    assert [(t.key, t.queue) for t in farm.dispatcher.sent] == [(out.key, queue_of(req))]
 
 
 def test_a_target_seen_before_the_window_is_unavailable(fleet):

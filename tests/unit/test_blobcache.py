@@ -7,6 +7,7 @@ import fcntl
 import multiprocessing as mp
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,21 +64,22 @@ def test_the_least_recently_used_blobs_go_past_the_bound(tmp_path):
 
 
 def _locks_held_while(cache: BlobCache, monkeypatch) -> list[bool]:
-    """Whether the blob's lock was held at each read of its file."""
+    """Whether the blob's lock was held at each read of a blob file under the cache."""
     held, seen = [False], []
-    real_flock, real_read = fcntl.flock, cache._read
+    real_flock, real_read_bytes = fcntl.flock, Path.read_bytes
 
     def flock(fd, op):
         real_flock(fd, op)
         if not op & fcntl.LOCK_NB:
             held[0] = op != fcntl.LOCK_UN
 
-    def read(path, digest, **kwargs):
-        seen.append(held[0])
-        return real_read(path, digest, **kwargs)
+    def read_bytes(path):
+        if path.parent == cache.root:
+            seen.append(held[0])
+        return real_read_bytes(path)
 
     monkeypatch.setattr(blobcache.fcntl, "flock", flock)
-    monkeypatch.setattr(cache, "_read", read)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
     return seen
 
 

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from sdk import client as client_mod
-from sdk.client import FarmClient
+from sdk.client import StubClient
 from sdk.errors import QuotaExceeded
 from sdk.settings import SDKSettings
 from torchfarm.v1 import farm_pb2
@@ -39,10 +39,8 @@ class _Stub:
         return iter([farm_pb2.JobStatus(key=ref.key, state=farm_pb2.SUCCEEDED)])
 
 
-def _client(stub) -> FarmClient:
-    c = FarmClient("grpc://127.0.0.1:1", SDKSettings(compile_timeout_s=60))
-    c.stub = stub
-    return c
+def _client(stub) -> StubClient:
+    return StubClient("127.0.0.1:1", SDKSettings(compile_timeout_s=60), stub)
 
 
 def test_a_watch_refused_for_the_cap_is_retried(monkeypatch):

@@ -21,6 +21,7 @@ from sdk import client as sdk_client
 from sdk.errors import FarmBug, FarmUnavailable, NoWorker, QuotaExceeded, RemoteCompileError
 from sdk.settings import SDKSettings
 from services.coordinator import errors
+from services.coordinator.runner import Runner
 from services.coordinator.servicer import CompileFarmServicer, status_of
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.codes import RETRYABLE_STATUSES, Reason
@@ -35,6 +36,7 @@ class RaisingFarm:
     def __init__(self) -> None:
         self.error: BaseException = RuntimeError("unset")
         self.calls = 0
+        self.runner = Runner()  # what the servicer hands its kernel and cache services
 
     async def submit(self, request, size, tenant):
         self.calls += 1

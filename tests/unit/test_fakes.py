@@ -75,6 +75,48 @@ def test_the_dispatcher_runs_jobs_in_order_with_the_jobs_they_send(monkeypatch):
     assert dispatcher.queues() == {"cpu.avx512", "stages.cpu.avx512"}
 
 
+def test_the_dispatcher_records_every_task_sent_run_or_not(monkeypatch):
+    dispatcher = InlineDispatcher()
+    monkeypatch.setattr("torchfarm.testing.inline.job_function", lambda task: lambda *a, **k: None)
+    dispatcher.send("k1", "cpu.avx512", "alice")
+    dispatcher.run(context=object())
+    dispatcher.send_export("k2", "cpu.avx512")
+    assert [(t.name, t.key, t.queue, t.namespace) for t in dispatcher.sent] == [
+        (routing.COMPILE_TASK, "k1", "cpu.avx512", "alice"),
+        (routing.EXPORT_TASK, "k2", "cpu.avx512", ""),
+    ]
+    assert [t.key for t in dispatcher.ran] == ["k1"] and [t.key for t in dispatcher.pending] == ["k2"]
+
+
+def test_a_dispatcher_whose_broker_is_down_raises_and_queues_nothing():
+    from kombu.exceptions import OperationalError
+
+    dispatcher = InlineDispatcher(down=OperationalError("broker down"))
+    for send in (dispatcher.send, dispatcher.send_kernel, dispatcher.send_export):
+        with pytest.raises(OperationalError, match="broker down"):
+            send("k", "cpu.avx512")
+    assert dispatcher.sent == [] and not dispatcher.pending
+
+
+def test_a_kernel_job_runs_as_it_is_sent_given_a_kernel_context(monkeypatch):
+    import threading
+
+    ran = threading.Event()
+    seen = []
+
+    def run_kernel_job(key, ctx, namespace=""):
+        seen.append((key, ctx, namespace, threading.current_thread() is threading.main_thread()))
+        ran.set()
+
+    monkeypatch.setattr("torchfarm.testing.inline.job_function", {routing.KERNEL_TASK: run_kernel_job}.__getitem__)
+    context = object()
+    dispatcher = InlineDispatcher(kernel_context=context)
+    dispatcher.send_kernel("k", "kernels.cuda.sm_90", "alice")
+    assert ran.wait(10)
+    assert seen == [("k", context, "alice", False)]
+    assert not dispatcher.pending and [t.key for t in dispatcher.sent] == ["k"]
+
+
 def test_a_job_without_its_context_stays_pending():
     dispatcher = InlineDispatcher()
     dispatcher.send_kernel("k", "kernels.cuda.sm_90")
@@ -144,8 +186,7 @@ def test_a_graph_compiles_in_process_through_the_sdk_backend(tmp_path, monkeypat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     farm = InProcessFarm()
     farm.register_worker()
-    backend = FarmBackend(farm.sdk_settings(fallback="error"))
-    backend._client = farm.client()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(3, 4)
     try:

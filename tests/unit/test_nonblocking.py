@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -35,12 +36,22 @@ class TwoGraphs(torch.nn.Module):
         return self.b(x).sum()
 
 
-def compile_with(swapper: Swapper, gate: threading.Event, fail: BaseException | None = None):
-    """torch.compile with a backend that hands out slots whose work waits on `gate`."""
+def compile_with(
+    swapper: Swapper, gate: threading.Event, fail: BaseException | None = None,
+    before_eager: dict[int, Callable[[], None]] | None = None,
+):
+    """torch.compile with a backend that hands out slots whose work waits on `gate`;
+    an eager run of graph `i` first calls `before_eager[i]`, if the test has put one there."""
     compiled_runs = []
+    hooks = before_eager if before_eager is not None else {}
 
     def backend(gm, example_inputs):
         index = len(swapper.graphs) + 1
+
+        def eager(*args):
+            if index in hooks:
+                hooks[index]()
+            return gm.forward(*args)
 
         def work():
             gate.wait(60)
@@ -53,7 +64,7 @@ def compile_with(swapper: Swapper, gate: threading.Event, fail: BaseException | 
 
             return compiled
 
-        return swapper.defer(index, f"key{index}", gm.forward, work)
+        return swapper.defer(index, f"key{index}", eager, work)
 
     return backend, compiled_runs
 
@@ -92,23 +103,21 @@ def test_graphs_run_eagerly_then_switch_together_at_a_call(model):
 
 def test_a_graph_ready_mid_call_waits_for_the_next_call(model):
     swapper, gate = Swapper("TwoGraphs", "local"), threading.Event()
-    backend, _ = compile_with(swapper, gate)
+    before_eager: dict[int, Callable[[], None]] = {}
+    backend, _ = compile_with(swapper, gate, before_eager=before_eager)
     compiled = nonblocking.attach(torch.compile(model, backend=backend), swapper)
     x = torch.randn(4, 8)
     compiled(x)
     # Open the gate from inside the second graph's eager run: the first graph was
     # already run eagerly in this call, and nothing may switch before the call ends.
     states = []
-    second = swapper.graphs[1]
-    eager_second = second._fn
 
-    def second_then_open(*args):
+    def open_the_gate():
         gate.set()
         assert nonblocking.wait_ready(compiled, timeout=60)
         states.append([s.state for s in swapper.graphs])
-        return eager_second(*args)
 
-    second._fn = second_then_open
+    before_eager[2] = open_the_gate
     compiled(x)
     assert states == [[READY, READY]]
     assert [s.eager_calls for s in swapper.graphs] == [2, 2]
@@ -197,7 +206,7 @@ def test_the_blocking_backend_warns_of_every_farm_bug_but_of_an_outage_once(capl
             backend._warn_fallback(index, FarmUnavailable("farm down"))
             backend._warn_fallback(index, FarmBug("submit: the farm failed", f"{index}" * 64))
     finally:
-        backend._client.close()
+        backend.client.close()
     warnings = [r.getMessage() for r in caplog.records]
     assert sum("FarmUnavailable" in w for w in warnings) == 1
     bugs = [w for w in warnings if "FarmBug" in w]

@@ -35,8 +35,7 @@ def farm(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessFa
 
 
 def _backend(farm: InProcessFarm) -> FarmBackend:
-    backend = FarmBackend(farm.sdk_settings(fallback="error"))
-    backend._client = farm.client()
+    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
     return backend
 
 

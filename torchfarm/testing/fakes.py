@@ -2,11 +2,12 @@
 
     memory_store()        the store on fakeredis            torchfarm/testing/memory_store.py
     InlineDispatcher      jobs run by plain job functions   torchfarm/testing/inline.py
-    InProcessClient       FarmClient without a channel      torchfarm/testing/inprocess.py
+    InProcessClient       a CompileClient with no channel   torchfarm/testing/inprocess.py
 
 `InProcessFarm` wires them as the real farm is wired: the coordinator's `Farm` on the
 store, sending to the dispatcher; a worker registered on the store for this machine's
-target, whose jobs run inline when a client submits; clients that call the servicer.
+target, whose jobs run inline when a client submits; clients that call the servicer,
+which `FarmBackend(settings, client=farm.client())` takes as it would a gRPC one.
 Unit tests of coordinator and worker logic use these; what is about processes (Celery
 delivery, gRPC, restarts) stays with the real stack (torchfarm/testing/stack.py).
 """

@@ -60,6 +60,16 @@ class Task:
     kwargs: dict[str, Any]
     queue: str
 
+    @property
+    def key(self) -> str:
+        """The job's key: the first argument of every task."""
+        return str(self.args[0])
+
+    @property
+    def namespace(self) -> str:
+        """The tenant's namespace a coordinator-sent job names ("" on an open farm)."""
+        return str(self.kwargs.get("namespace", ""))
+
 
 @dataclass
 class InlineDispatcher(Dispatcher):
@@ -68,13 +78,26 @@ class InlineDispatcher(Dispatcher):
     pending: deque[Task] = field(default_factory=deque)
     ran: list[Task] = field(default_factory=list)
     """Every task `run` has run, in order."""
+    sent: list[Task] = field(default_factory=list)
+    """Every task sent (the coordinator's jobs and their stage jobs), in order, run or not."""
+    down: BaseException | None = None
+    """If set, every send raises it and queues nothing, as Celery's `send_task` does
+    when its broker is down."""
+    kernel_context: Any = None
+    """If set (workers/jobs/triton.py `KernelContext`), a kernel job runs as it is sent,
+    on a thread of its own, as a kernel worker takes it while `CompileKernel` waits for
+    its record; unset, it waits for `run` as every other job does."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def send(self, key: str, queue: str, namespace: str = "") -> None:
         self._put(routing.COMPILE_TASK, [key], {"namespace": namespace}, queue)
 
     def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
-        self._put(routing.KERNEL_TASK, [key], {"namespace": namespace}, queue)
+        if self.kernel_context is None:
+            self._put(routing.KERNEL_TASK, [key], {"namespace": namespace}, queue)
+            return
+        task = self._record(routing.KERNEL_TASK, [key], {"namespace": namespace}, queue)
+        threading.Thread(target=self._run_one, args=(task, self.kernel_context), daemon=True).start()
 
     def send_export(self, key: str, queue: str, namespace: str = "") -> None:
         self._put(routing.EXPORT_TASK, [key], {"namespace": namespace}, queue)
@@ -83,11 +106,26 @@ class InlineDispatcher(Dispatcher):
         """`WorkerContext.send`: a staged compile's lowering, kernel builds, assembly."""
         self._put(task, args, {}, queue)
 
-    def _put(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str) -> None:
+    def _record(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str) -> Task:
         if name not in JOBS:
             raise UnknownTask(f"no job function for task {name!r}; known: {sorted(JOBS)}")
+        if self.down is not None:
+            raise self.down
+        task = Task(name, tuple(args), dict(kwargs), queue)
         with self._lock:
-            self.pending.append(Task(name, tuple(args), dict(kwargs), queue))
+            self.sent.append(task)
+        return task
+
+    def _put(self, name: str, args: list[Any], kwargs: dict[str, Any], queue: str) -> None:
+        task = self._record(name, args, kwargs, queue)
+        with self._lock:
+            self.pending.append(task)
+
+    def _run_one(self, task: Task, context: Any) -> None:
+        log.debug("inline %s %s on %s", task.name, task.args, task.queue)
+        job_function(task.name)(task.args[0], context, *task.args[1:], **task.kwargs)
+        with self._lock:
+            self.ran.append(task)
 
     def depth(self, queue: str) -> int:
         with self._lock:
@@ -95,7 +133,7 @@ class InlineDispatcher(Dispatcher):
 
     def queues(self) -> set[str]:
         with self._lock:
-            return {t.queue for t in (*self.pending, *self.ran)}
+            return {t.queue for t in self.sent}
 
     def take(self) -> Task | None:
         """The oldest pending task, removed; None when none is left."""
@@ -116,9 +154,7 @@ class InlineDispatcher(Dispatcher):
                     self.pending.appendleft(task)
                 kind = "kernel_context" if task.name == routing.KERNEL_TASK else "context"
                 raise ValueError(f"task {task.name} needs a {kind} to run")
-            log.debug("inline %s %s on %s", task.name, task.args, task.queue)
-            job_function(task.name)(task.args[0], ctx, *task.args[1:], **task.kwargs)
-            self.ran.append(task)
+            self._run_one(task, ctx)
             count += 1
         return count
 

@@ -1,6 +1,6 @@
-"""An in-process client: the SDK's `FarmClient` with its gRPC stub swapped for one that
-calls the coordinator's servicer in this process, as httpx's MockTransport stands in for
-the network.
+"""An in-process client: the SDK's `StubClient` (what `FarmClient` is over a channel) on
+a stub that calls the coordinator's servicer in this process, as httpx's MockTransport
+stands in for the network.
 
 Everything above the stub runs as it does over gRPC: the client's deadlines, its
 mapping of status codes and `torchfarm-reason` to `sdk.errors`, its watch and its
@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from sdk.client import FarmClient
+from sdk.client import StubClient
 from sdk.settings import SDKSettings
 from services.coordinator.farm import Farm
 from services.coordinator.servicer import CompileFarmServicer
@@ -145,8 +145,11 @@ class InProcessStub:
         return self._stream(self.servicer.FetchArtifact, request, timeout)
 
 
-class InProcessClient(FarmClient):
-    """A `FarmClient` whose calls reach `farm` in this process, with no channel."""
+class InProcessClient(StubClient):
+    """A `CompileClient` whose calls reach `farm` in this process, with no channel."""
+
+    ADDRESS = "in-process"
+    """What errors and trust messages name as the farm's address."""
 
     def __init__(
         self,
@@ -154,11 +157,5 @@ class InProcessClient(FarmClient):
         settings: SDKSettings | None = None,
         after_submit: Callable[[], Any] | None = None,
     ):
-        self.address = "in-process"
-        self.settings = settings or SDKSettings(remote="in-process")
-        self.metadata = ()
-        self._ready = True  # nothing to connect to
-        self.stub = InProcessStub(CompileFarmServicer(farm, farm.settings), after_submit)  # type: ignore[assignment]
-
-    def close(self) -> None:
-        pass  # no channel
+        stub = InProcessStub(CompileFarmServicer(farm, farm.settings), after_submit)
+        super().__init__(self.ADDRESS, settings or SDKSettings(remote=self.ADDRESS), stub)

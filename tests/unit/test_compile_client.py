@@ -1,0 +1,85 @@
+"""The SDK's one seam to a farm (sdk/client.py's `CompileClient`): the gRPC client and the
+in-process one implement it alike, and `FarmBackend` takes whichever it is given."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from sdk import client as client_mod
+from sdk.client import CompileClient, FarmClient, StubClient
+from sdk.settings import SDKSettings
+from torchfarm.testing.fakes import InProcessClient, InProcessFarm
+
+_CALLS = [
+    name for name, member in inspect.getmembers(CompileClient)
+    if inspect.isfunction(member) and not name.startswith("_")
+]
+
+
+def test_the_protocol_names_every_call_the_sdk_makes():
+    assert set(_CALLS) == {
+        "connect", "close", "submit", "wait", "submit_and_wait", "fetch",
+        "put_precompiled", "explain_precompiled", "compile_kernel", "status",
+    }
+
+
+@pytest.mark.parametrize("implementation", [FarmClient, InProcessClient])
+def test_each_client_implements_every_call_with_its_signature(implementation):
+    for name in _CALLS:
+        wanted = inspect.signature(getattr(CompileClient, name))
+        assert inspect.signature(getattr(implementation, name)) == wanted, name
+
+
+def test_the_in_process_client_runs_its_constructor_and_opens_no_channel(monkeypatch):
+    def no_channel(*args, **kwargs):
+        raise AssertionError("a channel was opened")
+
+    monkeypatch.setattr(client_mod, "make_channel", no_channel)
+    farm = InProcessFarm()
+    client = farm.client()
+    assert isinstance(client, StubClient)
+    assert client.address == InProcessClient.ADDRESS
+    assert client.settings.remote == farm.REMOTE
+    client.connect()  # nothing to wait for
+    assert client.status().workers == []
+
+
+def test_a_stub_client_carries_the_metadata_it_is_given():
+    seen = []
+
+    class Stub:
+        def GetFarmStatus(self, request, timeout, metadata):
+            seen.append(metadata)
+            from torchfarm.v1 import farm_pb2
+
+            return farm_pb2.FarmStatus()
+
+    StubClient("h:1", SDKSettings(), Stub(), (("authorization", "Bearer t"),)).status()
+    assert seen == [(("authorization", "Bearer t"),)]
+
+
+def test_the_backend_uses_the_client_it_is_given(monkeypatch):
+    from sdk.backend import FarmBackend
+
+    def no_channel(*args, **kwargs):
+        raise AssertionError("a channel was opened")
+
+    monkeypatch.setattr(client_mod, "make_channel", no_channel)
+    farm = InProcessFarm()
+    client = farm.client()
+    backend = FarmBackend(farm.sdk_settings(), client=client)
+    assert backend.client is client
+    assert backend.trust is not None and backend.trust.loads_anything  # the worker's key, pinned
+
+
+def test_the_backend_builds_a_grpc_client_for_a_remote_and_none_without():
+    from sdk.backend import FarmBackend
+
+    remote = FarmBackend(SDKSettings(remote="grpc://127.0.0.1:1", trust_unsigned="127.0.0.1:1"))
+    try:
+        assert isinstance(remote.client, FarmClient) and remote.client.address == "127.0.0.1:1"
+    finally:
+        remote.client.close()
+    assert FarmBackend(SDKSettings(remote="")).client is None
