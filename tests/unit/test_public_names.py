@@ -46,6 +46,13 @@ PINNED: dict[str, list[str]] = {
         "INDUCTOR_SEED_ENV", "STOP_TIMEOUT_S", "LocalStack", "free_port", "redis_command",
         "seed_isa_probe", "start_redis_server", "wait_for_redis",
     ],
+    "workers.sandbox": [
+        "DEFAULT_HIDDEN", "HEADERS", "MODES", "RESULT_FILE", "STREAM", "Failure", "Forkserver", "Limits", "Sandbox",
+        "SandboxExecutor", "SandboxFailed", "SandboxUnavailable", "SpecStream", "apply_limits", "build_kernels",
+        "bwrap_argv", "bwrap_works", "check_ranks", "child_command", "child_env", "compile_triton", "compile_whole",
+        "decompose", "export_package", "for_worker", "hidden_paths", "job_failure", "limits_for", "lower_graph",
+        "python_under_tmp", "resolve", "scratch_env",
+    ],
 }
 """Each module that declares `__all__` → its names, in the order it lists them."""
 
