@@ -106,6 +106,10 @@ class Stage(_ProtoEnum):
     DONE = "done"
 
 
+HANDED_ON = frozenset({Stage.LOWERING, Stage.KERNELS, Stage.ASSEMBLING})
+"""Stages of a staged job after its graph job has ended: later stage jobs finish it."""
+
+
 class Rejection(_ProtoEnum):
     """farm.proto's ArtifactRejection.Reason, without UNSPECIFIED; the value is the name
     in lower case, the `code` of sdk.errors.ArtifactRejected and a metrics label. Every

@@ -49,6 +49,7 @@ Two Redis roles (one server may play both, as the embedded stack's does):
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Iterable
@@ -112,6 +113,21 @@ class JobState:
     TERMINAL = frozenset({SUCCEEDED, FAILED})
 
 
+class Attempts(enum.StrEnum):
+    """The job record's delivery counters: the job's own (its graph or export job, which
+    the coordinator's status shows), and each stage job's, which fails its job
+    TOO_MANY_ATTEMPTS past the worker's cap (workers/jobs/stage.py)."""
+
+    JOB = "attempts"
+    LOWERING = "lower_attempts"
+    ASSEMBLY = "assemble_attempts"
+
+    @staticmethod
+    def kernel_batch(batch: str) -> str:
+        """The counter of one kernel-build batch (its cache keys' digest)."""
+        return f"kattempts:{batch}"
+
+
 @dataclass
 class JobRecord:
     key: str
@@ -147,7 +163,7 @@ class JobRecord:
             stage=s.get("stage", ""),
             message=s.get("message", ""),
             error_code=s.get("error_code", ""),
-            attempts=int(s.get("attempts", 0)),
+            attempts=int(s.get(Attempts.JOB, 0)),
             created=float(s.get("created", 0)),
             started=float(s.get("started", 0)),
             updated=float(s.get("updated", 0)),
@@ -393,7 +409,7 @@ class Store:
 
     def incr_attempts(self, key: str) -> int:
         pipe = self.r.pipeline()
-        pipe.hincrby(self._j("job", key), "attempts", 1)
+        pipe.hincrby(self._j("job", key), Attempts.JOB, 1)
         pipe.publish(self.job_channel(key), "attempt")
         return int(pipe.execute()[0])
 

@@ -226,10 +226,6 @@ def _graphs_of(
     `before`, a view of it before tracing. Absent `kind`, AOTAutograd's cache answered.
     With `plain`, a graph of tensor subclasses raises `NotDecomposable`."""
     graph_compile = resolve("graph_compile")
-    example_inputs = decoded.example_inputs
-    patch, shapes, fake_mode = compiler._compile_setup(
-        example_inputs, decoded.fake_mode, dynamic, mode, inductor_options
-    )
     got: dict[str, Any] = {}
     real_capture = graph_compile.aot_dispatch_autograd_graph
     real_base = graph_compile.aot_dispatch_base_graph
@@ -255,19 +251,24 @@ def _graphs_of(
         got.update(kind=INFERENCE, out=out, meta=fw_metadata)
         raise _Captured
 
-    with compiler._COMPILE_LOCK, _patched(graph_compile, {
+    stages = _patched(graph_compile, {
         "aot_dispatch_autograd_graph": capture,
         "aot_dispatch_base_graph": base,
         "_aot_stage2a_partition": partition,
-    }):
-        try:
-            compiler._serialized_compile(decoded.gm, example_inputs, shapes, patch, fake_mode)
-        except Exception as e:
-            reason = compiler.wrong_path(e)
-            if isinstance(reason, NotDecomposable):
-                raise reason from None
-            if reason is None:
-                raise compiler.CompileFailed(f"{type(e).__name__}: {e}") from e
+    })
+    try:
+        compiler.run_compile(
+            decoded.gm, decoded.example_inputs, fake_mode=decoded.fake_mode, dynamic=dynamic, mode=mode,
+            inductor_options=inductor_options, around=stages,
+        )
+    except compiler.CompileFailed:
+        raise
+    except Exception as e:
+        reason = compiler.wrong_path(e)
+        if isinstance(reason, NotDecomposable):
+            raise reason from None
+        if reason is None:
+            raise compiler.CompileFailed(f"{type(e).__name__}: {e}") from e
     return got
 
 

@@ -118,6 +118,20 @@ def _heartbeat(store: Store, name: str, build: str) -> None:
 
 
 @signals.celeryd_after_setup.connect
+def _install_custom_ops(sender, instance, **_: object) -> None:
+    """In the main process, before the pool forks, warm-up or not: the custom-op modules
+    (TORCHFARM_INSTALLED_OP_MODULES and the reviewed defaults) are imported once and
+    inherited. transformers' import takes a second or more; a pool process that paid it
+    in its first job did so inside the job's time limit, before the delivery was counted."""
+    from torchfarm.fx.customops import use_installed
+
+    try:
+        use_installed(settings.installed_op_modules)
+    except Exception as e:  # each job's context imports them again, and fails the job with the reason
+        log.error("custom-op modules failed to import: %s: %s", type(e).__name__, e)
+
+
+@signals.celeryd_after_setup.connect
 def _warm(sender, instance, **_: object) -> None:
     """In the main process, once logging is set up and before the pool forks: every
     pool process inherits it."""

@@ -152,6 +152,26 @@ def compile_graph(
     return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats)
 
 
+def run_compile(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    fake_mode: Any = None,
+    dynamic: bool = False,
+    mode: str = "",
+    inductor_options: dict[str, Any] | None = None,
+    around: contextlib.AbstractContextManager[Any] | None = None,
+) -> bytes:
+    """The compile `compile_graph` runs, its serialized artifact, with `around` entered
+    under the compile lock: for a caller that stops the compile partway by raising from
+    a stage it patched in (workers/aot_seam.py stops it at AOTAutograd's partition).
+    Raises CompileFailed for settings Inductor refuses; the compile's own exceptions
+    come out as raised, for the caller to map."""
+    patch, shapes, fake_mode = _compile_setup(example_inputs, fake_mode, dynamic, mode, inductor_options)
+    with _COMPILE_LOCK, around or contextlib.nullcontext():
+        return _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
+
+
 class WrongPath(Exception):
     """The compile cannot go on this way; the subclass says which way it can."""
 

@@ -21,7 +21,7 @@ from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from torchfarm.celeryconf import TRANSIENT_RETRY
-from torchfarm.codes import JobError
+from torchfarm.codes import HANDED_ON, JobError
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.routing import (
     ASSEMBLE_TASK,
@@ -44,7 +44,6 @@ from workers.jobs.build import run_kernel_batch
 from workers.jobs.export import run_export_job
 from workers.jobs.graph import run_job
 from workers.jobs.lower import run_lowering
-from workers.jobs.sending import HANDED_ON
 from workers.jobs.triton import KernelContext, fail_kernel_job, run_kernel_job
 from workers.limits import SOFT_LIMIT
 from workers.runtime import WorkerContext, executor_for, fail_job

@@ -15,16 +15,15 @@ from torchfarm.codes import JobError, Stage
 from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.manifest import KernelRef, Manifest
 from torchfarm.seal import TamperedRecord
-from torchfarm.store import JobState
+from torchfarm.store import Attempts
 from workers.board import BUILD, CACHED, Plan, StageBoard
 from workers.jobs.sending import claim, send_assembly, send_builds, stage_record
+from workers.jobs.stage import run_stage
 from workers.runtime import (
     JobFailed,
     WorkerContext,
     get_verified_blob,
     in_tenant,
-    live_job,
-    record_failure,
 )
 
 log = logging.getLogger(__name__)
@@ -35,41 +34,23 @@ def run_assembly(key: str, ctx: WorkerContext, namespace: str) -> None:
     exactly as the whole-graph path writes one. Missing binaries (evicted meanwhile)
     are sent to be built again, a bounded number of times."""
     ctx = in_tenant(ctx, namespace)
-    store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
-    if store.get_manifest(key) is not None:
-        store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
-        board.clear(key)
-        return
-    if not live_job(key, ctx):
-        return
-    try:
-        if board.count(key, "assemble_attempts") > ctx.settings.max_attempts:
-            raise JobFailed(
-                JobError.TOO_MANY_ATTEMPTS, "the assembly was delivered too often; a worker was lost each time"
-            )
+
+    def work(board: StageBoard) -> Manifest | None:
         try:
             plan = board.get_plan(key)
         except TamperedRecord as e:
             raise JobFailed(JobError.RECORD_TAMPERED, str(e)) from e
         if plan is None:
             raise JobFailed(JobError.PLAN_EXPIRED, "the staged compile's plan is no longer in the cache")
-        manifest = _assemble(key, ctx, plan, board)
-    except JobFailed as e:
-        record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
-        return
-    if manifest is None:
-        return
-    store.update_job(
-        key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
-        stages=list(manifest.stages), artifact_bytes=manifest.total_bytes(),
-    )
-    store.expire_job(key, ctx.settings.done_ttl_s)
-    board.clear(key)
-    log.info(
-        "job key=%s assembled: %d kernels, %d bytes, %.2fs since lowering began",
-        keys.short(key), len(manifest.kernels), manifest.total_bytes(),
-        manifest.timings.get("total", 0.0),
-    )
+        return _assemble(key, ctx, plan, board)
+
+    manifest = run_stage(key, ctx, Attempts.ASSEMBLY, "assembly", work)
+    if manifest is not None:
+        log.info(
+            "job key=%s assembled: %d kernels, %d bytes, %.2fs since lowering began",
+            keys.short(key), len(manifest.kernels), manifest.total_bytes(),
+            manifest.timings.get("total", 0.0),
+        )
 
 
 def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Manifest | None:

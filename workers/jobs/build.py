@@ -14,15 +14,15 @@ import time
 from torchfarm import keys, targets
 from torchfarm.codes import JobError
 from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
+from torchfarm.store import Attempts
 from workers.board import StageBoard, parse_waiter, waiter_name
 from workers.jobs.sending import build_seal, build_threads, kernel_key, send_assembly, send_build
+from workers.jobs.stage import run_stage
 from workers.runtime import (
     JobFailed,
     WorkerContext,
     get_verified_blob,
     in_tenant,
-    live_job,
-    record_failure,
 )
 
 log = logging.getLogger(__name__)
@@ -49,27 +49,22 @@ def run_kernel_batch(
 
 
 def _run_kernel_batch(key: str, ctx: WorkerContext, target: str, kernels: list[list[str]]) -> None:
-    board = StageBoard(ctx.store, ctx.seal)
-    if not live_job(key, ctx):
-        return
     cache_keys = [k for k, _ in kernels]
     batch = hashlib.sha256(",".join(sorted(cache_keys)).encode()).hexdigest()[:16]
-    attempt = board.count(key, f"kattempts:{batch}")
-    try:
-        if attempt > ctx.settings.max_attempts:
-            raise JobFailed(
-                JobError.TOO_MANY_ATTEMPTS,
-                f"a kernel-build job was delivered {attempt} times; a worker was lost on each try",
-            )
+    done: list[tuple[float, int]] = []
+
+    def work(board: StageBoard) -> None:
         board.note_kernel_start(key, ctx.name)
         if ctx.settings.kernel_job_delay_s:
             time.sleep(ctx.settings.kernel_job_delay_s)  # test hook (WorkerSettings)
-        busy_s, built = _build_missing(ctx, target, kernels, board)
-    except JobFailed as e:
-        record_failure(key, ctx.store, e.code, str(e), ctx.settings.failed_ttl_s)
+        done.append(_build_missing(ctx, target, kernels, board))
+
+    run_stage(key, ctx, Attempts.kernel_batch(batch), "kernel-build job", work)
+    if not done:
         return
+    busy_s, built = done[0]
     hits = len(cache_keys) - built
-    _, left = board.release(key, cache_keys, hits, busy_s)
+    _, left = StageBoard(ctx.store, ctx.seal).release(key, cache_keys, hits, busy_s)
     log.info(
         "job key=%s: %d kernels built, %d found cached in %.2fs; %d still pending",
         keys.short(key), built, hits, busy_s, left,

@@ -23,10 +23,10 @@ import time
 from typing import Any
 
 from torchfarm import keys
-from torchfarm.codes import JobError, Stage
+from torchfarm.codes import Stage
 from torchfarm.fx import customops, global_state
 from torchfarm.manifest import Manifest
-from torchfarm.store import JobState
+from torchfarm.store import Attempts
 from workers.aot_seam import Decomposition, NotDecomposable
 from workers.board import BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard
 from workers.compiler import LoweredGraph, NeedsWholeGraph
@@ -40,16 +40,14 @@ from workers.jobs.sending import (
     stage_queue,
     stage_record,
 )
+from workers.jobs.stage import run_stage
 from workers.jobs.whole import compile_whole
 from workers.runtime import (
-    JobFailed,
     Prepared,
     WorkerContext,
     in_tenant,
-    live_job,
     prepare,
     put_blob,
-    record_failure,
 )
 
 log = logging.getLogger(__name__)
@@ -57,37 +55,20 @@ log = logging.getLogger(__name__)
 
 def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> None:
     """The lowering job of the staged job `key`, from the decomposition its graph job
-    stored. Idempotent, like every stage: a redelivery lowers again."""
+    stored (`stage.run_stage` runs its delivery)."""
     ctx = in_tenant(ctx, namespace)
-    store, board = ctx.store, StageBoard(ctx.store, ctx.seal)
-    if store.get_manifest(key) is not None:
-        store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)
-        return
-    if not live_job(key, ctx):
-        return
     began = time.time()
-    try:
-        if board.count(key, "lower_attempts") > ctx.settings.max_attempts:
-            raise JobFailed(
-                JobError.TOO_MANY_ATTEMPTS, "the lowering was delivered too often; a worker was lost each time"
-            )
-        store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
+
+    def work(board: StageBoard) -> Manifest | None:
+        ctx.store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
         with customops.job_scope():  # one tenant's custom ops never reach another's job
             job = prepare(key, ctx)
             dec, front = _stored(board, key)
             sent = float(board.job_fields(key).get("l_sent") or began)
             with global_state.applied(job.request.options):
-                manifest = lower(key, ctx, job, target, dec, front, began - sent)
-    except JobFailed as e:
-        record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
-        return
-    if manifest is not None:  # compiled whole here: no assembly will clear the records
-        store.update_job(
-            key, state=JobState.SUCCEEDED, stage=Stage.DONE, timings=manifest.timings,
-            artifact_bytes=manifest.total_bytes(),
-        )
-        store.expire_job(key, ctx.settings.done_ttl_s)
-        board.clear(key)
+                return lower(key, ctx, job, target, dec, front, began - sent)
+
+    run_stage(key, ctx, Attempts.LOWERING, "lowering", work)
 
 
 def _stored(board: StageBoard, key: str) -> tuple[Decomposition | None, dict[str, Any] | None]:

@@ -25,10 +25,6 @@ from workers.runtime import WorkerContext, put_blob
 T = TypeVar("T")
 
 
-HANDED_ON = frozenset({Stage.LOWERING, Stage.KERNELS, Stage.ASSEMBLING})
-"""Stages of a staged job after its graph job has ended: later jobs finish it."""
-
-
 def stage_record(
     stage: str, seconds: float, queued: float = 0.0, worker: str = "",
     kernels: int = 0, kernels_hit: int = 0,

@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from workers.sandbox.process import HEADERS
-from workers.sandbox.protocol import STREAM, Failure
+from workers.sandbox.protocol import STREAM, Failure, Op
 
 if TYPE_CHECKING:
     from workers.sandbox.process import Limits
@@ -310,8 +310,8 @@ def _triton(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS = {
-    "build": _build, "whole": _whole, "decompose": _decompose, "lower": _lower, "ranks": _ranks, "export": _export,
-    "triton": _triton,
+    Op.BUILD: _build, Op.WHOLE: _whole, Op.DECOMPOSE: _decompose, Op.LOWER: _lower, Op.RANKS: _ranks,
+    Op.EXPORT: _export, Op.TRITON: _triton,
 }
 
 

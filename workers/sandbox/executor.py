@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from torchfarm.codes import JobError
 from workers.executor import Lowered
 from workers.sandbox.process import Sandbox
-from workers.sandbox.protocol import STREAM, Failure, SandboxFailed, read_at
+from workers.sandbox.protocol import STREAM, Failure, Op, SandboxFailed, read_at
 
 if TYPE_CHECKING:
     from torchfarm.targets import Target
@@ -157,7 +157,7 @@ def build_kernels(sandbox: Sandbox, specs: list[bytes], threads: int, max_bytes:
 
     names = [f"k{i}" for i in range(len(specs))]
     request = {"specs": names, "threads": threads, "vec_isa": probe_record()}
-    result, files = sandbox.run("build", request, dict(zip(names, specs, strict=True)), max_bytes)
+    result, files = sandbox.run(Op.BUILD, request, dict(zip(names, specs, strict=True)), max_bytes)
     seconds = result.get("seconds")
     wanted = [f"{n}.bin" for n in names]
     if result.get("files") != wanted or not isinstance(seconds, list) or len(seconds) != len(specs):
@@ -185,7 +185,7 @@ def compile_whole(
     from workers.compiler import CompileResult, Kernel
 
     result, files = sandbox.run(
-        "whole", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
+        Op.WHOLE, _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     count, guards, timings = result.get("kernels"), result.get("guards"), result.get("timings")
     if not isinstance(count, int) or not isinstance(guards, list) or not isinstance(timings, dict):
@@ -285,7 +285,7 @@ def decompose(
     from workers.aot_seam import Decomposition, NotDecomposable
 
     result, files = sandbox.run(
-        "decompose", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
+        Op.DECOMPOSE, _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     seconds = result.get("seconds")
     if not isinstance(seconds, (int, float)) or not set(files) <= {"dec.head", "dec.forward", "dec.backward"}:
@@ -302,7 +302,7 @@ def check_ranks(
 ) -> int | None:
     """The DTensor rank check of a `CompileRequest` in the sandbox (workers/ranks.py,
     `first_differing` there): the first rank whose graphs differ, or None."""
-    result, _ = sandbox.run("ranks", _compiler_inputs(installed_ops), {"request.pb": request}, 0, forked=not on_gpu)
+    result, _ = sandbox.run(Op.RANKS, _compiler_inputs(installed_ops), {"request.pb": request}, 0, forked=not on_gpu)
     differs = result.get("differs")
     if differs is not None and (not isinstance(differs, int) or isinstance(differs, bool)):
         raise SandboxFailed(Failure.CRASH, "the sandboxed rank check's result is malformed")
@@ -330,7 +330,7 @@ def lower_graph(
     files = {"request.pb": request, **{f"dec.{name}": data for name, data in fields.items()}}
     stream = SpecStream(on_kernel, max_bytes, timeouts) if on_kernel is not None else None
     result, out = sandbox.run(
-        "lower", {**_compiler_inputs(installed_ops), "decomposition": list(fields)},
+        Op.LOWER, {**_compiler_inputs(installed_ops), "decomposition": list(fields)},
         files, max_bytes, forked=not on_gpu, watch=stream,
     )
     count, guards, timings, stats = (result.get(k) for k in ("specs", "guards", "timings", "stats"))
@@ -364,7 +364,7 @@ def export_package(
     """The AOTInductor package of an export `CompileRequest`, built in the sandbox, and
     its timings. The package must be a zip file (a .pt2) within `max_bytes`."""
     result, files = sandbox.run(
-        "export", _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
+        Op.EXPORT, _compiler_inputs(installed_ops), {"request.pb": request}, max_bytes, forked=not on_gpu,
     )
     timings = result.get("timings")
     if set(files) != {"package.pt2"} or not isinstance(timings, dict):
@@ -380,7 +380,7 @@ def compile_triton(sandbox: Sandbox, request: bytes, target: Target, max_bytes: 
     from torchfarm import elf
     from workers.triton_compile import KernelResult
 
-    result, files = sandbox.run("triton", {"target": str(target)}, {"request.pb": request}, max_bytes)
+    result, files = sandbox.run(Op.TRITON, {"target": str(target)}, {"request.pb": request}, max_bytes)
     kind, metadata, seconds = result.get("kind"), result.get("metadata"), result.get("seconds")
     expected = "cubin" if target.device == "cuda" else "hsaco"
     if (set(files) != {"kernel.bin", "kernel.asm"} or kind != expected or not isinstance(metadata, dict)

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workers import sandbox_limits
-from workers.sandbox.protocol import RESULT_FILE, Failure, SandboxFailed, read_outputs, write_inputs
+from workers.sandbox.protocol import RESULT_FILE, Failure, Op, SandboxFailed, read_outputs, write_inputs
 
 if TYPE_CHECKING:
     from workers.settings import WorkerSettings
@@ -124,7 +124,7 @@ class Sandbox:
     def degraded(self) -> bool:
         return self.mode != "bwrap"
 
-    def run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
+    def run(self, op: Op, request: Mapping[str, object], files: Mapping[str, bytes],
             max_output_bytes: int, forked: bool = True,
             watch: Callable[[str], None] | None = None) -> tuple[dict, dict[str, bytes]]:
         """Runs `workers.sandbox.child` `op` on `request` (JSON) and `files` (name → bytes) in
@@ -152,7 +152,7 @@ class Sandbox:
         if self.forkserver is not None:
             self.forkserver.stop()
 
-    def _run(self, op: str, request: Mapping[str, object], files: Mapping[str, bytes],
+    def _run(self, op: Op, request: Mapping[str, object], files: Mapping[str, bytes],
              max_output_bytes: int, root: str | None, server: Forkserver | None,
              watch: Callable[[str], None] | None) -> tuple[dict, dict[str, bytes]]:
         scratch = tempfile.mkdtemp(prefix="tfjob-", dir=root)

@@ -26,6 +26,25 @@ STREAM = "stream"
 asks for them: `<n>` for the n-th, renamed into place once written (`SpecStream`)."""
 
 
+class Op(enum.StrEnum):
+    """What a run asks the child to do (child.py's `OPS`)."""
+
+    BUILD = "build"
+    """C++ kernel builds from their specs."""
+    WHOLE = "whole"
+    """The whole-graph compile."""
+    DECOMPOSE = "decompose"
+    """AOTAutograd up to its partition."""
+    LOWER = "lower"
+    """Inductor on the graph, C++ builds deferred; specs streamed out."""
+    RANKS = "ranks"
+    """The DTensor rank check."""
+    EXPORT = "export"
+    """An AOTInductor package."""
+    TRITON = "triton"
+    """A Triton kernel for a named target."""
+
+
 class Failure(enum.StrEnum):
     """Why a sandboxed run failed. The child reports the kinds in `CHILD_FAILURES`; the
     parent finds `CPU` and `CRASH` itself (workers/sandbox/process.py)."""
@@ -62,7 +81,7 @@ class SandboxFailed(Exception):
         self.kind = kind
 
 
-def write_inputs(scratch: str, op: str, request: Mapping[str, object], files: Mapping[str, bytes]) -> None:
+def write_inputs(scratch: str, op: Op, request: Mapping[str, object], files: Mapping[str, bytes]) -> None:
     os.makedirs(os.path.join(scratch, "in"))
     os.makedirs(os.path.join(scratch, "out"))
     for name, data in files.items():
