@@ -67,6 +67,13 @@ _warned: set[str] = set()
 """Unknown names already warned of in this process."""
 
 
+def forget_warnings() -> None:
+    """Forgets which unknown names were warned of, so the next `from_env` warns of each
+    again: for a process that builds its settings anew from a changed environment, and
+    for the tests of the warning (tests/unit/test_envnames.py)."""
+    _warned.clear()
+
+
 def warn_unknown(env: Mapping[str, str]) -> None:
     """Warns of each `TORCHFARM_*` name in `env` that torchfarm does not read, with the
     known name it most likely misspells: a typo must not pass for a setting."""

@@ -41,8 +41,9 @@ def fail_killed_job(
     return True
 
 
-def _store() -> tuple[Store, int]:
-    """The main process's store and failed-job TTL, from its own settings."""
+def main_store() -> tuple[Store, int]:
+    """The main process's store and failed-job TTL, from its own settings: where
+    `on_task_failure` marks the job of a killed task, looked up at each call."""
     from workers.app import settings
 
     return Store.from_url(settings.cache_url, settings.redis_prefix, state_url=settings.state_url), settings.failed_ttl_s
@@ -54,7 +55,7 @@ def on_task_failure(sender: object = None, exception: object = None, args: Seque
     if not isinstance(exception, TimeLimitExceeded):
         return
     try:
-        store, failed_ttl_s = _store()
+        store, failed_ttl_s = main_store()
         fail_killed_job(store, getattr(sender, "name", ""), args or (), kwargs or {},
                         exception.args[0] if exception.args else "?", failed_ttl_s)
     except Exception:  # a signal receiver must not break the pool's bookkeeping

@@ -55,8 +55,9 @@ signals.task_prerun.connect(SOFT_LIMIT.task_started, weak=False)
 
 
 @functools.cache
-def _context() -> WorkerContext:
-    # Built lazily in each pool process, after the fork.
+def worker_context() -> WorkerContext:
+    """This pool process's context for graph jobs, which every graph task passes to its
+    job function; built on first use, after the fork, from the worker's settings."""
     signer = (
         Signer.from_file(settings.signing_key_file, settings.signing_key_id)
         if settings.signing_key_file
@@ -114,7 +115,7 @@ def _time_limit_fails(key: str, namespace: str, what: str) -> Iterator[None]:
         yield
     except SoftTimeLimitExceeded:
         fail_job(
-            key, _context(), JobError.COMPILE_TIMEOUT, f"{what} ran past the farm's time limit", namespace
+            key, worker_context(), JobError.COMPILE_TIMEOUT, f"{what} ran past the farm's time limit", namespace
         )
 
 
@@ -124,7 +125,7 @@ def compile_task(key: str, namespace: str = "") -> None:
     began = time.time()
     try:
         with _time_limit_fails(key, namespace, "the compile"):
-            in_stack_room(run_job, key, _context(), namespace)
+            in_stack_room(run_job, key, worker_context(), namespace)
     finally:
         if settings.metrics_port:
             _record(key, namespace, began)
@@ -136,7 +137,7 @@ def _record(key: str, namespace: str, began: float | None) -> None:
     (`began=None`: the job began with its graph job). The lowering and the assembly can
     both find it ended (a fast assembly ends it before its lowering task returns): the
     first to mark the job record counts it."""
-    store = _context().store.tenant(namespace)
+    store = worker_context().store.tenant(namespace)
     job = store.get_job(key)
     if job is None or (job.state not in JobState.TERMINAL and (began is None or job.stage in HANDED_ON)):
         return
@@ -151,10 +152,10 @@ def export_task(key: str, namespace: str = "") -> None:
     began = time.time()
     try:
         with _time_limit_fails(key, namespace, "the export"):
-            in_stack_room(run_export_job, key, _context(), namespace)
+            in_stack_room(run_export_job, key, worker_context(), namespace)
     finally:
         if settings.metrics_port:
-            worker_metrics.record_job(_context().store.tenant(namespace), key, began)
+            worker_metrics.record_job(worker_context().store.tenant(namespace), key, began)
 
 
 @app.task(name=LOWER_TASK, **TRANSIENT_RETRY)
@@ -162,7 +163,7 @@ def lower_task(key: str, namespace: str, target: str) -> None:
     """Lowers a staged compile from its stored decomposition (workers/jobs/lower.py)."""
     try:
         with _time_limit_fails(key, namespace, "the lowering"):
-            in_stack_room(run_lowering, key, _context(), namespace, target)
+            in_stack_room(run_lowering, key, worker_context(), namespace, target)
     finally:
         if settings.metrics_port:
             _record(key, namespace, None)
@@ -174,14 +175,14 @@ def build_kernels_task(
 ) -> None:
     """Builds a batch of a staged compile's C++ kernels (workers/jobs/build.py)."""
     with _time_limit_fails(key, namespace, "a kernel build"):
-        in_stack_room(run_kernel_batch, key, _context(), namespace, target, kernels, seal)
+        in_stack_room(run_kernel_batch, key, worker_context(), namespace, target, kernels, seal)
 
 
 @app.task(name=ASSEMBLE_TASK, **TRANSIENT_RETRY)
 def assemble_task(key: str, namespace: str) -> None:
     """Writes a staged compile's artifact once all its kernels are built (workers/jobs/)."""
     try:
-        in_stack_room(run_assembly, key, _context(), namespace)
+        in_stack_room(run_assembly, key, worker_context(), namespace)
     finally:
         if settings.metrics_port:
             _record(key, namespace, None)
@@ -203,7 +204,9 @@ def _graph_fingerprint():
 
 
 @functools.cache
-def _kernel_context() -> KernelContext:
+def kernel_context() -> KernelContext:
+    """This pool process's context for Triton kernel jobs (`compile_kernel_task`), built
+    on first use, after the fork."""
     import importlib.metadata
 
     return KernelContext(
@@ -228,9 +231,9 @@ def _kernel_context() -> KernelContext:
 def compile_kernel_task(key: str, namespace: str = "") -> None:
     """Compiles the Triton kernel job `key` (workers/jobs/triton.py)."""
     try:
-        in_stack_room(run_kernel_job, key, _kernel_context(), namespace)
+        in_stack_room(run_kernel_job, key, kernel_context(), namespace)
     except SoftTimeLimitExceeded:
         fail_kernel_job(
-            key, _kernel_context(), JobError.KERNEL_TIMEOUT,
+            key, kernel_context(), JobError.KERNEL_TIMEOUT,
             f"the kernel compile ran past {settings.kernel_soft_time_limit_s}s", namespace,
         )

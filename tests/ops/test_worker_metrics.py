@@ -129,7 +129,7 @@ _STAGED_END = textwrap.dedent(
     from torchfarm.store import JobState
     from workers import tasks
 
-    store = tasks._context().store
+    store = tasks.worker_context().store
     store.create_job("k1", "cpu", "", 60)
     store.update_job("k1", state=JobState.SUCCEEDED, stage="done", started=time.time())
     tasks._record("k1", "", None)  # the assembly ends the staged job

@@ -20,8 +20,10 @@ from workers.settings import WorkerSettings
 
 
 @pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(settings, "_warned", set())
+def _fresh_warnings():
+    settings.forget_warnings()
+    yield
+    settings.forget_warnings()
 
 
 @pytest.mark.parametrize("cls", [SDKSettings, CoordinatorSettings, WorkerSettings])

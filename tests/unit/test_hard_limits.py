@@ -55,7 +55,7 @@ def test_the_worker_fails_the_job_when_celery_reports_a_hard_time_limit(monkeypa
     from workers.tasks import compile_task  # importing it connects the receiver
 
     store = FakeStore(JobState.RUNNING)
-    monkeypatch.setattr("workers.hard_limits._store", lambda: (store, 60))
+    monkeypatch.setattr("workers.hard_limits.main_store", lambda: (store, 60))
     task = compile_task
     signals.task_failure.send(sender=task, task_id="t", exception=ValueError("x"), args=["k1", "alice"], kwargs={})
     assert not store.failed  # an ordinary failure is the task's own business

@@ -18,12 +18,15 @@ from workers.settings import WorkerSettings
 
 
 @pytest.fixture
-def fresh_worker(monkeypatch):
-    """This process's record of installed namespaces, empty, as a worker's at start."""
-    monkeypatch.setattr(customops, "_installed", set())
-    monkeypatch.setattr(customops, "_listed", {})
-    with customops.job_scope():
-        yield
+def fresh_worker():
+    """This process's record of installed namespaces, empty, as a worker's at start (and
+    empty again after the test: its list is no other test's)."""
+    customops.use_installed(())
+    try:
+        with customops.job_scope():
+            yield
+    finally:
+        customops.use_installed(())
 
 
 def test_a_worker_with_no_setting_loads_the_reviewed_list():
@@ -84,6 +87,15 @@ def test_the_refusal_names_the_exact_setting(fresh_worker):
     assert "TORCHFARM_INSTALLED_OP_MODULES=tfown=<the module whose import registers it>" in (
         customops.to_serve("tfown")
     )
+
+
+def test_a_later_list_replaces_the_earlier(fresh_worker):
+    """A worker's list is set, not added to: a process that was given another list
+    (another runtime's settings) serves the last one only."""
+    customops.use_installed(("tfjson=json",))
+    assert customops.to_serve("tfjson").startswith("install the package of json")
+    customops.use_installed(())
+    assert customops.to_serve("tfjson").startswith("the workers' operator sets")
 
 
 def test_a_stand_in_that_needs_its_backward_refuses_with_the_setting(fresh_worker):

@@ -124,13 +124,13 @@ def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch, tmp_
     class Started(Exception):
         pass
 
-    def child(self, name, cmd, env):
-        started[name] = cmd
-        if name == "coordinator":
+    def spawn(cmd, env, log):
+        started[log.stem] = cmd
+        if log.stem == "coordinator":
             raise Started
         assert env["TORCHFARM_STATE_URL"] != env["TORCHFARM_CACHE_URL"]
 
-    monkeypatch.setattr(up._Farm, "_child", child)
+    monkeypatch.setattr(launch, "spawn", spawn)
     monkeypatch.setattr(launch, "wait_for_redis", lambda *a, **k: None)
     monkeypatch.setattr(up.trustfile, "publish", lambda *a, **k: tmp_path / "trust.json")
     args = main.build_parser().parse_args(["up"])

@@ -22,8 +22,8 @@ def _flaky(monkeypatch, error: BaseException | None, failures: int) -> list:
             raise error
 
     monkeypatch.setattr(tasks, "in_stack_room", in_stack_room)
-    monkeypatch.setattr(tasks, "_context", lambda: None)
-    monkeypatch.setattr(tasks, "_kernel_context", lambda: None)
+    monkeypatch.setattr(tasks, "worker_context", lambda: None)
+    monkeypatch.setattr(tasks, "kernel_context", lambda: None)
     return calls
 
 

@@ -171,7 +171,13 @@ def use_installed(modules: Iterable[str]) -> None:
     """Imports each `namespace=module` (an operator's setting, or the reviewed defaults;
     never a client's), whose import registers that namespace's ops; their calls then use
     the real ops. An entry of DEFAULT_INSTALLED_OP_MODULES whose package is not installed
-    is skipped: its ops get stand-ins, and a refusal says what to install."""
+    is skipped: its ops get stand-ins, and a refusal says what to install.
+
+    The list replaces the one an earlier call gave: this process serves the namespaces of
+    the last list only (a module imported before stays imported; its namespace's ops are
+    then refused as not configured, never served as installed)."""
+    _installed.clear()
+    _listed.clear()
     for entry in modules:
         namespace, _, module = entry.partition("=")
         if namespace in _installed:
