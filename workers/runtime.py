@@ -87,9 +87,8 @@ def executor_for(
     worker that lowers a GPU's graphs without the GPU (workers/gpuless.py): its fakes
     live in this process, so Inductor runs here and only the kernel compiles go to the
     sandbox."""
-    here = InProcessExecutor(settings.compile_cpu_limit_s, timeout_errors, timed_out)
     if sandbox is None:
-        return here
+        return InProcessExecutor(settings.compile_cpu_limit_s, timeout_errors, timed_out)
     boxed = SandboxExecutor(sandbox, settings.max_artifact_bytes, settings.installed_op_modules, timeout_errors)
     if settings.lower_without_gpu:
         return InProcessExecutor(settings.compile_cpu_limit_s, timeout_errors, timed_out, kernels=boxed)

@@ -138,6 +138,8 @@ _installed: set[str] = set()
 """Namespaces whose packages the operator installed on this worker (`use_installed`)."""
 _listed: dict[str, str] = {}
 """Namespace → module of each entry `use_installed` was given, loaded or not."""
+_applied: tuple[str, ...] | None = None
+"""The list `use_installed` last applied in full; None before, or after one that raised."""
 _libraries: dict[str, torch.library.Library] = {}
 _standins: dict[str, str] = {}
 """Stand-in op target → the schema it was defined with, in this process."""
@@ -176,6 +178,11 @@ def use_installed(modules: Iterable[str]) -> None:
     The list replaces the one an earlier call gave: this process serves the namespaces of
     the last list only (a module imported before stays imported; its namespace's ops are
     then refused as not configured, never served as installed)."""
+    global _applied
+    modules = tuple(modules)
+    if modules == _applied:  # each job's context applies the worker's list again
+        return
+    _applied = None
     _installed.clear()
     _listed.clear()
     for entry in modules:
@@ -190,6 +197,7 @@ def use_installed(modules: Iterable[str]) -> None:
             importlib.import_module(module)
         _installed.add(namespace)
         log.info("custom ops of namespace %s are installed on this worker (%s)", namespace, module)
+    _applied = modules
 
 
 def to_serve(namespace: str) -> str:
