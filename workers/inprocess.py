@@ -21,6 +21,7 @@ from workers.compiler import (
     CompileFailed,
     CompileResult,
     Kernel,
+    WrongPath,
     cause_of,
     compile_graph,
     lower_graph,
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from torchfarm.targets import Target
     from torchfarm.v1 import farm_pb2
     from workers.triton_compile import KernelResult
+
+_TIMED_OUT = "the compile ran past the farm's time limit"
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,15 @@ class InProcessExecutor:
     def decodes_here(self) -> bool:
         return True
 
+    def ran_out(self, e: BaseException) -> bool:
+        """Whether the task's time limit caused `e`: it fired during the task, or it is in
+        `e`'s chain however torch wrapped it."""
+        return self.timed_out() or cause_of(e, self.timeout_errors) is not None
+
     def failure(self, e: CompileFailed) -> JobFailed:
         """A compile's failure as the job's: COMPILE_TIMEOUT when a time limit caused it."""
-        if self.timed_out() or cause_of(e, self.timeout_errors) is not None:
-            return JobFailed(JobError.COMPILE_TIMEOUT, "the compile ran past the farm's time limit")
+        if self.ran_out(e):
+            return JobFailed(JobError.COMPILE_TIMEOUT, _TIMED_OUT)
         return JobFailed(JobError.COMPILE_ERROR, str(e))
 
     def compile_whole(self, job: Prepared) -> tuple[CompileResult, tuple[list, ...]]:
@@ -81,6 +89,12 @@ class InProcessExecutor:
                 )
         except CompileFailed as e:
             raise self.failure(e) from e
+        except WrongPath as e:
+            # A time limit that fired inside, in a type-check say, looks like a graph
+            # that does not fit this path: the job must not go on past its limit.
+            if self.ran_out(e):
+                raise JobFailed(JobError.COMPILE_TIMEOUT, _TIMED_OUT) from e
+            raise
 
     def lower(self, job: Prepared, on_kernel: Callable[[bytes], None], dec: Decomposition | None) -> Lowered:
         decoded, options = job.decoded, job.request.options
@@ -96,6 +110,10 @@ class InProcessExecutor:
                 )
         except CompileFailed as e:
             raise self.failure(e) from e
+        except WrongPath as e:  # as in `decompose`
+            if self.ran_out(e):
+                raise JobFailed(JobError.COMPILE_TIMEOUT, _TIMED_OUT) from e
+            raise
         return Lowered(lowered, added_guards(decoded, mark), bool(used))
 
     def check_ranks(self, job: Prepared, others: list[int]) -> int | None:
@@ -115,7 +133,7 @@ class InProcessExecutor:
         except GraphError as e:
             raise JobFailed(JobError.INVALID_GRAPH, str(e)) from e
         except ExportFailed as e:
-            if cause_of(e, self.timeout_errors) is not None:
+            if self.ran_out(e):
                 raise JobFailed(JobError.COMPILE_TIMEOUT, "the export ran past the farm's time limit") from e
             raise JobFailed(JobError.COMPILE_ERROR, str(e)) from e
         return result.package, result.timings
