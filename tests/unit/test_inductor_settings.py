@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 import torch._inductor.config as inductor_config
 
 from sdk import changed_settings
 from sdk.backend import build_request
+from sdk.errors import GraphRejected
 from tests.requests import relu_request
 from torchfarm import inductor_settings, keys, options
 from torchfarm.fx.fingerprint import local_fingerprint
@@ -68,3 +72,15 @@ def test_the_worker_refuses_freezing_and_refused_settings_by_name():
     for name in ("freezing", "cpp.cxx", "trace.debug_dir"):
         with pytest.raises(options.OptionNotAllowed, match=name):
             options.check_options("", [(name, "true")])
+
+
+@pytest.mark.parametrize("name,value", [("freezing", True), ("trace.enabled", True)])
+def test_export_refuses_a_changed_refused_setting_by_name_before_reaching_a_farm(name, value):
+    import sdk
+
+    model = torch.nn.Linear(4, 2).eval()
+    # Nothing listens there: a refused setting must stop the export before any call.
+    with inductor_config.patch({name: value}), pytest.raises(GraphRejected, match=re.escape(name)):
+        sdk.export(model, (torch.randn(2, 4),), remote="grpc://127.0.0.1:9")
+    with pytest.raises(GraphRejected, match=re.escape(name)):
+        sdk.export(model, (torch.randn(2, 4),), remote="grpc://127.0.0.1:9", inductor_configs={name: value})
