@@ -98,7 +98,7 @@ def _thread_options(fp: Fingerprint) -> dict[str, Any]:
     compile would be (within the farm's bound); the few C++ kernels of a GPU graph size
     their buffers at run time, so GPU artifacts stay shared across hosts."""
     if fp.device == "cpu":
-        return {"cpp.threads": min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1])}
+        return {"cpp.threads": int(min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1]))}
     return {"cpp.dynamic_threads": True}
 
 
