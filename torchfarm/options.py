@@ -268,6 +268,20 @@ RANGES: dict[str, tuple[float, float]] = {
     # Fractions and ratios.
     "partitioned_scatter_memory_budget": (0.0, 1.0),
     "min_overlap_ratio": (0.0, 10.0),
+    # Sizes and budgets that torch divides by or splits into: never zero or below.
+    "triton.mix_order_reduction_split_size": (1, 1 << 16),
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_bucket_cap_mb": (1, MAX_INT_OPTION),
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb": (1, MAX_INT_OPTION),
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb": (1, MAX_INT_OPTION),
+    "aten_distributed_optimizations.max_coll_distance": (0, MAX_INT_OPTION),
+    "aten_distributed_optimizations.max_compute_pre_fetch": (0, MAX_INT_OPTION),
+    "aten_distributed_optimizations.compute_overlap_multipler": (0, 1000),
+    "aten_distributed_optimizations.max_in_flight_gb": (0, MAX_INT_OPTION),
+    "aten_distributed_optimizations.max_memory_increase_gb": (0, MAX_INT_OPTION),
+    "aten_distributed_optimizations.max_memory_increase_ratio": (0, MAX_INT_OPTION),
+    "combo_kernel_peak_memory_increase_gb": (0, MAX_INT_OPTION),
+    "combo_kernel_peak_memory_pct_threshold": (0, MAX_INT_OPTION),
+    "triton.cudagraph_partition_memory_budget": (0, MAX_INT_OPTION),
 }
 """Numeric options with other bounds than ±MAX_INT_OPTION, inclusive."""
 
