@@ -98,7 +98,7 @@ def _thread_options(fp: Fingerprint) -> dict[str, Any]:
     compile would be (within the farm's bound); the few C++ kernels of a GPU graph size
     their buffers at run time, so GPU artifacts stay shared across hosts."""
     if fp.device == "cpu":
-        return {"cpp.threads": min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1])}
+        return {"cpp.threads": int(min(torch.get_num_threads(), farm_options.RANGES["cpp.threads"][1]))}
     return {"cpp.dynamic_threads": True}
 
 
@@ -281,11 +281,7 @@ class FarmBackend:
         """The Inductor settings this graph's request carries: the mode's and `options=`
         over the changed global ones. A changed setting the farm refuses keeps the graph
         off it (torchfarm/inductor_settings.py), before anything is sent or run."""
-        carried, refused = changed_settings.split(self.local.config)
-        if refused:
-            named = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
-            raise GraphRejected(f"Inductor settings the farm does not take are changed: {named}")
-        return carried
+        return changed_settings.carried(self.local.config)
 
     def _untrusted(self) -> FarmError:
         """Why no graph loads from a farm this client has no key for: that the farm is

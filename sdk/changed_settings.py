@@ -2,13 +2,15 @@
 
 Carried settings travel in the request and enter its key (torchfarm/options.py);
 refused ones (torchfarm/inductor_settings.py) make the graph compile locally, with
-their names in the log line, rather than be dropped.
+their names in the log line, rather than be dropped. `sdk.compile` and `sdk.export`
+both read them here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sdk.errors import GraphRejected
 from torchfarm import inductor_settings
 from torchfarm.fx.internals import resolve
 
@@ -37,3 +39,13 @@ def split(per_call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         elif kind != "client-only":
             refused[name] = inductor_settings.why_refused(name)
     return carried, refused
+
+
+def carried(per_call: dict[str, Any]) -> dict[str, Any]:
+    """The settings a request carries (`split`); GraphRejected naming each changed one
+    the farm refuses, before anything is sent or run."""
+    carried, refused = split(per_call)
+    if refused:
+        named = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
+        raise GraphRejected(f"Inductor settings the farm does not take are changed: {named}")
+    return carried

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sdk import artifact, fleet
+from sdk import artifact, changed_settings, fleet
 from sdk.backend import build_request
 from sdk.client import CompileClient, FarmClient, parse_address
 from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooLarge
@@ -94,6 +94,9 @@ def export(
     `dynamic_shapes`), has the farm at `remote` (default `TORCHFARM_REMOTE`) build the
     AOTInductor package for `target` (None: this machine), verifies it and writes it at
     `path` (default: the user cache, `~/.cache/torchfarm/exports/<key>.pt2`).
+    `inductor_configs` over the changed global Inductor settings travel as
+    `sdk.compile`'s do (sdk/changed_settings.py); a changed one the farm refuses raises
+    GraphRejected naming it.
 
     Raises `sdk.errors.FarmError` subclasses: there is no local fallback, since the
     point of the call is the farm's package."""
@@ -105,6 +108,8 @@ def export(
         raise ConfigError(f"args must be a tuple, as for torch.export.export, not {type(args).__name__}")
     if path is not None and not os.fspath(path).endswith(".pt2"):
         raise ConfigError(f"path must end in .pt2 (AOTInductor's package name), not {path}")
+    # The user's changed global settings too, as sdk.compile reads them.
+    carried = changed_settings.carried(inductor_configs or {})
     client = FarmClient(settings.remote, settings)
     try:
         trust = Trust.from_settings(settings, parse_address(settings.remote))
@@ -119,7 +124,7 @@ def export(
         if wanted.device != "cpu":  # the graph's devices become the target's
             graph = fleet.retarget_graph(graph, wanted)
         label = f"export {type(model).__qualname__} from {socket.gethostname()} for {wanted}"
-        request = build_request(graph, fp, "", inductor_configs or {}, label)
+        request = build_request(graph, fp, "", carried, label)
         request.export.CopyFrom(spec)
         size = request.ByteSize()
         if size > settings.max_message_bytes:

@@ -31,6 +31,13 @@ CLIENT_ONLY: dict[str, str] = {
     "autotune_remote_cache": "the client's remote autotune cache",
     "bundled_autotune_remote_cache": "the client's remote autotune cache",
     "force_disable_caches": "the client's own caches; the farm's cache is keyed on the request",
+    "remote_gemm_autotune_cache": "the client's remote autotune cache",
+    "non_blocking_remote_cache_write": "how the client writes its remote caches",
+    "enable_caching_generated_triton_templates": "the client's in-process cache of generated templates",
+    "quiesce_async_compile_pool": "when the client's compile pool idles",
+    "quiesce_async_compile_time": "when the client's compile pool idles",
+    "compile_worker_wait_timeout": "how long the client waits on its own compile pool",
+    "disable_progress": "a progress bar in the client's terminal; the farm shows none",
 }
 """Settings that touch only the client's process, with why nothing needs to travel."""
 

@@ -52,3 +52,14 @@ def test_a_carried_global_setting_compiles_on_the_farm(stack, client_cache_dir, 
         out = compiled(x)
     assert [m for m in _messages(caplog) if "key=" in m], "compiled on the farm"
     torch.testing.assert_close(out, model(x))
+
+
+def test_export_carries_a_changed_global_setting_into_its_key(stack, tmp_path):
+    model, x = _mlp().eval(), torch.randn(4, 16)
+    plain = sdk.export(model, (x,), remote=stack.address, path=tmp_path / "plain.pt2")
+    with inductor_config.patch(deterministic=True):
+        changed = sdk.export(model, (x,), remote=stack.address, path=tmp_path / "changed.pt2")
+    # Before sdk.export read global settings, this was the plain package again, a hit.
+    assert changed.key != plain.key and not changed.cache_hit
+    with torch.no_grad():
+        torch.testing.assert_close(changed.load()(x), model(x), atol=1e-5, rtol=1e-5)

@@ -3,14 +3,23 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
+import torch
 import torch._inductor.config as inductor_config
 
 from sdk import changed_settings
 from sdk.backend import build_request
+from sdk.errors import GraphRejected
 from tests.requests import relu_request
 from torchfarm import inductor_settings, keys, options
+from torchfarm.codes import JobError
 from torchfarm.fx.fingerprint import local_fingerprint
+from workers import runtime
+from workers.compiler import inductor_config_patch
+from workers.job import JobFailed
 
 
 def test_every_inductor_setting_of_this_torch_is_classified():
@@ -21,10 +30,63 @@ def test_every_inductor_setting_of_this_torch_is_classified():
     assert not unknown, f"Inductor settings neither carried nor refused: {unknown}"
 
 
+CARRIED_BUT_MISSING = {
+    # Deprecated in 2.12, gone in 2.13.
+    "2.13": {"force_same_precision"},
+    # New in 2.13.
+    "2.12": {
+        "batch_invariant", "combo_kernel_autotune_grouping", "combo_kernel_max_distance",
+        "combo_kernel_max_num_nodes", "combo_kernel_peak_memory_increase_gb",
+        "combo_kernel_peak_memory_pct_threshold", "dedup_reduce_scatters", "incremental_autotune",
+        "loop_reindexing_after_fusion", "max_autotune_conv_bwd_input_backends",
+        "max_autotune_conv_bwd_weight_backends", "max_complex_pointwise_cat_inputs",
+        "realize_cpu_acc_reads_threshold", "realize_cpu_opcount_threshold",
+        "triton.cudagraph_partition_memory_budget", "triton.dynamic_disable_pipelining",
+        "triton.emit_pointer_range_32", "triton.mix_order_reduction_max_reads",
+        "triton.nested_reduction", "triton.use_two_step_variance_min_numel",
+        "triton.use_two_step_variance_threshold",
+        "aten_distributed_optimizations.allow_comms_decompositions",
+        "aten_distributed_optimizations.enable_low_contention_collectives",
+        "aten_distributed_optimizations.low_contention_min_bytes_per_rank",
+        "aten_distributed_optimizations.low_contention_skip_overlap_check",
+        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives",
+        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_bucket_cap_mb",
+        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb",
+        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb",
+    },
+}
+"""Carried settings of one supported build that the other lacks, by the build lacking them:
+a client never has them changed there, and a worker refuses them (`apply_options`)."""
+
+
 def test_no_setting_is_in_two_classes_and_every_carried_one_exists():
     carried, client, refused = set(options.ALLOWED), set(inductor_settings.CLIENT_ONLY), set(inductor_settings.refused())
     assert not (carried & client or carried & refused or client & refused)
-    assert carried <= set(inductor_config._config)
+    build = ".".join(torch.__version__.split(".")[:2])
+    if build not in CARRIED_BUT_MISSING:
+        pytest.skip(f"torch {build} is not a supported build")
+    # A misspelt carried name would show here.
+    assert carried - set(inductor_config._config) == CARRIED_BUT_MISSING[build]
+
+
+def test_no_refused_setting_is_left_unreviewed():
+    unreviewed = sorted(n for n, why in inductor_settings.refused().items() if "not reviewed" in why)
+    assert not unreviewed, f"review these (scripts/gen_inductor_refused.py REVIEWED): {unreviewed}"
+
+
+def test_every_carried_setting_says_how_its_value_is_checked():
+    for name, kinds in options.ALLOWED.items():
+        if str in kinds:
+            assert name in options.CHOICES or name in options.SUBSETS, name
+    assert set(options.RANGES) | set(options.CHOICES) | set(options.SUBSETS) <= set(options.ALLOWED)
+
+
+def test_this_torchs_default_of_every_carried_setting_passes_the_checks():
+    # Types, ranges and choices agree with torch: its own values are never refused.
+    # cpp.threads' -1 ("all of this machine's") is never sent: the SDK sends its count.
+    for name in options.ALLOWED.keys() & inductor_config._config.keys() - {"cpp.threads"}:
+        default = inductor_config._config[name].default
+        assert options.check_options("", [(name, json.dumps(default))]) == {name: default}, name
 
 
 def test_a_setting_torch_does_not_have_is_unknown_and_refused_with_a_reason():
@@ -68,3 +130,94 @@ def test_the_worker_refuses_freezing_and_refused_settings_by_name():
     for name in ("freezing", "cpp.cxx", "trace.debug_dir"):
         with pytest.raises(options.OptionNotAllowed, match=name):
             options.check_options("", [(name, "true")])
+
+
+@pytest.mark.parametrize("name,value", [("freezing", True), ("trace.enabled", True)])
+def test_export_refuses_a_changed_refused_setting_by_name_before_reaching_a_farm(name, value):
+    import sdk
+
+    model = torch.nn.Linear(4, 2).eval()
+    # Nothing listens there: a refused setting must stop the export before any call.
+    with inductor_config.patch({name: value}), pytest.raises(GraphRejected, match=re.escape(name)):
+        sdk.export(model, (torch.randn(2, 4),), remote="grpc://127.0.0.1:9")
+    with pytest.raises(GraphRejected, match=re.escape(name)):
+        sdk.export(model, (torch.randn(2, 4),), remote="grpc://127.0.0.1:9", inductor_configs={name: value})
+
+
+NEWLY_CARRIED = [
+    ("deterministic", True),
+    ("cpu_gpu_bw", 25.0),
+    ("memory_pool", "outputs"),
+    ("triton.multi_kernel", 1),
+    ("max_autotune_gemm_backends", "ATEN,TRITON"),
+    ("cpp.enable_loop_tail_vec", False),
+]
+
+
+@pytest.mark.parametrize("name,value", NEWLY_CARRIED)
+def test_a_newly_carried_setting_travels_enters_the_key_and_passes_the_farms_checks(name, value):
+    plain = _key()
+    with inductor_config.patch({name: value}):
+        carried, refused = changed_settings.split({})
+        assert carried == {name: value} and not refused
+        request = build_request(relu_request().graph, local_fingerprint(), "", carried, "t")
+        assert keys.compute_key(request, "ns") != plain
+        # What the coordinator and the worker check, and the config patch the worker
+        # applies (build_request adds the client's cpp.threads).
+        applied = inductor_config_patch("", runtime.check_options(request), False)
+        assert applied[name] == value and type(applied[name]) is type(value)
+
+
+@pytest.mark.parametrize("name,raw", [
+    ("cpu_gpu_bw", "NaN"),
+    ("cpu_gpu_bw", "0"),  # a divisor
+    ("memory_pool", '"everything"'),
+    ("max_autotune_gemm_backends", '"ATEN,CUTLASS"'),  # a backend the workers are not checked against
+    ("triton.multi_kernel", "4"),
+    ("unbacked_symint_fallback", "1000000"),  # autotuning allocates at this size
+    ("coordinate_descent_search_radius", "1000"),
+    ("deterministic", "[" * 100_000),
+])
+def test_the_worker_refuses_a_hostile_value_of_a_carried_setting(name, raw):
+    request = build_request(relu_request().graph, local_fingerprint(), "", {}, "t")
+    request.options.inductor.add(name=name, json_value=raw)
+    with pytest.raises(JobFailed, match=re.escape(f"{name!r}: value")) as info:
+        runtime.check_options(request)
+    assert info.value.code == JobError.OPTION_NOT_ALLOWED
+
+
+@pytest.mark.slow
+def test_newly_carried_settings_are_applied_on_the_worker(tmp_path):
+    """Each changes the code the worker generates: the kernel's name in the wrapper, the
+    C++ kernel's tail loop."""
+    from torch._guards import TracingContext
+    from torch._inductor.utils import fresh_cache
+
+    from workers.compiler import compile_graph
+
+    captured: dict[str, object] = {}
+
+    def backend(gm, example_inputs):
+        captured.update(gm=gm, inputs=example_inputs, fake_mode=TracingContext.get().fake_mode)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda t: (t.relu() + 1).sin(), backend=backend)(torch.randn(10))
+    torch._dynamo.reset()
+
+    def compiled(settings: dict[str, object]) -> tuple[set[bytes], bytes]:
+        request = build_request(relu_request().graph, local_fingerprint(), "", settings, "t")
+        cache = tmp_path / str(len(list(tmp_path.iterdir())))  # one per compile: no hits
+        cache.mkdir()
+        with fresh_cache(dir=str(cache)):
+            result = compile_graph(
+                captured["gm"], captured["inputs"], fake_mode=captured["fake_mode"],
+                inductor_options=runtime.check_options(request),
+            )
+        (kernel,) = result.kernels
+        return set(re.findall(rb"cpp_fused_\w+", result.payload)), kernel.source
+
+    names, source = compiled({})
+    assert names == {b"cpp_fused_add_relu_sin_0"}
+    assert compiled({"cpp.descriptive_names": "inductor_node"})[0] == {b"cpp_fused_sin_add_relu_0"}
+    assert compiled({"cpp.enable_loop_tail_vec": False})[1] != source

@@ -19,6 +19,12 @@ def test_modes_and_tuning_options_pass():
     }
     assert check_options("", [("cpp.simdlen", "null")]) == {"cpp.simdlen": None}
     assert check_options("", [("cpp.threads", "64")]) == {"cpp.threads": 64}
+    # JSON's 25 is torch's 25.0; backend lists reach torch upper-cased, as it reads them.
+    assert check_options("", [("cpu_gpu_bw", "25")]) == {"cpu_gpu_bw": 25.0}
+    assert check_options("", [("max_autotune_gemm_backends", '"aten, triton"')]) == {
+        "max_autotune_gemm_backends": "ATEN,TRITON",
+    }
+    assert check_options("", [("memory_pool", '"combined"')]) == {"memory_pool": "combined"}
 
 
 @pytest.mark.parametrize(
@@ -33,6 +39,23 @@ def test_modes_and_tuning_options_pass():
         ("", [("cpp.threads", str(1 << 20))], "not allowed"),  # a team of a million threads
         ("", [("cpp.threads", "0")], "not allowed"),
         ("", [("max_autotune", "tru")], "not JSON"),
+        ("", [("max_autotune", "[" * 200)], "not JSON"),
+        ("", [("max_autotune", "[" * 100_000)], "longer than"),  # json.loads would recurse
+        ("", [("cpu_gpu_bw", "NaN")], "not allowed"),
+        ("", [("cpu_gpu_bw", "1e999")], "not allowed"),  # infinity
+        ("", [("cpu_gpu_bw", "-5.0")], "not allowed"),
+        ("", [("cpu_gpu_bw", '"50"')], "not allowed"),
+        ("", [("partitioned_scatter_memory_budget", "1.5")], "not allowed"),
+        ("", [("unbacked_symint_fallback", "65536")], "not allowed"),
+        ("", [("inductor_default_autotune_rep", "100000")], "not allowed"),
+        ("", [("triton.multi_kernel", "true")], "not allowed"),
+        ("", [("memory_pool", '"all"')], "not allowed"),
+        ("", [("memory_pool", "null")], "not allowed"),
+        ("", [("max_autotune_gemm_backends", '"ATEN,CUTLASS"')], "not allowed"),
+        ("", [("max_autotune_gemm_backends", '"ATEN,ATEN"')], "not allowed"),
+        ("", [("max_autotune_gemm_backends", '""')], "not allowed"),
+        ("", [("cpp.march", '"native"')], "allow-list"),  # goes on the compiler's command line
+        ("", [("sleep_sec_TESTING_ONLY", "3600")], "allow-list"),
         ("", [("max_autotune", "true"), ("max_autotune", "false")], "twice"),
         ("turbo", [], "mode"),
     ],
