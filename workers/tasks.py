@@ -7,6 +7,9 @@ Retries of a lost worker come from `acks_late` + `task_reject_on_worker_lost`
 (torchfarm.celeryconf); a task that lost its Redis or broker connection (a failover) is
 retried by Celery (`TRANSIENT_RETRY`); `run_delivery` counts deliveries and stops at the
 cap. Errors of the compile itself are deterministic and are never retried.
+
+`register` puts the tasks on a worker's app (workers/factory.py); each reads the `Worker`
+it was handed and that worker's `JobContexts`, never a global.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class JobContexts:
 
     @functools.cached_property
     def sandbox(self) -> sandbox.Sandbox | None:
+        """The worker's sandbox, shared by both contexts; None when compiles run here."""
         worker = self.worker
         if worker.sandbox_mode == "off":
             return None
@@ -121,9 +125,7 @@ class JobContexts:
 def register(app: Celery, worker: Worker, contexts: JobContexts | None = None) -> JobContexts:
     """Registers the worker's tasks on `app`, each reading `worker` (and `contexts`, by
     default built from it), never a global; returns the contexts."""
-    if contexts is None:
-        contexts = JobContexts(worker, functools.partial(_send, app))
-    jobs = contexts
+    jobs = contexts or JobContexts(worker, functools.partial(_send, app))
     settings = worker.settings
     signals.task_prerun.connect(SOFT_LIMIT.task_started, weak=False)  # once a process: Celery dedupes
 
@@ -203,7 +205,7 @@ def register(app: Celery, worker: Worker, contexts: JobContexts | None = None) -
                 f"the kernel compile ran past {settings.kernel_soft_time_limit_s}s", namespace,
             )
 
-    return contexts
+    return jobs
 
 
 def record(store: Store, key: str, namespace: str, began: float | None) -> None:
