@@ -6,7 +6,7 @@ must reach a worker of the client's exact build. The build's digest, six hex dig
 a SHA-256, goes into the queue name ("cpu.avx512.b3f9c21", torchfarm/routing.py): short
 and bounded for Prometheus labels and KEDA triggers, and stable, since it depends on
 nothing but the fields below. Workers register the same fields in their heartbeat
-(workers/app.py); the coordinator computes the digest of each request's build and of
+(workers/lifecycle.py); the coordinator computes the digest of each request's build and of
 each worker's, and never needs torch to do it.
 
 The target's own fields (device, arch, ISA) are not here: the queue name carries them.

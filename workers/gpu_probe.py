@@ -17,7 +17,7 @@ CUDA; `is_available()` starts the driver (`cudaGetDeviceCount` calls `cuInit`) u
 With `check`, the child also proves the GPU path works where it runs: a CUDA context
 starts, Triton's driver and launcher load, and one small Triton kernel compiles, runs
 and gives the right answer (workers/gpu_warm.py). A GPU worker registers only after that
-check passed (workers/app.py), run under its sandbox's limits (`preexec`).
+check passed (workers/lifecycle.py), run under its sandbox's limits (`preexec`).
 """
 
 from __future__ import annotations

@@ -3,21 +3,23 @@
 At the hard limit the pool kills the process running the task, so nothing in the task
 runs again: the job record would show RUNNING until its TTL, and the message is acked
 (not redelivered). Celery then fires `task_failure` with `TimeLimitExceeded` in the
-worker's main process; `on_task_failure` marks the job there. The attempt was already
+worker's main process; the app's `receiver` marks the job there. The attempt was already
 counted when the job started (`run_job` and `run_kernel_job` count first).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from celery import Celery
 from celery.exceptions import TimeLimitExceeded
 
 from torchfarm import keys
 from torchfarm.codes import JobError
 from torchfarm.routing import KERNEL_TASK
 from torchfarm.store import JobState, Store
+from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +43,23 @@ def fail_killed_job(
     return True
 
 
-def main_store() -> tuple[Store, int]:
-    """The main process's store and failed-job TTL, from its own settings: where
-    `on_task_failure` marks the job of a killed task, looked up at each call."""
-    from workers.app import settings
-
-    return Store.from_url(settings.cache_url, settings.redis_prefix, state_url=settings.state_url), settings.failed_ttl_s
+def main_store(settings: WorkerSettings) -> Store:
+    """The main process's store, where the receiver marks the job of a killed task."""
+    return Store.from_url(settings.cache_url, settings.redis_prefix, state_url=settings.state_url)
 
 
-def on_task_failure(sender: object = None, exception: object = None, args: Sequence[object] = (),
-                    kwargs: dict | None = None, **_: object) -> None:
-    """The `task_failure` receiver: only hard time limits, which leave the job running."""
-    if not isinstance(exception, TimeLimitExceeded):
-        return
-    try:
-        store, failed_ttl_s = main_store()
-        fail_killed_job(store, getattr(sender, "name", ""), args or (), kwargs or {},
-                        exception.args[0] if exception.args else "?", failed_ttl_s)
-    except Exception:  # a signal receiver must not break the pool's bookkeeping
-        log.exception("could not fail the job of a task killed at the hard time limit")
+def receiver(app: Celery, settings: WorkerSettings) -> Callable[..., None]:
+    """The `task_failure` receiver for `app`'s tasks: only hard time limits, which leave
+    the job running. The store is opened at each call (`main_store`)."""
+
+    def on_task_failure(sender: object = None, exception: object = None, args: Sequence[object] = (),
+                        kwargs: dict | None = None, **_: object) -> None:
+        if getattr(sender, "app", None) is not app or not isinstance(exception, TimeLimitExceeded):
+            return
+        try:
+            fail_killed_job(main_store(settings), getattr(sender, "name", ""), args or (), kwargs or {},
+                            exception.args[0] if exception.args else "?", settings.failed_ttl_s)
+        except Exception:  # a signal receiver must not break the pool's bookkeeping
+            log.exception("could not fail the job of a task killed at the hard time limit")
+
+    return on_task_failure

@@ -4,9 +4,9 @@ Compiles run in Celery's forked pool processes, so each process writes its sampl
 files under PROMETHEUS_MULTIPROC_DIR and the worker's main process merges them when
 Prometheus scrapes it. That dictates an order, which `install` keeps:
 
-1. at import of workers.app, in the main process and before anything imports
-   prometheus_client, PROMETHEUS_MULTIPROC_DIR names a directory (a fresh temporary
-   one unless the deployment gives one);
+1. when the app is built (workers/factory.py), in the main process and before
+   anything imports prometheus_client, PROMETHEUS_MULTIPROC_DIR names a directory (a
+   fresh temporary one unless the deployment gives one);
 2. on `worker_init`, before the pool forks, the directory is emptied, so a restarted
    container does not resurrect its predecessor's counters;
 3. on `worker_ready` the main process serves /metrics on the worker's metrics port;
@@ -222,7 +222,7 @@ def _on_retry(request: Any = None, **_: object) -> None:
 
 
 def install(port: int, queues: tuple[str, ...]) -> None:
-    """Turns the worker's metrics on; call at import of the Celery app, in the main process."""
+    """Turns the worker's metrics on; call as the Celery app is built, in the main process."""
     from celery import signals
 
     use_dir()

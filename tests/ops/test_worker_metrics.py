@@ -126,14 +126,14 @@ _STAGED_END = textwrap.dedent(
     from workers import metrics as wm
     wm.install(port={port}, queues=("cpu",))
     wm.reset_dir()
-    from torchfarm.store import JobState
+    from torchfarm.store import JobState, Store
     from workers import tasks
 
-    store = tasks.worker_context().store
+    store = Store.from_url("{redis_url}", "tf-{port}")
     store.create_job("k1", "cpu", "", 60)
     store.update_job("k1", state=JobState.SUCCEEDED, stage="done", started=time.time())
-    tasks._record("k1", "", None)  # the assembly ends the staged job
-    tasks._record("k1", "", None)  # its lowering task returns after that
+    tasks.record(store, "k1", "", None)  # the assembly ends the staged job
+    tasks.record(store, "k1", "", None)  # its lowering task returns after that
     wm.serve({port}, queues=("cpu",), torch_version="test")
     print(urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
     """
@@ -147,9 +147,8 @@ def test_a_staged_job_ended_before_its_lowering_returns_counts_once(tmp_path, re
 
     port = free_port()
     out = run_python(
-        _STAGED_END.format(port=port),
-        {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "mp"), "TORCHFARM_CACHE_URL": redis_url,
-         "TORCHFARM_REDIS_PREFIX": f"tf-{port}"},
+        _STAGED_END.format(port=port, redis_url=redis_url),
+        {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "mp")},
         timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from celery import signals
 from celery.exceptions import TimeLimitExceeded
 
+from torchfarm import targets
 from torchfarm.routing import COMPILE_TASK, KERNEL_TASK
 from torchfarm.store import JobState
 
@@ -52,13 +53,18 @@ def test_a_job_that_already_ended_is_left_alone():
 
 def test_the_worker_fails_the_job_when_celery_reports_a_hard_time_limit(monkeypatch):
     """What Celery's main process does at the hard limit: `task_failure` with TimeLimitExceeded."""
-    from workers.tasks import compile_task  # importing it connects the receiver
+    from workers.factory import create_app
+    from workers.serving import ServingPlan
+    from workers.settings import WorkerSettings
 
+    settings = WorkerSettings(broker_url="redis://127.0.0.1:1/0", sandbox="off", failed_ttl_s=60)
+    app = create_app(settings, ServingPlan(graph=(), kernel=(targets.parse("cuda:sm_90"),)))
     store = FakeStore(JobState.RUNNING)
-    monkeypatch.setattr("workers.hard_limits.main_store", lambda: (store, 60))
-    task = compile_task
+    monkeypatch.setattr("workers.hard_limits.main_store", lambda s: store if s is settings else None)
+    task = app.tasks[COMPILE_TASK]
     signals.task_failure.send(sender=task, task_id="t", exception=ValueError("x"), args=["k1", "alice"], kwargs={})
     assert not store.failed  # an ordinary failure is the task's own business
     signals.task_failure.send(sender=task, task_id="t", exception=TimeLimitExceeded(960),
                               args=["k1", "alice"], kwargs={})
     assert [f[:3] for f in store.failed] == [("alice", "k1", "COMPILE_TIMEOUT")]
+    assert store.failed[0][4] == 60

@@ -56,8 +56,8 @@ class InProcessFarm:
         return self._context
 
     def register_worker(self, name: str = "inline", ttl_s: int = 3600) -> None:
-        """Registers the inline worker as `workers/app.py` does: this machine's targets
-        and queues, so the coordinator routes this machine's graphs to it."""
+        """Registers the inline worker as a real one does (workers/lifecycle.py): this
+        machine's targets and queues, so the coordinator routes this machine's graphs to it."""
         from workers import identity
         from workers.serving import plan_for
         from workers.settings import WorkerSettings
