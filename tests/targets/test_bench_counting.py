@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_bench import COUNTING, ROOT, ptxas_env, problems
+from bench.gpu_bench import COUNTING, ROOT, problems, ptxas_env
 
 pytest.importorskip("triton")
 
