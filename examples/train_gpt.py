@@ -31,7 +31,6 @@ import torch  # noqa: E402
 
 import sdk  # noqa: E402
 from examples.models import TINY_GPT, GPTConfig, make_cnn, make_gpt, make_mlp  # noqa: E402
-from torchfarm.fx.hooks import count_kernel_builds  # noqa: E402
 
 MODELS = {
     "gpt": lambda cfg, batch: make_gpt(cfg, **batch),
@@ -97,7 +96,11 @@ def main() -> None:
     eager = copy.deepcopy(model) if args.check else None
 
     counting = contextlib.ExitStack()
-    builds = counting.enter_context(count_kernel_builds()) if args.count else None
+    builds = None
+    if args.count:
+        from torchfarm.fx.hooks import count_kernel_builds
+
+        builds = counting.enter_context(count_kernel_builds())
     t0 = time.perf_counter()
     mode = {"mode": args.mode} if args.mode else {}
     if args.backend == "farm":

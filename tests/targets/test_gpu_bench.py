@@ -1,7 +1,8 @@
-"""bench/gpu_bench.py's compiler counts, here without a GPU: Triton's CUDA backend and
-its bundled ptxas build a kernel for sm_90 on any host, so a fresh process run as the
-bench runs a case (bench/counting/ first on PYTHONPATH, the ptxas wrapper named by
-TRITON_PTXAS_PATH) must count one Triton compile, one ptxas run, and then a cache hit."""
+"""bench/gpu_bench.py without a GPU: its compiler counts (Triton's CUDA backend and its
+bundled ptxas build a kernel for sm_90 on any host, so a fresh process run as the bench
+runs a case, bench/counting/ first on PYTHONPATH and the ptxas wrapper named by
+TRITON_PTXAS_PATH, must count one Triton compile, one ptxas run, then a cache hit), what
+it calls a problem, and how it finds redis-server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_bench import COUNTING, ROOT, problems, ptxas_env
+from bench.gpu_bench import COUNTING, ROOT, problems, ptxas_env, redis_server_dir
 
 pytest.importorskip("triton")
 
@@ -77,3 +78,14 @@ def test_a_hit_that_compiled_or_missed_is_a_problem():
 def test_numbers_off_eager_are_a_problem():
     report = {**_report([]), "grad_max_abs_err": 0.5}
     assert problems("local warm", report)[0].startswith("differs from eager")
+
+
+def test_redis_server_is_found_under_its_name_or_reported_missing(tmp_path):
+    assert redis_server_dir(str(tmp_path / "absent"), tmp_path) is None
+    carried = tmp_path / "redis-server-7.2"
+    carried.write_text("#!/bin/sh\necho carried\n")
+    carried.chmod(0o755)
+    found = redis_server_dir(str(carried), tmp_path)
+    assert found is not None
+    out = subprocess.run([str(found / "redis-server")], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "carried"
