@@ -230,8 +230,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
     if redis_dir:
         os.environ["PATH"] = f"{redis_dir}{os.pathsep}{os.environ['PATH']}"
     else:
-        print("gpu_bench: no redis-server (give --redis-server PATH or put one in PATH): "
-              "skipping " + ", ".join(skipped), flush=True)
+        why = (f"--redis-server {args.redis_server} is not an executable file" if args.redis_server
+               else "no redis-server in PATH (give --redis-server PATH)")
+        print(f"gpu_bench: {why}: skipping " + ", ".join(skipped), flush=True)
     if not bench.base_env and args.device.startswith("cuda"):
         print("gpu_bench: Triton's ptxas not found: ptxas runs are not counted", flush=True)
     results: dict = {"device": args.device, "gpt": args.gpt, "batch": args.batch, "skipped": skipped,

@@ -1,6 +1,7 @@
 """The features GPU users turn on, through the farm, where a CPU has them: bfloat16
 models, bfloat16 autocast training, SDPA backends with and without dropout, and a
-user's Triton kernel wrapped as a `torch.library.triton_op`. `mode="reduce-overhead"`
+user's Triton kernels: a `torch.library.triton_op`, and the graph of a bare
+`@triton.jit` call. `mode="reduce-overhead"`
 is in test_parity.py, autocast around an MLP in test_global_state.py. The same features
 on a GPU, with flash and memory-efficient attention, CUDA graphs and a bare
 `@triton.jit` call: tests/targets/test_gpu_features.py.
@@ -210,3 +211,46 @@ def test_training_through_a_triton_op_is_refused_by_name(triton_add_op, stack, c
         sdk.compile(model, remote=stack.address, fallback="error")(x)
     assert "TORCHFARM_INSTALLED_OP_MODULES=tf_gpu_features=" in str(e.value)
     assert isinstance(e.value.__cause__ or e.value.inner_exception, sdk.RemoteCompileError)
+
+
+def _bare_triton_call_graph():
+    """The graph Dynamo captures on a GPU for `add_kernel[grid](x, y, out, n, BLOCK=64)`
+    in a model: a triton_kernel_wrapper_mutation node. A CPU's Dynamo does not capture
+    the call (Triton has no CPU driver), so it is built here as Dynamo builds it."""
+    pytest.importorskip("triton")
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table, triton_kernel_wrapper_mutation
+
+    from tests.targets.kernels.add_kernel import add_kernel
+
+    x, y = torch.randn(100), torch.randn(100)
+    g = torch.fx.Graph()
+    px, py = g.placeholder("x"), g.placeholder("y")
+    px.meta["example_value"], py.meta["example_value"] = x, y
+    out = g.call_function(torch.empty_like, (px,))
+    out.meta["example_value"] = torch.empty_like(x)
+    g.call_function(triton_kernel_wrapper_mutation, (), {
+        "kernel_idx": kernel_side_table.add_kernel(add_kernel),
+        "constant_args_idx": kernel_side_table.add_constant_args({"n": 100, "BLOCK": 64}),
+        "grid": [(2, 1, 1)], "tma_descriptor_metadata": {},
+        "kwargs": {"x_ptr": px, "y_ptr": py, "out_ptr": out},
+    })
+    g.output((out,))
+    return torch.fx.GraphModule({}, g), [x, y]
+
+
+def test_a_bare_triton_kernel_call_is_refused_by_name(stack, client_cache_dir):
+    """The SDK refuses it before sending it, naming the op and why (torchfarm/denylist.py);
+    with fallback="local" the graph's line says the same (tests/targets/test_gpu_features.py
+    runs that on a GPU, where the local compile can then run the kernel)."""
+    import dataclasses
+
+    from sdk.backend import FarmBackend
+    from sdk.settings import SDKSettings
+    from torchfarm.settings import from_env
+
+    gm, inputs = _bare_triton_call_graph()
+    settings = dataclasses.replace(from_env(SDKSettings), remote=stack.address, fallback="error")
+    with pytest.raises(sdk.GraphRejected) as e:
+        FarmBackend(settings, name="user kernel")(gm, inputs)
+    assert "'torch.ops.higher_order.triton_kernel_wrapper_mutation'" in str(e.value)
+    assert "runs a user's Triton kernel source" in str(e.value)
