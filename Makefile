@@ -6,7 +6,7 @@ PY := .venv/bin/python
 # of its processes (collection took 13 s instead of 7).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox bench-gpu fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -80,6 +80,12 @@ bench-scaling: setup
 # Per-step time of the first 20 GPT training steps: farm wait=False, farm blocking, local.
 bench-steps: setup
 	$(PY) bench/steps.py $(STEPS_ARGS)
+
+# On a GPU machine: the first training step eager, local cold and warm, PyTorch's Redis
+# remote cache, the farm cold and hit, max-autotune cold and hit, with compiler counts
+# (bench/gpu_bench.py; docs/gpu.md). GPU_BENCH_ARGS="--device cpu ..." runs it here.
+bench-gpu: setup
+	$(PY) bench/gpu_bench.py $(GPU_BENCH_ARGS)
 
 # A cold compile with the compile sandbox off and on, side by side (bench/sandbox_cost.py).
 bench-sandbox: setup

@@ -27,8 +27,10 @@ def run_case(
     env: dict[str, str] | None = None,
     python: str = sys.executable,
     device: str = "cpu",
+    args: tuple[str, ...] = (),
 ) -> dict:
-    cmd = [python, str(TRAIN), "--model", model, "--backend", backend, "--steps", str(steps)]
+    """One case in a new interpreter; `args` are more of train_gpt.py's flags."""
+    cmd = [python, str(TRAIN), "--model", model, "--backend", backend, "--steps", str(steps), *args]
     if device != "cpu":
         cmd += ["--device", device]
     if remote:

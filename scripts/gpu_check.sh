@@ -22,6 +22,8 @@
 # printed below.
 #
 # Nothing here runs on a GPU-less machine; `bash -n scripts/gpu_check.sh` is what CI checks.
+# The timed comparison (eager, local cold and warm, PyTorch's remote cache, farm cold and hit,
+# max-autotune, compiler counts on a hit) is `make bench-gpu` (bench/gpu_bench.py, docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"

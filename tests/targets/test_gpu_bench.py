@@ -1,0 +1,91 @@
+"""bench/gpu_bench.py without a GPU: its compiler counts (Triton's CUDA backend and its
+bundled ptxas build a kernel for sm_90 on any host, so a fresh process run as the bench
+runs a case, bench/counting/ first on PYTHONPATH and the ptxas wrapper named by
+TRITON_PTXAS_PATH, must count one Triton compile, one ptxas run, then a cache hit), what
+it calls a problem, and how it finds redis-server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench.gpu_bench import COUNTING, ROOT, problems, ptxas_env, redis_server_dir
+
+pytest.importorskip("triton")
+
+COMPILE_TWICE = textwrap.dedent(
+    """
+    import sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sys.path.insert(0, "tests/targets/kernels")
+    from add_kernel import add_kernel
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    source = ASTSource(fn=add_kernel, signature=signature, constexprs={"BLOCK": 64})
+    for _ in range(2):
+        assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    """
+)
+
+
+def _run(tmp_path: Path, counts: Path) -> list[str]:
+    env = {
+        **os.environ,
+        **ptxas_env(tmp_path),
+        "PYTHONPATH": str(COUNTING),
+        "TORCHFARM_BENCH_COUNTS": str(counts),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+    }
+    proc = subprocess.run([sys.executable, "-c", COMPILE_TWICE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return counts.read_text().split()
+
+
+def test_a_triton_compile_its_ptxas_run_and_a_cache_hit_are_counted(tmp_path):
+    assert "TRITON_PTXAS_PATH" in ptxas_env(tmp_path)
+    assert sorted(_run(tmp_path, tmp_path / "counts")) == ["ptxas", "triton", "triton-cache-hit"]
+
+
+def test_nothing_is_counted_without_the_counts_file(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(COUNTING)}
+    env.pop("TORCHFARM_BENCH_COUNTS", None)
+    proc = subprocess.run([sys.executable, "-c", "import triton.knobs as k; print(k.compilation.listener)"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "None", proc.stderr[-2000:]
+
+
+def _report(outcomes, **compiles):
+    return {"loss_abs_err": 0.0, "grad_max_abs_err": 0.0, "outcomes": outcomes,
+            "compiles": {"cpp": 0, "triton": 0, "triton-cache-hit": 0, "ptxas": 0, **compiles}}
+
+
+def test_a_hit_that_compiled_or_missed_is_a_problem():
+    assert problems("farm hit", _report(["hit"], **{"triton-cache-hit": 3})) == []
+    assert problems("farm hit", _report(["hit"], triton=2, ptxas=2)) == ["a hit ran compilers: {'triton': 2, 'ptxas': 2}"]
+    assert problems("autotuned hit", _report(["hit"], cpp=1)) == ["a hit ran compilers: {'cpp': 1}"]
+    assert problems("farm hit", _report(["hit", "miss"]))[0].startswith("expected farm hits")
+    assert problems("farm cold", _report(["hit"]))[0].startswith("expected farm misses")
+    assert problems("local cold", _report([], cpp=5)) == []
+
+
+def test_numbers_off_eager_are_a_problem():
+    report = {**_report([]), "grad_max_abs_err": 0.5}
+    assert problems("local warm", report)[0].startswith("differs from eager")
+
+
+def test_redis_server_is_found_under_its_name_or_reported_missing(tmp_path):
+    assert redis_server_dir(str(tmp_path / "absent"), tmp_path) is None
+    carried = tmp_path / "redis-server-7.2"
+    carried.write_text("#!/bin/sh\necho carried\n")
+    carried.chmod(0o755)
+    found = redis_server_dir(str(carried), tmp_path)
+    assert found is not None
+    out = subprocess.run([str(found / "redis-server")], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "carried"
