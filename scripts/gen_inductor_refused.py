@@ -1,6 +1,6 @@
 """Writes torchfarm/data/inductor_refused.json: every Inductor setting of the installed
-torch that the farm neither carries (torchfarm/options.py ALLOWED) nor leaves to the
-client (torchfarm/inductor_settings.py CLIENT_ONLY), each with why it is refused.
+torch that the farm neither carries (torchfarm/wire/options.py ALLOWED) nor leaves to the
+client (torchfarm/wire/inductor_settings.py CLIENT_ONLY), each with why it is refused.
 
 Existing entries are kept, so the list covers every supported build: run it under each
 (the second build's venv too, `make test-second-build`). A new setting gets a reason by
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch._inductor.config as inductor_config
 
-from torchfarm import inductor_settings, options
+from torchfarm.wire import inductor_settings, options
 
 OUT = Path(__file__).resolve().parent.parent / "torchfarm" / "data" / "inductor_refused.json"
 

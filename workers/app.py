@@ -20,7 +20,7 @@ from celery import signals
 
 from torchfarm.celeryconf import make_celery
 from torchfarm.settings import from_env
-from torchfarm.store import Store
+from torchfarm.storage.store import Store
 from workers import gpu_probe, sandbox, serving
 from workers import metrics as worker_metrics
 from workers.settings import WorkerSettings
@@ -123,7 +123,7 @@ def _install_custom_ops(sender, instance, **_: object) -> None:
     (TORCHFARM_INSTALLED_OP_MODULES and the reviewed defaults) are imported once and
     inherited. transformers' import takes a second or more; a pool process that paid it
     in its first job did so inside the job's time limit, before the delivery was counted."""
-    from torchfarm.fx.customops import use_installed
+    from torchfarm.fx.torch_library import use_installed
 
     try:
         use_installed(settings.installed_op_modules)

@@ -1,5 +1,5 @@
 """Every Inductor setting is carried, refused by name, or client-only
-(torchfarm/inductor_settings.py); changed ones travel in the key or keep a graph local."""
+(torchfarm/wire/inductor_settings.py); changed ones travel in the key or keep a graph local."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch._inductor.config as inductor_config
 from sdk import changed_settings
 from sdk.backend import build_request
 from tests.requests import relu_request
-from torchfarm import inductor_settings, keys, options
 from torchfarm.fx.fingerprint import local_fingerprint
+from torchfarm.wire import inductor_settings, keys, options
 
 
 def test_every_inductor_setting_of_this_torch_is_classified():
