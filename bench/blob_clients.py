@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchfarm.testing.s3 import CREDENTIALS, make_bucket, start_moto_server  # noqa: E402
-from torchfarm.testing.stack import free_port  # noqa: E402
+from localfarm.s3 import CREDENTIALS, make_bucket, start_moto_server  # noqa: E402
+from localfarm.stack import free_port  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -32,7 +32,7 @@ def timed(fn) -> float:
 def run_boto3(endpoint: str, large: bytes, small: list[bytes]) -> dict[str, float]:
     from boto3.s3.transfer import TransferConfig
 
-    from torchfarm.blobs import s3_client
+    from torchfarm.storage.blobs import s3_client
 
     s3 = s3_client(endpoint)
     import io

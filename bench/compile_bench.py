@@ -29,7 +29,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.harness import run_case  # noqa: E402
-from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+from localfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 CASES = ("local cold", "local warm", "pt-remote hit", "farm cold", "farm hit", "precompiled hit")
@@ -37,7 +37,7 @@ CASES = ("local cold", "local warm", "pt-remote hit", "farm cold", "farm hit", "
 
 def precompile_env(tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
     """The producer's and the consumer's settings for precompiled packages."""
-    from torchfarm.signing import Signer
+    from torchfarm.trust.signing import Signer
 
     signer = Signer.generate()
     signer.save(tmp / "precompile-key.pem")

@@ -76,7 +76,7 @@ def run(address: str, key: str, clients: int, direct: bool, cache_dir: str) -> t
 
 
 def put_artifact(store, mb: int) -> str:
-    from torchfarm.manifest import BlobRef, Manifest, blob_digest
+    from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
     data = os.urandom(mb << 20)
     ref = BlobRef(blob_digest(data), len(data))
@@ -92,8 +92,8 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=64)
     args = ap.parse_args()
 
-    from torchfarm.testing.s3 import CREDENTIALS, make_bucket, start_moto_server
-    from torchfarm.testing.stack import LocalStack, free_port
+    from localfarm.s3 import CREDENTIALS, make_bucket, start_moto_server
+    from localfarm.stack import LocalStack, free_port
 
     os.environ.update(CREDENTIALS)
     work = Path(tempfile.mkdtemp(prefix="fetch-load-"))

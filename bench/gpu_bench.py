@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from examples.harness import run_case  # noqa: E402
-from torchfarm.testing.stack import LocalStack, free_port, start_redis_server  # noqa: E402
+from localfarm.stack import LocalStack, free_port, start_redis_server  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "gpu_bench.json"
 COUNTING = ROOT / "bench" / "counting"

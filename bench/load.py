@@ -75,8 +75,8 @@ def client_main(index: int, env: dict, requests: list[bytes], fingerprint: dict,
     from sdk.errors import FarmError
     from sdk.settings import SDKSettings
     from sdk.trust import Trust
-    from torchfarm.manifest import Manifest, check_blobs
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire.manifest import Manifest, check_blobs
 
     settings = SDKSettings(
         remote=env["TORCHFARM_REMOTE"], token=env.get("TORCHFARM_TOKEN", ""),
@@ -156,8 +156,8 @@ def secure_stack(workers: int, workdir: Path) -> dict:
 def run(args: argparse.Namespace, secure: bool = True, requests: list[bytes] | None = None) -> dict:
     import tempfile
 
+    from localfarm.stack import LocalStack
     from torchfarm.fx.fingerprint import local_fingerprint
-    from torchfarm.testing.stack import LocalStack
 
     requests = requests or build_requests(args.graphs)
     fingerprint = local_fingerprint().to_dict()
@@ -195,8 +195,8 @@ def run(args: argparse.Namespace, secure: bool = True, requests: list[bytes] | N
         elapsed = time.time() - t0
         rss_end = rss_kb(coordinator)
         store = stack.store().tenant(tenant)
-        from torchfarm import keys
         from torchfarm.v1 import farm_pb2
+        from torchfarm.wire import keys
 
         requested = sorted({i for i, *_ in records})
         compiles = {}

@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--fresh-worker", action="store_true", help="no warm-up compile before the ranks")
     args = parser.parse_args()
-    from torchfarm.testing.stack import LocalStack
+    from localfarm.stack import LocalStack
 
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as tmp:
         work = Path(tmp)

@@ -43,7 +43,7 @@ CASES = {"first_step_s": "MLP, the worker just started", "running_worker_s": "CN
 
 
 def one(mode: str, warmup: bool) -> dict:
-    from torchfarm.testing.stack import LocalStack
+    from localfarm.stack import LocalStack
 
     with tempfile.TemporaryDirectory(prefix="tf-sandbox-bench-") as tmp, LocalStack(
         workers=1, workdir=Path(tmp), warmup=warmup, extra_env={"TORCHFARM_SANDBOX": mode}

@@ -51,8 +51,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.harness import run_case  # noqa: E402
-from torchfarm.store import JobState  # noqa: E402
-from torchfarm.testing.stack import LocalStack  # noqa: E402
+from localfarm.stack import LocalStack  # noqa: E402
+from torchfarm.storage.store import JobState  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 ESTIMATE_WORKERS = (8, 32)

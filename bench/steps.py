@@ -119,7 +119,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.model, args.steps, args.remote)), flush=True)
         return
 
-    from torchfarm.testing.stack import LocalStack
+    from localfarm.stack import LocalStack
 
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="torchfarm-steps-") as tmp:

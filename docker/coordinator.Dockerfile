@@ -1,7 +1,7 @@
 # The coordinator: gRPC, Redis and Celery clients, no torch. It installs the project's
 # `coordinator` extra (pyproject.toml), the one list of what it imports, so the image
 # cannot drift from the code. Also the image of compose's one-shot `init` service
-# (python -m torchfarm.provision: signing key, token, TLS certificates, Redis ACLs).
+# (python -m torchfarm.trust.provision: signing key, token, TLS certificates, Redis ACLs).
 #   docker build -f docker/coordinator.Dockerfile -t torchfarm/coordinator .
 # Builds behind a wheel mirror or a TLS-inspecting proxy: --build-arg PIP_INDEX_URL=... (and
 # PIP_FIND_LINKS, PIP_CERT,
@@ -38,6 +38,8 @@ COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
+COPY cli ./cli
+COPY localfarm ./localfarm
 RUN python -m venv /tmp/pip && /tmp/pip/bin/pip wheel --quiet --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

@@ -41,6 +41,8 @@ COPY torchfarm ./torchfarm
 COPY services ./services
 COPY sdk ./sdk
 COPY workers ./workers
+COPY cli ./cli
+COPY localfarm ./localfarm
 RUN python -m venv /tmp/pip && /tmp/pip/bin/pip wheel --quiet --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm

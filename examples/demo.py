@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.harness import run_case, table  # noqa: E402
-from torchfarm.testing.stack import LocalStack  # noqa: E402
+from localfarm.stack import LocalStack  # noqa: E402
 
 
 def main() -> None:

@@ -7,7 +7,7 @@
 The list is derived from the pinned torch: every target Dynamo can put in a graph
 (`torchfarm/fx/surface.py`: torch's overridable functions and Tensor methods, the
 builtins, numpy calls and higher-order ops Dynamo records, ATen and prims) and the
-namespaces of pure tensor ops, less what `torchfarm/denylist.py` refuses by name (I/O,
+namespaces of pure tensor ops, less what `torchfarm/graph/denylist.py` refuses by name (I/O,
 storage and pointers, process-wide state, RNG state, hooks, arbitrary callables). Names are
 canonical as `torchfarm.fx.encode.qualified_name` writes them, and every one is checked to resolve
 back to the same object through `torchfarm.fx.decode.resolve_qualified_name`.
@@ -32,10 +32,10 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch._inductor.inductor_prims  # noqa: E402,F401  registers the prims Inductor's decompositions emit
 
-from torchfarm import collectives, denylist, dtensor, graphcheck  # noqa: E402
 from torchfarm.fx import surface  # noqa: E402
 from torchfarm.fx.decode import resolve_target  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, lookup_qualified_name, qualified_name  # noqa: E402
+from torchfarm.graph import collectives, denylist, dtensor, graphcheck  # noqa: E402
 
 OUTPUT = ROOT / "torchfarm" / "data" / "allowlist.json"
 
@@ -195,10 +195,10 @@ def functions() -> list[str]:
             names.add(name)
     names.update(_surface(surface.FUNCTION))
     names.update(HELPERS)
-    # Functional collectives name their group by a string; torchfarm/collectives.py
+    # Functional collectives name their group by a string; torchfarm/graph/collectives.py
     # checks it against the graph's declared groups.
     names.update(collectives.allowed_targets())
-    # DTensor.from_local takes a mesh input and placements; torchfarm/dtensor.py checks them.
+    # DTensor.from_local takes a mesh input and placements; torchfarm/graph/dtensor.py checks them.
     names.update(dtensor.allowed_functions())
     names.update(HIGHER_ORDER_OPS)
     return sorted(names)

@@ -1,6 +1,6 @@
 """Writes torchfarm/data/inductor_refused.json: every Inductor setting of the installed
-torch that the farm neither carries (torchfarm/options.py ALLOWED) nor leaves to the
-client (torchfarm/inductor_settings.py CLIENT_ONLY), each with why it is refused.
+torch that the farm neither carries (torchfarm/wire/options.py ALLOWED) nor leaves to the
+client (torchfarm/wire/inductor_settings.py CLIENT_ONLY), each with why it is refused.
 
 Existing entries are kept, so the list covers every supported build: run it under each
 (the second build's venv too, `make test-second-build`); an entry now carried or
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch._inductor.config as inductor_config
 
-from torchfarm import inductor_settings, options
+from torchfarm.wire import inductor_settings, options
 
 OUT = Path(__file__).resolve().parent.parent / "torchfarm" / "data" / "inductor_refused.json"
 
@@ -32,7 +32,7 @@ TEXT = "free-form text torch parses itself (pass names, blockings, patterns): th
 WORKER_OWNED = "the worker's own limits, subprocesses, probes and caches: the farm sets them, a request may not"
 ARTIFACT = "changes the artifact's form (its wrapper, kernel launchers, bundled caches, runtime hooks): the farm's loader is not checked against it"
 RANKS = "talks to the other ranks during the compile: a worker compiles a rank's graph alone"
-COMPILER_FLAGS = "a flag on the C++ compiler's command line: kernels are built and keyed apart from the compile (torchfarm/fx/kernelspec.py), with the worker's own flags"
+COMPILER_FLAGS = "a flag on the C++ compiler's command line: kernels are built and keyed apart from the compile (torchfarm/fx/cpp_kernels.py), with the worker's own flags"
 INTERNAL = "not a setting: torch's own bookkeeping, or one torch sets for itself (a leading underscore)"
 NOT_REVIEWED = "not reviewed for remote compiles: it may change what the worker builds"
 

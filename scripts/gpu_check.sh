@@ -53,8 +53,8 @@ import torch
 import sdk
 from examples.harness import run_case, table
 from torchfarm.fx.fingerprint import local_target
-from torchfarm import elf
-from torchfarm.testing.stack import LocalStack
+from torchfarm.kernels import elf
+from localfarm.stack import LocalStack
 from tests.targets.cubin_launch import launch_cubin, load_kernel_module
 
 t_start = time.monotonic()

@@ -10,7 +10,7 @@ architecture × graphs × on the farm × fell back (with the reason) × hits fro
 process to the output file. The zoo's variants (a checkpointed and dynamic-shape steps)
 run too; `--checkpointing` adds rows for more models run with
 `gradient_checkpointing_enable()`. The worker has no custom-op setting: it serves
-transformers' ops by default (DEFAULT_INSTALLED_OP_MODULES, torchfarm/customops.py).
+transformers' ops by default (DEFAULT_INSTALLED_OP_MODULES, torchfarm/graph/customops.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from localfarm.stack import LocalStack  # noqa: E402
 from tests.realmodels.step import StepResult, fresh_step, train_step  # noqa: E402
 from tests.realmodels.zoo import ARCHITECTURES, BY_NAME, VARIANTS, arch_named, checkpointed  # noqa: E402
-from torchfarm.testing.stack import LocalStack  # noqa: E402
 
 log = logging.getLogger("model_coverage")
 

@@ -169,8 +169,8 @@ def demo(out: Path) -> None:
     import grpc
     import yaml
 
+    from localfarm.stack import LocalStack, free_port
     from tests.ops.farm import foreign_build_request
-    from torchfarm.testing.stack import LocalStack, free_port
     from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
     with tempfile.TemporaryDirectory(prefix="torchfarm-render-") as tmp:

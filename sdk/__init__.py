@@ -23,7 +23,7 @@ from sdk.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
-from sdk.kernel_client import compile_kernel
+from sdk.triton_client import compile_kernel
 
 __all__ = [
     "ArtifactRejected",

@@ -14,7 +14,7 @@ from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
 from torchfarm.fx import fingerprint as sdk_target
 from torchfarm.settings import from_env
-from torchfarm.targets import TargetError
+from torchfarm.wire.targets import TargetError
 
 _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
 

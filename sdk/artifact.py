@@ -24,10 +24,10 @@ from sdk import loader
 from sdk.errors import ArtifactRejected
 from sdk.metrics import ARTIFACTS_REJECTED
 from sdk.trust import Trust
-from torchfarm.codes import Rejection
 from torchfarm.fx.fingerprint import Fingerprint
-from torchfarm.manifest import COMPILE, Manifest, ManifestError, check_blobs
-from torchfarm.signing import SignatureError
+from torchfarm.trust.signing import SignatureError
+from torchfarm.wire.codes import Rejection
+from torchfarm.wire.manifest import COMPILE, Manifest, ManifestError, check_blobs
 
 
 def rejected(reason: Rejection, message: str) -> ArtifactRejected:
@@ -48,7 +48,7 @@ def verify(
     `trust` says which keys must have signed it, or that the user named the farm as a
     development farm whose artifacts load unsigned (sdk/trust.py).
     `kind` is what the caller loads: a torch.compile artifact or an export package
-    (torchfarm/manifest.py); the other is refused. `local` is the fingerprint the
+    (torchfarm/wire/manifest.py); the other is refused. `local` is the fingerprint the
     artifact must carry: this machine's, or for an export to another target, that
     target fleet's (sdk/exports.py)."""
     if not trust.loads_anything:

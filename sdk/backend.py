@@ -39,17 +39,17 @@ from sdk.progress import Progress
 from sdk.scalars import specialize_float_inputs
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
-from torchfarm import keys
-from torchfarm import options as farm_options
-from torchfarm.codes import JobError, Rejection
 from torchfarm.fx import global_state, regions
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from torchfarm.fx.guards import CaptureShapes, GuardError
 from torchfarm.fx.internals import resolve
 from torchfarm.tables import stage_timings
-from torchfarm.targets import Target
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import keys
+from torchfarm.wire import options as farm_options
+from torchfarm.wire.codes import JobError, Rejection
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class FarmBackend:
     def carried_settings(self) -> dict[str, Any]:
         """The Inductor settings this graph's request carries: the mode's and `options=`
         over the changed global ones. A changed setting the farm refuses keeps the graph
-        off it (torchfarm/inductor_settings.py), before anything is sent or run."""
+        off it (torchfarm/wire/inductor_settings.py), before anything is sent or run."""
         return changed_settings.carried(self.local.config)
 
     def _untrusted(self) -> FarmError:

@@ -1,7 +1,7 @@
 """The Inductor settings a user changed, and which of them keep a graph off the farm.
 
-Carried settings travel in the request and enter its key (torchfarm/options.py);
-refused ones (torchfarm/inductor_settings.py) make the graph compile locally, with
+Carried settings travel in the request and enter its key (torchfarm/wire/options.py);
+refused ones (torchfarm/wire/inductor_settings.py) make the graph compile locally, with
 their names in the log line, rather than be dropped. `sdk.compile` and `sdk.export`
 both read them here.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from sdk.errors import GraphRejected
-from torchfarm import inductor_settings
 from torchfarm.fx.internals import resolve
+from torchfarm.wire import inductor_settings
 
 
 def changed_global() -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 `CompileClient` is what the backend asks of a farm; `StubClient` implements it over
 any object with the gRPC stub's methods, and `FarmClient` is that over a real channel
-(torchfarm/testing/inprocess.py puts a servicer in this process behind the same stub).
+(localfarm/inprocess.py puts a servicer in this process behind the same stub).
 
 Nothing here knows about torch. Every call has a deadline; a status code (and the
 farm's `torchfarm-reason` trailing metadata) becomes one `sdk.errors` class, so the
@@ -46,14 +46,14 @@ from sdk.errors import (
 from sdk.progress import GraphTrack
 from sdk.settings import SDKSettings
 from sdk.trust import is_loopback
-from torchfarm.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.wire.codes import REASONS, RETRYABLE_STATUSES, Reason, Rejection
 
 log = logging.getLogger(__name__)
 
 # Transient UNAVAILABLE (a coordinator restart, a dropped connection, Redis down) is
 # retried by the channel itself, and nothing else: the retryable refusals of
-# torchfarm/codes.py. "No worker serves this target" is FAILED_PRECONDITION, which a
+# torchfarm/wire/codes.py. "No worker serves this target" is FAILED_PRECONDITION, which a
 # retry cannot mend. Submit is idempotent on its key, so retrying it is safe.
 _SERVICE_CONFIG = json.dumps(
     {
@@ -186,7 +186,7 @@ def make_channel(
 
 class CompileClient(Protocol):
     """What the SDK asks of a farm, whatever carries the calls. `FarmClient` carries them
-    over gRPC; `torchfarm.testing.inprocess.InProcessClient` hands them to a coordinator
+    over gRPC; `localfarm.inprocess.InProcessClient` hands them to a coordinator
     in this process. Each call raises `sdk.errors` classes, never a transport's own."""
 
     @property

@@ -16,16 +16,16 @@
     ├── QuotaExceeded          True    the tenant has its quota of compiles in flight
     ├── RemoteCompileError     True    the compile failed on the farm (compile error,
     │                                  timeout, artifact too large); carries its code and,
-    │                                  from torchfarm/codes.py, whether it is `retryable`
+    │                                  from torchfarm/wire/codes.py, whether it is `retryable`
     ├── ArtifactRejected       True    the artifact failed verification; never loaded
     ├── KernelRejected         True    the farm refused or could not compile a Triton kernel
     │                                  (source not allowed, Triton's compile error)
     └── ConfigError            False   bad arguments or settings; always raised
 
-`code` is the farm's stable reason when it gave one (a `torchfarm.codes.Reason` name
-from the `torchfarm-reason` trailing metadata, or a `torchfarm.codes.JobError` name:
+`code` is the farm's stable reason when it gave one (a `torchfarm.wire.codes.Reason` name
+from the `torchfarm-reason` trailing metadata, or a `torchfarm.wire.codes.JobError` name:
 COMPILE_TIMEOUT, ARTIFACT_TOO_LARGE, ...), else the gRPC status name. What each code
-means (retried, falls back) is the table in torchfarm/codes.py.
+means (retried, falls back) is the table in torchfarm/wire/codes.py.
 
 With `fallback="local"` the backend compiles a graph locally on any error whose
 `fallback` is True, with one warning; with `fallback="error"` every error is raised.
@@ -33,7 +33,7 @@ With `fallback="local"` the backend compiles a graph locally on any error whose
 
 from __future__ import annotations
 
-from torchfarm.codes import JOB_ERRORS, JobError
+from torchfarm.wire.codes import JOB_ERRORS, JobError
 
 
 class FarmError(Exception):
@@ -89,7 +89,7 @@ class RequestTooLarge(FarmError):
 class RemoteCompileError(FarmError):
     retryable = False
     """The job's failure was the farm's state, not the graph: the same request may
-    succeed later (torchfarm/codes.py JOB_ERRORS)."""
+    succeed later (torchfarm/wire/codes.py JOB_ERRORS)."""
 
     def __init__(self, message: str, code: str = ""):
         super().__init__(message, code)

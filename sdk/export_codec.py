@@ -29,11 +29,11 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from torchfarm import exportcheck
 from torchfarm.fx.encode import UnsupportedGraph, dtype_name, encode_graph
 from torchfarm.fx.internals import resolve
-from torchfarm.graph_errors import GraphError
-from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits
+from torchfarm.graph import exportcheck
+from torchfarm.graph.graph_errors import GraphError
+from torchfarm.graph.graphcheck import DTYPE_ITEMSIZE, GraphLimits
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 pytree = resolve("pytree")

@@ -40,14 +40,14 @@ from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooL
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
-from torchfarm import keys
-from torchfarm.codes import Reason, Rejection
 from torchfarm.fx import internals
 from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
-from torchfarm.manifest import EXPORT
 from torchfarm.settings import from_env
-from torchfarm.targets import Target, TargetError
+from torchfarm.wire import keys
+from torchfarm.wire.codes import Reason, Rejection
+from torchfarm.wire.manifest import EXPORT
+from torchfarm.wire.targets import Target, TargetError
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from google.protobuf.message import Message
 
 from sdk.client import CompileClient
 from sdk.errors import FarmUnavailable, NoWorker
-from torchfarm.codes import JobError, Reason
 from torchfarm.fx.fingerprint import Fingerprint
-from torchfarm.targets import Target
 from torchfarm.v1 import graph_pb2
+from torchfarm.wire.codes import JobError, Reason
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 

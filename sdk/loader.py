@@ -1,7 +1,7 @@
 """Client side of a farm artifact: put the shipped C++ kernels where the local Inductor
 will look for them, then deserialize the artifact without compiling anything.
 
-The kernel specs and why kernels travel as specs are in torchfarm/fx/kernelspec.py.
+The kernel specs and why kernels travel as specs are in torchfarm/fx/cpp_kernels.py.
 
 Torch internals relied on here, pinned for torch 2.13.0 (tests/unit/test_compiler_loader.py):
 - `cpu_vec_isa.valid_vec_isa_list()` is `functools.cache`d and honours
@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sdk.errors import ArtifactRejected
-from torchfarm.codes import Rejection
-from torchfarm.fx import dtensor as fx_dtensor
+from torchfarm.fx import meshes as fx_meshes
+from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
 from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.internals import resolve
-from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, local_outputs
+from torchfarm.wire.codes import Rejection
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def load_compiled(payload: bytes) -> Callable[..., Any]:
     AOTCompiledArtifact = resolve("AOTCompiledArtifact")
 
     t0 = time.perf_counter()
-    with count_kernel_builds() as builds, fx_dtensor.meshes_at_this_rank():
+    with count_kernel_builds() as builds, fx_meshes.meshes_at_this_rank():
         try:
             artifact = AOTCompiledArtifact.deserialize(payload)
         except Exception as e:

@@ -38,12 +38,12 @@ from sdk.backend import FarmBackend
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, GraphRejected
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
-from torchfarm.codes import Reason
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint
 from torchfarm.fx.internals import resolve
-from torchfarm.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
-from torchfarm.signing import Signer, TrustedKeys
+from torchfarm.trust.signing import Signer, TrustedKeys
 from torchfarm.v1.farm_pb2 import PrecompiledRecord
+from torchfarm.wire.codes import Reason
+from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
 
 log = logging.getLogger(__name__)
 

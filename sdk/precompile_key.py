@@ -9,7 +9,7 @@ tenant's namespace. The key only finds a package: the package's own guards, chec
 by Dynamo on the call, decide whether its frames run.
 
 `record` puts the same components in the form the farm compares to explain a miss
-(torchfarm/explain.py): readable values where short, digests otherwise, and a part per
+(torchfarm/storage/explain.py): readable values where short, digests otherwise, and a part per
 class, module, parameter and input, never the model's code or data.
 """
 
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from torchfarm.explain import MAX_PARTS, MAX_TEXT, digest
 from torchfarm.fx import global_state
 from torchfarm.fx.internals import resolve
-from torchfarm.manifest import PRECOMPILED_PREFIX
+from torchfarm.storage.explain import MAX_PARTS, MAX_TEXT, digest
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.manifest import PRECOMPILED_PREFIX
 
 pytree = resolve("pytree")
 

@@ -7,7 +7,7 @@ The policy, in full, for the farm at "host:port":
   artifact loads only with a valid, unexpired signature by one of them, made for the
   requested key, this client's namespace and this machine's fingerprint.
 - **No keys pinned, but a per-user trust file for this farm's address**
-  (`~/.config/torchfarm/trusted/<host>_<port>.json`, torchfarm/trustfile.py, written by
+  (`~/.config/torchfarm/trusted/<host>_<port>.json`, torchfarm/trust/trustfile.py, written by
   `torchfarm up` on this machine; every loopback name, `localhost` too, finds the one
   `up` wrote for `127.0.0.1`): the same, with the keys from that file.
 - **No key known, and the farm named in `TORCHFARM_TRUST_UNSIGNED`** (a comma-separated
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
-from torchfarm import trustfile
-from torchfarm.signing import TrustedKeys
-from torchfarm.tokens import TokenError, namespace_of
+from torchfarm.trust import trustfile
+from torchfarm.trust.signing import TrustedKeys
+from torchfarm.trust.tokens import TokenError, namespace_of
 
 
 def is_loopback(address: str) -> bool:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # Every stack a test starts publishes its signing key in the per-user trust directory
-# (torchfarm/trustfile.py), and every SDK here reads it: keep both off the real home,
+# (torchfarm/trust/trustfile.py), and every SDK here reads it: keep both off the real home,
 # for this process and every process it starts.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-")
 # The suite's stacks build C++ kernels in the worker process (TORCHFARM_SANDBOX=off): a
@@ -33,13 +33,13 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="torchfarm-test-config-"
 # compile under bubblewrap.
 os.environ.setdefault("TORCHFARM_SANDBOX", "off")
 
-from torchfarm.store import Store  # noqa: E402
-from torchfarm.testing.stack import (  # noqa: E402
+from localfarm.stack import (  # noqa: E402
     INDUCTOR_SEED_ENV,
     LocalStack,
     free_port,
     start_redis_server,
 )
+from torchfarm.storage.store import Store  # noqa: E402
 
 # Every worker of every stack here starts with the vector-ISA probe's test programs in
 # its fresh Inductor cache dir, built once for the session by the first stack that
@@ -103,7 +103,7 @@ def s3_endpoint(tmp_path_factory):
     """moto's S3 server on a free loopback port, for the whole session; boto3 in this
     process and in the stacks it starts signs with moto's test credentials."""
     pytest.importorskip("boto3")
-    from torchfarm.testing.s3 import CREDENTIALS, start_moto_server
+    from localfarm.s3 import CREDENTIALS, start_moto_server
 
     port = free_port()
     proc = start_moto_server(port, tmp_path_factory.mktemp("moto") / "moto.log")
@@ -118,7 +118,7 @@ def s3_endpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def s3_blob_url(s3_endpoint):
     """A bucket on the moto server, as the blob URL a farm is configured with."""
-    from torchfarm.testing.s3 import make_bucket
+    from localfarm.s3 import make_bucket
 
     make_bucket(s3_endpoint, "torchfarm-test")
     return f"s3://torchfarm-test/farm?endpoint={s3_endpoint}"

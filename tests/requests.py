@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchfarm import builds, routing
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import builds, routing
 
 
 def queue_of(req: farm_pb2.CompileRequest) -> str:

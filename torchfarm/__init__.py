@@ -1,7 +1,10 @@
-"""Code shared by the SDK, the coordinator and the workers.
+"""The contract the SDK, the coordinator and the workers share.
 
-Everything in this package except `cli` and `stack` is torch-free, so that the
-coordinator can import it: keys, manifests, the Redis store, the graph validator.
+Torch-free, so that the coordinator can import it, except `fx/` (torch-side code the SDK
+and the workers share): `wire/` (a request, its key, target, build and manifest),
+`graph/` (graph validation), `kernels/` (Triton kernel requests), `trust/` (signatures,
+seals, tokens), `storage/` (the Redis store and blobs). The command line (`cli/`) and the
+local farm (`localfarm/`) sit above it, as their own packages.
 """
 
 __version__ = "0.1.0"

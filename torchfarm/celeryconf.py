@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from torchfarm.redisconn import celery_broker
+from torchfarm.storage.redisconn import celery_broker
 
 SOFT_TIME_LIMIT_S = 540
 """A compile past this gets SoftTimeLimitExceeded and fails with COMPILE_TIMEOUT."""

@@ -1,9 +1,9 @@
 """How every metric names a target: one label scheme for the coordinator and the workers.
 
-A queue's name encodes three things (torchfarm/routing.py); metrics spell them as labels:
+A queue's name encodes three things (torchfarm/wire/routing.py); metrics spell them as labels:
 
 - `target`: the target as users type it and the CLI prints it, "cpu:avx512",
-  "cuda:sm_90" (torchfarm/targets.py); a bare device ("cpu") for a queue that names no
+  "cuda:sm_90" (torchfarm/wire/targets.py); a bare device ("cpu") for a queue that names no
   exact target;
 - `kind`: which jobs the queue carries: "graph" (graph compiles and exports), "stage"
   (a staged compile's lowering, kernel builds and assembly) or "kernel" (Triton kernels);
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from torchfarm import routing
-from torchfarm.targets import DEVICES, TargetError
+from torchfarm.wire import routing
+from torchfarm.wire.targets import DEVICES, TargetError
 
 KINDS = ("graph", "stage", "kernel")
 """Every value of the `kind` label."""

@@ -47,7 +47,7 @@ from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.decode import DecodedGraph, decode_graph_into
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.internals import resolve
-from torchfarm.graph_errors import GraphError
+from torchfarm.graph.graph_errors import GraphError
 from torchfarm.v1 import graph_pb2
 from workers import compiler
 

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchfarm import exportcheck
 from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.internals import resolve
+from torchfarm.graph import exportcheck
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 if TYPE_CHECKING:

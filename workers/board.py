@@ -50,9 +50,9 @@ from typing import Any, cast
 
 from redis.typing import EncodableT, FieldT
 
-from torchfarm.manifest import BlobRef
-from torchfarm.seal import Seal, TamperedRecord
-from torchfarm.store import Store
+from torchfarm.storage.store import Store
+from torchfarm.trust.seal import Seal, TamperedRecord
+from torchfarm.wire.manifest import BlobRef
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ then kclaim, kwait of each kernel. ARGV: the waiter name, the TTL of the pending
 the waiters, the claim's TTL, the keys, then '1' for each kernel the cache holds.
 
 The kernel cache is in the cache Redis and the claims in the state Redis
-(torchfarm/store.py), so whether a kernel is cached is read just before the script: a
+(torchfarm/storage/store.py), so whether a kernel is cached is read just before the script: a
 binary stored in between and settled before the script runs is claimed again, which
 costs one more build of it and never a job that waits for ever."""
 
@@ -199,7 +199,7 @@ def kernel_cache_key(
 @dataclass(frozen=True)
 class PlannedKernel:
     name: str
-    """`torchfarm.fx.kernelspec.kernel_name` of the spec, as in the manifest."""
+    """`torchfarm.fx.cpp_kernels.kernel_name` of the spec, as in the manifest."""
     kind: str
     source: BlobRef
     """The spec's blob."""
@@ -299,7 +299,7 @@ class StageBoard:
 
     def put_binary(self, cache_key: str, binary: bytes, worker: str, seconds: float) -> BlobRef:
         """Stores a built kernel: blob first, then its record, so a record names a blob."""
-        from torchfarm.manifest import blob_digest
+        from torchfarm.wire.manifest import blob_digest
 
         ref = BlobRef(blob_digest(binary), len(binary))
         self.store.put_blob(ref.digest, binary)

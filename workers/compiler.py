@@ -16,7 +16,7 @@ every C++ kernel build is deferred (workers/deferral.py), and the specs come bac
 the same deserialize-and-record step; `build_kernel` later builds one spec on whichever
 worker takes it.
 
-The torch 2.13 internals this relies on are listed in `torchfarm/fx/kernelspec.py` and
+The torch 2.13 internals this relies on are listed in `torchfarm/fx/cpp_kernels.py` and
 `workers/deferral.py`, and pinned by tests/unit/test_compiler_loader.py and
 tests/unit/test_deferral.py.
 """
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchfarm import graphcheck
-from torchfarm.allowlist import load_allowlist
 from torchfarm.fx import internals
+from torchfarm.fx.cpp_kernels import KernelSpec, kernel_name, load_fn_outputs, local_outputs
 from torchfarm.fx.decode import resolve_function
 from torchfarm.fx.encode import NUMPY_PREFIX
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
 from torchfarm.fx.internals import resolve
-from torchfarm.fx.kernelspec import KernelSpec, kernel_name, load_fn_outputs, local_outputs
-from torchfarm.graph_errors import GraphError
+from torchfarm.graph import graphcheck
+from torchfarm.graph.allowlist import load_allowlist
+from torchfarm.graph.graph_errors import GraphError
 
 if TYPE_CHECKING:
     from torch._inductor.standalone_compile import AOTCompiledArtifact, DynamicShapesType
@@ -70,7 +70,7 @@ class Kernel:
     kind: str
     """"cpp" for a kernel library, "cpp-object" for an object file of a split build."""
     source: bytes
-    """`torchfarm.fx.kernelspec.KernelSpec` JSON: the source text and the options that enter the key."""
+    """`torchfarm.fx.cpp_kernels.KernelSpec` JSON: the source text and the options that enter the key."""
     binary: bytes
 
 
@@ -188,7 +188,7 @@ class LoweredGraph:
     payload: bytes
     """`AOTCompiledArtifact.serialize()`, exactly as `compile_graph` would return it."""
     specs: list[bytes]
-    """`torchfarm.fx.kernelspec.KernelSpec` JSON of every build output a client's `deserialize` loads,
+    """`torchfarm.fx.cpp_kernels.KernelSpec` JSON of every build output a client's `deserialize` loads,
     in load order: what the kernel-generation jobs build."""
     timings: dict[str, float]
     """Seconds: "compile", "collect"; "decompose" and "lower" when measured."""
@@ -296,7 +296,7 @@ def start_kernel_build(source: bytes) -> Callable[[], Kernel]:
     with its binary. Ready builds one at a time (this registers the kernel's loader in
     Inductor's code cache, as Inductor itself does from one thread); the returned
     functions may run in threads at once, as Inductor's own compile pool runs them."""
-    from torchfarm.fx.kernelspec import call_args, code_cache
+    from torchfarm.fx.cpp_kernels import call_args, code_cache
 
     spec = KernelSpec.from_bytes(source)
     cache_cls = code_cache(spec.cache)

@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfarm.fx.cpp_kernels import load_fn_outputs, spec_args
 from torchfarm.fx.hooks import KernelLoad
 from torchfarm.fx.internals import resolve
-from torchfarm.fx.kernelspec import load_fn_outputs, spec_args
 
 _DEFER_LOCK = threading.Lock()
 """One deferral at a time in a process: it patches a class attribute."""
@@ -133,7 +133,7 @@ def forgetting_new_loaders() -> Iterator[None]:
     """Drops the kernel loaders registered in the C++ code caches during the block.
 
     Loaders registered while the precompiled header is stubbed out (here, and in
-    `torchfarm.fx.kernelspec.local_outputs`) carry builders without it; a kernel job in this process
+    `torchfarm.fx.cpp_kernels.local_outputs`) carry builders without it; a kernel job in this process
     that reused one would build without the header."""
     codecache = resolve("codecache")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from torchfarm.targets import Target
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire.targets import Target
     from workers.aot_seam import Decomposition
     from workers.compiler import CompileResult, LoweredGraph
     from workers.job import Prepared

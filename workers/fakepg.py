@@ -11,7 +11,7 @@ collectives, so on the client they resolve to the client's real groups.
 
 A fake group's own member ranks do not matter to lowering, only its size: every group
 here is the first `size` ranks of the fake world, and the worker is rank 0. The graph
-itself is the same on every rank (torchfarm/collectives.py), so nothing rank-specific
+itself is the same on every rank (torchfarm/graph/collectives.py), so nothing rank-specific
 is compiled in. A graph with DTensor device meshes is the exception: DTensor's dispatch
 picks this rank's shard while AOTAutograd traces it, so the worker takes the client's
 rank (`Graph.rank`) and its groups the client's members; workers/ranks.py decides
@@ -33,8 +33,8 @@ from collections.abc import Iterator
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import GroupName
 
-from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx import internals
+from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.decode import DecodedGraph, decode_graph
 from torchfarm.v1 import graph_pb2
 
@@ -95,7 +95,7 @@ def _named_groups(graph: graph_pb2.Graph) -> list[tuple[str, list[int]]]:
     for group in graph.groups:
         by_name[group.name] = list(group.ranks) if graph.meshes else list(range(group.size))
     for mesh in graph.meshes:
-        for name, ranks in fx_dtensor.mesh_groups(mesh, graph.rank):
+        for name, ranks in fx_meshes.mesh_groups(mesh, graph.rank):
             by_name.setdefault(name, ranks)
     return sorted(by_name.items())
 

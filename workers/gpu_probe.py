@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from torchfarm import targets
-from torchfarm.targets import Target
+from torchfarm.wire import targets
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 

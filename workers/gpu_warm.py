@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchfarm.targets import Target
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 

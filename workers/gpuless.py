@@ -41,9 +41,9 @@ import logging
 import types
 from typing import Any
 
-from torchfarm import targets
 from torchfarm.fx.internals import resolve
-from torchfarm.targets import Target
+from torchfarm.wire import targets
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from celery import Celery
 from celery.exceptions import TimeLimitExceeded
 
-from torchfarm import keys
-from torchfarm.codes import JobError
-from torchfarm.routing import KERNEL_TASK
-from torchfarm.store import JobState, Store
+from torchfarm.storage.store import JobState, Store
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError
+from torchfarm.wire.routing import KERNEL_TASK
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from torchfarm import builds
 from torchfarm.fx.fingerprint import Fingerprint, build_fields, fingerprint_for
-from torchfarm.targets import Target
+from torchfarm.wire import builds
+from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def registration(graph: Sequence[Target], kernel: Sequence[Target], override: st
     """What a worker's heartbeat registers of its build: `fingerprint`, the build of its
     graph target (else of its first kernel target), and `triton`, the Triton version its
     kernel jobs compile with when it takes any (a CPU target's build names none,
-    torchfarm/builds.py)."""
+    torchfarm/wire/builds.py)."""
     fp = worker_fingerprint(graph[0], override) if graph else fingerprint_for(kernel[0])
     return {
         "fingerprint": build_fields(fp),

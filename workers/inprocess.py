@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torchfarm.codes import JobError
 from torchfarm.fx import guards as shape_guards
-from torchfarm.graph_errors import GraphError
+from torchfarm.graph.graph_errors import GraphError
+from torchfarm.wire.codes import JobError
 from workers import ranks
 from workers.aot_seam import Decomposition, decompose_graph, using_decomposition
 from workers.compiler import (
@@ -33,8 +33,8 @@ from workers.job import JobFailed, Prepared, added_guards
 from workers.limits import cpu_time_limit
 
 if TYPE_CHECKING:
-    from torchfarm.targets import Target
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire.targets import Target
     from workers.triton_compile import KernelResult
 
 _TIMED_OUT = "the compile ran past the farm's time limit"
@@ -154,7 +154,7 @@ class InProcessExecutor:
             raise self.failure(e) from e
 
     def compile_triton(self, request: farm_pb2.KernelRequest, target: Target) -> KernelResult:
-        from torchfarm.kernelcheck import KernelRejected
+        from torchfarm.kernels.triton_check import KernelRejected
         from workers.triton_compile import KernelCompileError, compile_kernel
 
         if self.kernels is not None:

@@ -9,22 +9,22 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from torchfarm.codes import JobError
 from torchfarm.fx import global_state
 from torchfarm.fx import guards as shape_guards
 from torchfarm.fx.decode import DecodedGraph
-from torchfarm.graph_errors import GraphError
+from torchfarm.graph.graph_errors import GraphError
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.codes import JobError
 from workers import fakepg
 
 
 class JobFailed(Exception):
     """Ends a job as FAILED without a retry; `code`'s name is what clients see. Only a
-    `JobError` member is taken: a code is part of the contract (torchfarm/codes.py)."""
+    `JobError` member is taken: a code is part of the contract (torchfarm/wire/codes.py)."""
 
     def __init__(self, code: JobError, message: str):
         if not isinstance(code, JobError):
-            raise TypeError(f"JobFailed takes a torchfarm.codes.JobError, not {code!r}")
+            raise TypeError(f"JobFailed takes a torchfarm.wire.codes.JobError, not {code!r}")
         super().__init__(message)
         self.code = code
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Celery, current_app, signals
 
-from torchfarm.store import Store
+from torchfarm.storage.store import Store
 from workers import gpu_probe, hard_limits, sandbox
 from workers.tasks import JobContexts
 from workers.worker import Worker
@@ -70,7 +70,7 @@ class Lifecycle:
         reviewed defaults) are imported once and inherited. transformers' import takes a
         second or more; a pool process that paid it in its first job did so inside the
         job's time limit, before the delivery was counted."""
-        from torchfarm.fx.customops import use_installed
+        from torchfarm.fx.torch_library import use_installed
 
         try:
             use_installed(self.worker.settings.installed_op_modules)

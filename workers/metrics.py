@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from torchfarm import __version__, metric_labels
-from torchfarm.store import JobRecord, JobState, Store
+from torchfarm.storage.store import JobRecord, JobState, Store
 
 log = logging.getLogger(__name__)
 

@@ -3,11 +3,11 @@
 A graph with device meshes carries the client's rank: DTensor's dispatch, which runs on
 the worker while AOTAutograd traces, takes the rank's shard, its offsets and its mesh
 coordinates. The ranks of a tensor-parallel group send the same graph with their own
-rank, and the key leaves the rank out (torchfarm/keys.py), so they share one job. Before
+rank, and the key leaves the rank out (torchfarm/wire/keys.py), so they share one job. Before
 it compiles, the job proves that sharing sound: it traces the graph as every rank that
 sends the same bytes would (the ranks whose groups, along every mesh dimension and for
 every collective, are the client's; a graph on a slice of a larger mesh comes in the
-form every slice sends, torchfarm/fx/dtensor.py `share_submesh`, so those are the
+form every slice sends, torchfarm/fx/meshes.py `share_submesh`, so those are the
 slice's ranks), and compares AOTAutograd's graphs node by node, values included
 (`aot_seam.listing`). The same graphs everywhere compile once, at the client's rank.
 Other graphs anywhere (a vocabulary-parallel embedding masks its own rows, a rank's
@@ -27,11 +27,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from torchfarm import keys
-from torchfarm.codes import JobError
-from torchfarm.fx import dtensor as fx_dtensor
+from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.decode import decode_graph
 from torchfarm.v1 import graph_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError
 from workers import aot_seam, fakepg
 from workers.job import JobFailed, Prepared
 
@@ -54,7 +54,7 @@ def sharing_ranks(graph: graph_pb2.Graph) -> list[int]:
     candidates = sorted({r for mesh in graph.meshes for r in mesh.ranks})
 
     def groups(rank: int) -> list[list[int]]:
-        return [members for mesh in graph.meshes for _, members in fx_dtensor.mesh_groups(mesh, rank)]
+        return [members for mesh in graph.meshes for _, members in fx_meshes.mesh_groups(mesh, rank)]
 
     mine = groups(graph.rank)
     return [

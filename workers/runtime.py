@@ -21,18 +21,18 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from torchfarm import keys, options
-from torchfarm.codes import JobError, Stage
-from torchfarm.fx.customops import job_scope as use_standins_for_job
-from torchfarm.fx.customops import use_installed as use_installed_ops
 from torchfarm.fx.fingerprint import Fingerprint
-from torchfarm.graph_errors import GraphError
-from torchfarm.graphcheck import validate_graph
-from torchfarm.manifest import BlobRef, blob_digest
-from torchfarm.seal import Seal
-from torchfarm.signing import Signer
-from torchfarm.store import JobState, Store
+from torchfarm.fx.torch_library import job_scope as use_standins_for_job
+from torchfarm.fx.torch_library import use_installed as use_installed_ops
+from torchfarm.graph.graph_errors import GraphError
+from torchfarm.graph.graphcheck import validate_graph
+from torchfarm.storage.store import JobState, Store
+from torchfarm.trust.seal import Seal
+from torchfarm.trust.signing import Signer
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys, options
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import BlobRef, blob_digest
 from workers.executor import Executor
 from workers.inprocess import InProcessExecutor
 from workers.job import JobFailed, Prepared

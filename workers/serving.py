@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchfarm import routing, targets
-from torchfarm.targets import Target, TargetError
+from torchfarm.wire import routing, targets
+from torchfarm.wire.targets import Target, TargetError
 from workers import sandbox_limits
 from workers.settings import WorkerSettings
 
@@ -158,6 +158,6 @@ def plan_for(settings: WorkerSettings) -> ServingPlan:
         extra_queues=settings.queues,
     )
     if not plan.graph:
-        return plan  # kernel queues carry no build (torchfarm/routing.py)
+        return plan  # kernel queues carry no build (torchfarm/wire/routing.py)
     fp = identity.worker_fingerprint(plan.graph[0], settings.reported_build)
     return dataclasses.replace(plan, build=identity.build_digest(fp))

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from torchfarm import celeryconf
-from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES
+from torchfarm.graph.customops import DEFAULT_INSTALLED_OP_MODULES
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,11 @@ class WorkerSettings:
     (`allkeys-lru`). Also the state's, when state_url is empty."""
     state_url: str = ""
     """The Redis of what is in flight: requests, job records, quotas, claims, worker
-    registrations (torchfarm/store.py). It must not evict (`noeviction`, with AOF
+    registrations (torchfarm/storage/store.py). It must not evict (`noeviction`, with AOF
     persistence); the coordinator refuses one that may. Empty: cache_url's Redis plays
     both roles, as `torchfarm up`'s does (no maxmemory, so nothing is evicted)."""
     blob_url: str = ""
-    """Where artifact blobs live (torchfarm/blobs.py): "" keeps them in the cache Redis;
+    """Where artifact blobs live (torchfarm/storage/blobs.py): "" keeps them in the cache Redis;
     `s3://bucket/prefix?endpoint=...` in S3-compatible object storage."""
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache and state Redis."""
@@ -37,8 +37,8 @@ class WorkerSettings:
     """Custom-op namespaces whose packages are installed on this worker, as
     `namespace=module` (say `transformers=transformers.integrations.moe`): the module is
     imported at start, and graphs calling that namespace's ops use the real ops, autograd
-    included, in place of stand-ins built from the client's schema (torchfarm/fx/customops.py).
-    The default is the reviewed list (torchfarm/customops.py), each entry loaded only where
+    included, in place of stand-ins built from the client's schema (torchfarm/fx/torch_library.py).
+    The default is the reviewed list (torchfarm/graph/customops.py), each entry loaded only where
     its package is installed; a value replaces it, and an empty one loads none."""
     lower_without_gpu: bool = False
     """Experimental: also lower graphs for one CUDA target this machine lacks, with its
@@ -91,13 +91,13 @@ class WorkerSettings:
     metrics_port: int = 0
     """Port where the worker's main process serves Prometheus /metrics; 0 turns it off."""
     signing_key_file: str = ""
-    """Ed25519 private key (PEM) that signs every manifest (torchfarm/signing.py). Empty:
+    """Ed25519 private key (PEM) that signs every manifest (torchfarm/trust/signing.py). Empty:
     artifacts go unsigned, and clients that pin keys refuse them."""
     signing_key_id: str = ""
     """The id clients pin the key under; empty derives it from the public key."""
     record_key_file: str = ""
     """32+ secret bytes that seal the records workers hand each other through Redis
-    (torchfarm/seal.py). Empty derives the key from the signing key; with neither, the
+    (torchfarm/trust/seal.py). Empty derives the key from the signing key; with neither, the
     records go unsealed (a development farm only)."""
     signature_ttl_s: int = 30 * 24 * 3600
     """How long a signature stays valid; the coordinator recompiles an expired artifact."""
@@ -140,7 +140,7 @@ class WorkerSettings:
     """Seconds before the broker hands a job taken by a worker that died whole to another."""
     reported_build: str = ""
     """Test hook, never set in production: a JSON object of build fields
-    (torchfarm/builds.py) this worker registers, routes on and checks jobs against in
+    (torchfarm/wire/builds.py) this worker registers, routes on and checks jobs against in
     place of its own, so one machine can play workers of several builds (workers/identity.py)."""
     test_delay_s: float = 0.0
     """Test hook, never set in production: seconds each graph compile sleeps in its

@@ -25,9 +25,12 @@ from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from torchfarm.celeryconf import TRANSIENT_RETRY
-from torchfarm.codes import HANDED_ON, JobError
 from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
-from torchfarm.routing import (
+from torchfarm.storage.store import JobState, Store
+from torchfarm.trust.seal import Seal
+from torchfarm.trust.signing import Signer
+from torchfarm.wire.codes import HANDED_ON, JobError
+from torchfarm.wire.routing import (
     ASSEMBLE_TASK,
     BUILD_KERNELS_TASK,
     COMPILE_TASK,
@@ -35,9 +38,6 @@ from torchfarm.routing import (
     KERNEL_TASK,
     LOWER_TASK,
 )
-from torchfarm.seal import Seal
-from torchfarm.signing import Signer
-from torchfarm.store import JobState, Store
 from workers import identity, sandbox
 from workers import metrics as worker_metrics
 from workers.board import StageBoard

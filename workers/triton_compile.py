@@ -1,7 +1,7 @@
 """Compiles one Triton kernel for an explicit target, without executing the client's code.
 
 Plain functions, no Celery. `compile_kernel(request)`:
-1. checks the source with `torchfarm.kernelcheck` (structure, names, calls);
+1. checks the source with `torchfarm.kernels.triton_check` (structure, names, calls);
 2. resolves every dotted name rooted at a Triton import against the installed Triton
    and refuses any that leaves `triton.language` or ends in something other than a
    Triton builtin, one of Triton's own @jit functions, a dtype, a constexpr or a
@@ -31,10 +31,11 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from torchfarm import elf, kernelcheck, targets
-from torchfarm.kernelcheck import KernelRejected, KernelSource
-from torchfarm.targets import Target
+from torchfarm.kernels import elf, triton_check
+from torchfarm.kernels.triton_check import KernelRejected, KernelSource
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import targets
+from torchfarm.wire.targets import Target
 
 _LOCK = threading.Lock()
 """Triton's JIT registry and linecache are process-global; one build at a time."""
@@ -66,9 +67,9 @@ def compile_kernel(request: farm_pb2.KernelRequest, target: Target) -> KernelRes
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    checked = kernelcheck.check_kernel_source(request.source, request.name)
-    signature, constexprs = kernelcheck.check_signature(request, checked)
-    options = kernelcheck.check_options(request.options)
+    checked = triton_check.check_kernel_source(request.source, request.name)
+    signature, constexprs = triton_check.check_signature(request, checked)
+    options = triton_check.check_options(request.options)
     namespace = resolve_names(checked)
     if target.device == "cuda":
         gpu = GPUTarget("cuda", targets.cuda_capability(target), targets.warp_size(target))
@@ -131,11 +132,11 @@ def resolve_names(checked: KernelSource) -> dict[str, Any]:
 
 
 def _import(path: str) -> Any:
-    """An allowed import path: a module in kernelcheck.ALLOWED_MODULES, or a name in one."""
-    if path in kernelcheck.ALLOWED_MODULES:
+    """An allowed import path: a module in triton_check.ALLOWED_MODULES, or a name in one."""
+    if path in triton_check.ALLOWED_MODULES:
         return importlib.import_module(path)
     module, _, attr = path.rpartition(".")
-    if module not in kernelcheck.ALLOWED_MODULES:
+    if module not in triton_check.ALLOWED_MODULES:
         raise KernelRejected(f"import of {path!r} is not allowed")
     obj = getattr(importlib.import_module(module), attr, None)
     if obj is None:

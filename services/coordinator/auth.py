@@ -52,8 +52,8 @@ from services.coordinator.proxies import TrustedProxies, bucket_of, forwarded_fo
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.tokensource import TokenSource
-from torchfarm.codes import Reason
-from torchfarm.tokens import OPEN, Tenant, TokenError, TokenRefused, TokenTable, namespace_of
+from torchfarm.trust.tokens import OPEN, Tenant, TokenError, TokenRefused, TokenTable, namespace_of
+from torchfarm.wire.codes import Reason
 
 log = logging.getLogger(__name__)
 

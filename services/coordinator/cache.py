@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
 from services.coordinator.runner import Runner
-from torchfarm import keys, targets
-from torchfarm.codes import Reason
-from torchfarm.manifest import Manifest, ManifestError
+from torchfarm.wire import keys, targets
+from torchfarm.wire.codes import Reason
+from torchfarm.wire.manifest import Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The coordinator's error tree. Each error carries `reason`, a `torchfarm.codes.Reason`;
-the servicer answers with that reason's gRPC status (`torchfarm.codes.REASONS`) and
+"""The coordinator's error tree. Each error carries `reason`, a `torchfarm.wire.codes.Reason`;
+the servicer answers with that reason's gRPC status (`torchfarm.wire.codes.REASONS`) and
 sends its name in the `torchfarm-reason` trailing metadata.
 
     CoordinatorError
@@ -25,7 +25,7 @@ Calls without valid credentials never reach these: the auth interceptor answers 
 with UNAUTHENTICATED (services/coordinator/auth.py).
 """
 
-from torchfarm.codes import Reason
+from torchfarm.wire.codes import Reason
 
 
 class CoordinatorError(Exception):
@@ -35,7 +35,7 @@ class CoordinatorError(Exception):
         super().__init__(message)
         if reason is not None:
             if not isinstance(reason, Reason):
-                raise TypeError(f"a coordinator error's reason is a torchfarm.codes.Reason, not {reason!r}")
+                raise TypeError(f"a coordinator error's reason is a torchfarm.wire.codes.Reason, not {reason!r}")
             self.reason = reason
 
 

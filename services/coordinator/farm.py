@@ -7,7 +7,7 @@ namespace's own oldest entries while it stores more than its quota: storage.py).
 watch/job: read the job record the workers keep up to date.
 fetch: stream the manifest, then every blob, in chunks, checking each blob's digest.
 
-Every call names its tenant (torchfarm/tokens.py); all it reads and writes goes through
+Every call names its tenant (torchfarm/trust/tokens.py); all it reads and writes goes through
 `Store.tenant(namespace)`, so a tenant can neither see nor fetch another's jobs.
 
 Redis and Celery clients are synchronous; their calls go through a `Runner`
@@ -39,16 +39,18 @@ from services.coordinator.errors import (
 from services.coordinator.jobevents import JobEvents, wait_for_change
 from services.coordinator.runner import Runner
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import builds, exportcheck, graphcheck, keys, options, redisconn, routing, targets
 from torchfarm.celeryconf import make_celery
-from torchfarm.codes import Reason, Rejection, Stage
-from torchfarm.explain import Explanation, MissIndex
-from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge
-from torchfarm.manifest import Manifest, ManifestError
-from torchfarm.signing import SignatureError, TrustedKeys
-from torchfarm.store import JobRecord, JobState, Store
-from torchfarm.tokens import OPEN, Tenant
+from torchfarm.graph import exportcheck, graphcheck
+from torchfarm.graph.graph_errors import DisallowedOp, GraphError, GraphTooLarge
+from torchfarm.storage import redisconn
+from torchfarm.storage.explain import Explanation, MissIndex
+from torchfarm.storage.store import JobRecord, JobState, Store
+from torchfarm.trust.signing import SignatureError, TrustedKeys
+from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import builds, keys, options, routing, targets
+from torchfarm.wire.codes import Reason, Rejection, Stage
+from torchfarm.wire.manifest import Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class Submitted:
     cache_hit: bool = False
     deduplicated: bool = False
     explanation: Explanation | None = None
-    """Why it missed, when it queued a compile or joined one (torchfarm/explain.py)."""
+    """Why it missed, when it queued a compile or joined one (torchfarm/storage/explain.py)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class Dispatcher:
         raise NotImplementedError
 
     def send_kernel(self, key: str, queue: str, namespace: str = "") -> None:
-        """Queues the Triton kernel compile of `key` (services/coordinator/kernel_rpc.py)."""
+        """Queues the Triton kernel compile of `key` (services/coordinator/triton_rpc.py)."""
         raise NotImplementedError
 
     def send_export(self, key: str, queue: str, namespace: str = "") -> None:
@@ -226,7 +228,7 @@ class Farm:
                 key, job.state, deduplicated=job.state not in JobState.TERMINAL,
                 explanation=self._last_explanation(store, key),
             )
-        # The queue names the exact target, the build and the job kind (torchfarm/routing.py).
+        # The queue names the exact target, the build and the job kind (torchfarm/wire/routing.py).
         workers = store.live_workers()
         if not any(queue in w.get("queues", ()) for w in workers.values()):
             if not self._known_queue(store, queue):

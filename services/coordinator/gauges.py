@@ -17,8 +17,9 @@ from collections import Counter
 
 from services.coordinator.farm import Dispatcher
 from services.coordinator.metrics import FarmGauges
-from torchfarm import metric_labels, routing
-from torchfarm.store import JobState, Store
+from torchfarm import metric_labels
+from torchfarm.storage.store import JobState, Store
+from torchfarm.wire import routing
 
 
 def _is_farm_queue(name: str) -> bool:

@@ -1,7 +1,7 @@
 """Wake-ups for the coordinator's watchers: Redis pub/sub on each job's channel.
 
 The store publishes on `tf:jobev:<key>` whenever it writes a job record
-(torchfarm/store.py `Store.job_channel`). Watch and CompileKernel's wait read the record
+(torchfarm/storage/store.py `Store.job_channel`). Watch and CompileKernel's wait read the record
 when woken, and otherwise only every `watch_poll_s` as a safety net: for changes no one
 announces (the staged compile's kernel counts, written by Lua scripts), a message lost
 while the connection was down, or a Redis that refuses SUBSCRIBE.

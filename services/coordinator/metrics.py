@@ -33,8 +33,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from torchfarm import __version__, metric_labels
-from torchfarm.codes import REASONS, Rejection
-from torchfarm.explain import REASONS as MISS_REASONS
+from torchfarm.storage.explain import REASONS as MISS_REASONS
+from torchfarm.wire.codes import REASONS, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +74,14 @@ ARTIFACTS_REFUSED = Counter(
 )
 MISSES = Counter(
     "torchfarm_misses_total",
-    "Submits that queued a compile, by why no artifact matched (torchfarm/explain.py): "
+    "Submits that queued a compile, by why no artifact matched (torchfarm/storage/explain.py): "
     "the first differing key component, evicted, or new.",
     ["reason"],
 )
 PRECOMPILED_MISSES = Counter(
     "torchfarm_precompiled_misses_total",
     "Precompiled-package fetches that missed, by why no package matched "
-    "(torchfarm/explain.py): the first differing key component, evicted, or new.",
+    "(torchfarm/storage/explain.py): the first differing key component, evicted, or new.",
     ["reason"],
 )
 QUOTA_REFUSALS = Counter(

@@ -8,7 +8,7 @@ within the tenant's storage quota and upload rate (storage.py), expiring after
 `precompiled_ttl_s`.
 Who may load it is the clients' decision: only under a pinned precompile key.
 The upload's record of the key's components (`PrecompiledRecord`), checked for bounds,
-is indexed to explain later misses of the same model (torchfarm/explain.py).
+is indexed to explain later misses of the same model (torchfarm/storage/explain.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 
 from services.coordinator.errors import InvalidRequest, RequestTooLarge
-from torchfarm import explain, keys
-from torchfarm.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, ManifestError, check_blobs
-from torchfarm.store import Store
+from torchfarm.storage import explain
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, ManifestError, check_blobs
 
 log = logging.getLogger(__name__)
 

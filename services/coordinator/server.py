@@ -25,9 +25,9 @@ from services.coordinator.gauges import read_gauges
 from services.coordinator.jobevents import JobEvents
 from services.coordinator.servicer import CompileFarmServicer
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import redisconn
 from torchfarm.settings import from_env
-from torchfarm.store import Store
+from torchfarm.storage import redisconn
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 log = logging.getLogger(__name__)

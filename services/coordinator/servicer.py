@@ -18,12 +18,13 @@ import grpc
 from services.coordinator import auth, errors, metrics
 from services.coordinator.cache import CacheService, Entry, Filters, Totals
 from services.coordinator.farm import Farm
-from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import __version__, codes, routing
-from torchfarm.codes import REASONS, JobError, Reason, Stage
-from torchfarm.store import JobRecord, JobState
+from services.coordinator.triton_rpc import KernelService
+from torchfarm import __version__
+from torchfarm.storage.store import JobRecord, JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.wire import codes, routing
+from torchfarm.wire.codes import REASONS, JobError, Reason, Stage
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ _Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def status_of(reason: Reason) -> grpc.StatusCode:
-    """The status a refusal is answered with: the contract's table says (torchfarm/codes.py)."""
+    """The status a refusal is answered with: the contract's table says (torchfarm/wire/codes.py)."""
     return grpc.StatusCode[REASONS[reason].status]
 
 

@@ -18,11 +18,11 @@ class CoordinatorSettings:
     (`allkeys-lru`). Also the state's, when state_url is empty."""
     state_url: str = ""
     """The Redis of what is in flight: requests, job records, quotas, claims, worker
-    registrations (torchfarm/store.py). It must not evict (`noeviction`, with AOF
+    registrations (torchfarm/storage/store.py). It must not evict (`noeviction`, with AOF
     persistence); the coordinator refuses one that may. Empty: cache_url's Redis plays
     both roles, as `torchfarm up`'s does (no maxmemory, so nothing is evicted)."""
     blob_url: str = ""
-    """Where artifact blobs live (torchfarm/blobs.py): "" keeps them in the cache Redis;
+    """Where artifact blobs live (torchfarm/storage/blobs.py): "" keeps them in the cache Redis;
     `s3://bucket/prefix?endpoint=...` in S3-compatible object storage."""
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache and state Redis."""
@@ -68,7 +68,7 @@ class CoordinatorSettings:
     it); 0 turns the quota off. Cache hits and joins of running jobs never count."""
     max_stored_bytes_per_tenant: int = 1024 * 1024 * 1024
     """Bytes of artifacts and precompiled packages one namespace may keep in the cache
-    (manifests and the blobs they name, counted in the state Redis: torchfarm/usage.py).
+    (manifests and the blobs they name, counted in the state Redis: torchfarm/storage/usage.py).
     Past it, the namespace's own oldest entries are evicted: at an upload, before it is
     stored, and at a compile's submit for what its finished compiles stored. An upload
     larger than this is refused (RESOURCE_EXHAUSTED, STORAGE_QUOTA). 0 turns it off."""
@@ -84,7 +84,7 @@ class CoordinatorSettings:
     room, where they can), so an upload never makes Redis evict another tenant's
     entries. Ignored where the cache Redis has no maxmemory."""
     tokens_file: str = ""
-    """JSON table of token SHA-256 → tenant (torchfarm/tokens.py). Empty: the farm is
+    """JSON table of token SHA-256 → tenant (torchfarm/trust/tokens.py). Empty: the farm is
     open, every caller shares the unnamed namespace, and the log says so at start.
     Reloaded when it changes, so revoking a token needs no restart."""
     tokens_check_s: float = 1.0
@@ -116,6 +116,6 @@ class CoordinatorSettings:
     """How long after its last worker went away a target's jobs are still queued (the
     pool scaled down, or restarts); 0: only known_targets."""
     trusted_keys_file: str = ""
-    """Worker public keys (torchfarm/signing.py). When set, a cached artifact whose
+    """Worker public keys (torchfarm/trust/signing.py). When set, a cached artifact whose
     signature fails against them is treated as a miss and compiled again, so retiring a
     signing key recompiles what it signed on demand. Expired signatures are misses always."""

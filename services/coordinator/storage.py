@@ -3,7 +3,7 @@ only the payer's own entries.
 
 The cache Redis evicts by its own LRU, which knows no tenants: one tenant's uploads
 filling it would evict another's artifacts and miss explanations. So what a namespace
-stores is counted in the state Redis (torchfarm/usage.py), and the coordinator keeps
+stores is counted in the state Redis (torchfarm/storage/usage.py), and the coordinator keeps
 each namespace within `max_stored_bytes_per_tenant` by evicting that namespace's own
 oldest entries, oldest stored first:
 
@@ -30,10 +30,10 @@ import logging
 from services.coordinator import metrics
 from services.coordinator.errors import StorageFull
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm import keys as farm_keys
-from torchfarm.codes import Reason
-from torchfarm.store import Store
-from torchfarm.usage import Ledger
+from torchfarm.storage.store import Store
+from torchfarm.storage.usage import Ledger
+from torchfarm.wire import keys as farm_keys
+from torchfarm.wire.codes import Reason
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 
-from torchfarm.tokens import TokenError, TokenTable
+from torchfarm.trust.tokens import TokenError, TokenTable
 
 log = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
+from localfarm.stack import LocalStack
 from sdk import artifact
 from sdk.backend import FarmBackend, build_request
 from sdk.settings import SDKSettings
-from torchfarm import keys
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.manifest import Manifest
-from torchfarm.store import JobRecord, JobState, Store
-from torchfarm.testing.stack import LocalStack
+from torchfarm.storage.store import JobRecord, JobState, Store
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.manifest import Manifest
 from workers.board import StageBoard
 
 FIGURES: dict[str, dict] = {}

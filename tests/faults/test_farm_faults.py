@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sdk
+from localfarm.stack import LocalStack, free_port
 from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected, FarmUnavailable
 from sdk.settings import SDKSettings
@@ -26,10 +27,9 @@ from tests.faults.farmkit import (
     kill_group,
     wait_for,
 )
-from torchfarm.manifest import Manifest
-from torchfarm.signing import Signer
-from torchfarm.store import JobState
-from torchfarm.testing.stack import LocalStack, free_port
+from torchfarm.storage.store import JobState
+from torchfarm.trust.signing import Signer
+from torchfarm.wire.manifest import Manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,6 +11,7 @@ import time
 import pytest
 import redis
 
+from localfarm.stack import LocalStack
 from sdk.errors import RemoteCompileError
 from tests.faults.farmkit import (
     FIGURES,
@@ -24,8 +25,7 @@ from tests.faults.farmkit import (
     pool_child,
     wait_for,
 )
-from torchfarm.store import JobState
-from torchfarm.testing.stack import LocalStack
+from torchfarm.storage.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -20,10 +20,11 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 with atheris.instrument_imports(include=["torchfarm", "torchfarm.fx.decode"]):
-    from torchfarm import graphcheck, keys, options
     from torchfarm.fx.decode import decode_graph
-    from torchfarm.graph_errors import GraphError
+    from torchfarm.graph import graphcheck
+    from torchfarm.graph.graph_errors import GraphError
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire import keys, options
 
 from google.protobuf.message import DecodeError  # noqa: E402
 

@@ -9,18 +9,19 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
 from sdk.client import FarmClient
 from sdk.errors import GraphRejected, QuotaExceeded, RequestTooLarge, Unauthenticated
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import keys, tokens
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port
+from torchfarm.storage.store import JobState
+from torchfarm.trust import tokens
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc, graph_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 pytestmark = pytest.mark.integration
 

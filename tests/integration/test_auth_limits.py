@@ -9,12 +9,12 @@ import os
 import grpc
 import pytest
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import tokens
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port
+from torchfarm.trust import tokens
 from torchfarm.v1 import farm_pb2
 
 pytestmark = pytest.mark.integration
@@ -136,7 +136,7 @@ def test_watch_on_the_wire_is_woken_by_the_store(make_farm, store):
     still follows the job to its end."""
     import threading
 
-    from torchfarm.store import JobState
+    from torchfarm.storage.store import JobState
     from torchfarm.v1 import farm_pb2_grpc
 
     alice = tokens.new_token("alice")

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
+from localfarm.stack import LocalStack
 from sdk.client import FarmClient
 from sdk.errors import FarmUnavailable
 from sdk.settings import SDKSettings
 from tests.requests import relu_request
-from torchfarm import builds
-from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import builds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

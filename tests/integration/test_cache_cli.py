@@ -14,20 +14,20 @@ import torch
 
 import sdk
 from examples.models import make_mlp
+from localfarm.fakes import InlineDispatcher
 from sdk import report
 from services.coordinator.cache import CacheService, Filters
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
-from torchfarm import keys
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.tokens import OPEN, Tenant
+from torchfarm.trust.tokens import OPEN, Tenant
+from torchfarm.wire import keys
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 pytestmark = pytest.mark.integration
 
-TORCHFARM = [sys.executable, "-m", "torchfarm.cli"]
+TORCHFARM = [sys.executable, "-m", "cli"]
 
 
 def cli(stack, *args: str, check: bool = True) -> subprocess.CompletedProcess:

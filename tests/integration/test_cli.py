@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm import trustfile
-from torchfarm.cli.supervisor import descendants
-from torchfarm.testing.stack import free_port
+from cli.supervisor import descendants
+from localfarm.stack import free_port
+from torchfarm.trust import trustfile
 
 pytestmark = pytest.mark.integration
 
-TORCHFARM = [sys.executable, "-m", "torchfarm.cli"]
+TORCHFARM = [sys.executable, "-m", "cli"]
 
 
 def alive(pid: int) -> bool:
@@ -62,7 +62,7 @@ def test_up_prints_address_serves_status_and_stops_clean():
             capture_output=True, text=True, check=True,
         )
         status = json.loads(out.stdout)
-        # The worker serves this machine's own exact target (torchfarm/routing.py).
+        # The worker serves this machine's own exact target (torchfarm/wire/routing.py).
         assert [w["queue"].split(".")[0] for w in status["workers"]] == ["cpu"]
         assert [t["jobs"] for t in status["workers"][0]["targets"]] == [["graph"]]
         table = subprocess.run(

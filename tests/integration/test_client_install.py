@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from localfarm.stack import free_port
 from tests.second_venv import VenvUnavailable, second_venv
-from torchfarm.testing.stack import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -103,7 +103,7 @@ def up(tmp_path_factory):
     env.update({"PYTHONPATH": str(ROOT), "XDG_CONFIG_HOME": str(config), "TORCHFARM_WARMUP": "0"})
     with open(out, "w") as stdout:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchfarm.cli", "up", "--grpc-port", str(port), "--workers", "1"],
+            [sys.executable, "-m", "cli", "up", "--grpc-port", str(port), "--workers", "1"],
             stdout=stdout, stderr=subprocess.DEVNULL, env=env, text=True,
         )
     try:

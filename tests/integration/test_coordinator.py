@@ -12,6 +12,7 @@ import time
 import pytest
 from kombu.exceptions import OperationalError
 
+from localfarm.fakes import InlineDispatcher, memory_store
 from services.coordinator.errors import (
     BackendUnavailable,
     InvalidRequest,
@@ -22,15 +23,14 @@ from services.coordinator.errors import (
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import keys
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher, memory_store
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 
 @pytest.fixture
 def store():
-    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    """The store in memory (localfarm/memory_store.py): these tests are about
     the logic around Redis, which runs there unchanged, Lua scripts included."""
     return memory_store()
 

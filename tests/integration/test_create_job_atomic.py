@@ -10,12 +10,12 @@ import asyncio
 import pytest
 import redis
 
+from localfarm.fakes import InlineDispatcher
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import keys
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys
 
 pytestmark = pytest.mark.integration
 

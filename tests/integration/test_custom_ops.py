@@ -1,7 +1,7 @@
 """Custom ops (`torch.library`) on the farm, through the shared session stack, against eager.
 
 The worker process never imports this module, so the op it compiles around is the
-stand-in it built from the schema and recorded metadata (torchfarm/fx/customops.py);
+stand-in it built from the schema and recorded metadata (torchfarm/fx/torch_library.py);
 the artifact's generated code calls `torch.ops.tfuser.*`, which here is the real op.
 
 - forward with `fallback="error"` (no input needs gradients), at two batch sizes under

@@ -9,16 +9,16 @@ import time
 import pytest
 
 import sdk.client
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
 from sdk.client import FarmClient
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.store import Store
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 pytestmark = pytest.mark.integration
 

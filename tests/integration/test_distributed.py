@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sdk.report import COMPILED, HIT, JOINED
-from torchfarm.codes import JobError
+from torchfarm.wire.codes import JobError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

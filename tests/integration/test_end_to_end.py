@@ -18,9 +18,9 @@ import torch
 
 import sdk
 from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
+from localfarm.stack import free_port
 from sdk.blobcache import BlobCache
 from tests.conftest import run_python
-from torchfarm.testing.stack import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -139,7 +139,7 @@ def test_farm_down_with_fallback_error_raises(client_cache_dir, monkeypatch):
 
 
 # A custom op that writes into its argument: the farm refuses mutating custom ops by name
-# (torchfarm/customops.py), so its graph compiles locally and the other goes to the farm.
+# (torchfarm/graph/customops.py), so its graph compiles locally and the other goes to the farm.
 @torch.library.custom_op("torchfarm_test::scale_into", mutates_args=("out",))
 def _scale_into(x: torch.Tensor, out: torch.Tensor, factor: float) -> None:
     out.copy_(x * factor)

@@ -1,4 +1,4 @@
-"""Explained misses (torchfarm/explain.py) through the coordinator's Farm, against a real
+"""Explained misses (torchfarm/storage/explain.py) through the coordinator's Farm, against a real
 redis-server: every key component, changed alone, is the one a miss names."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
+from cli.explain import render
+from localfarm.fakes import InlineDispatcher
 from services.coordinator.errors import NotFound
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of, relu_request
-from torchfarm import explain, keys
-from torchfarm.cli.explain import render
-from torchfarm.testing.fakes import InlineDispatcher
+from torchfarm.storage import explain
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import keys
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +120,7 @@ def test_an_unrelated_graph_is_new(farm):
 
 
 def test_tenants_do_not_see_each_others_records(farm, store):
-    from torchfarm.tokens import Tenant
+    from torchfarm.trust.tokens import Tenant
 
     submit(farm, relu_request())
     other = Tenant(name="b", namespace="b")

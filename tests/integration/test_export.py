@@ -22,8 +22,8 @@ from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.manifest import EXPORT, Manifest
 from torchfarm.settings import from_env
+from torchfarm.wire.manifest import EXPORT, Manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,12 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port, start_redis_server
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm.store import Store
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port, start_redis_server
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 pytestmark = pytest.mark.integration

@@ -190,7 +190,7 @@ class _UsesOp(torch.nn.Module):
 
 def test_a_triton_op_runs_on_the_farm_and_matches_eager(triton_add_op, stack, client_cache_dir, caplog):
     """A local torch.compile traces into a triton_op and fails here (Triton has no CPU
-    driver); the farm's worker keeps it a call of the op (torchfarm/fx/customops.py),
+    driver); the farm's worker keeps it a call of the op (torchfarm/fx/torch_library.py),
     which runs the CPU kernel registered beside it."""
     caplog.set_level(logging.INFO, logger="sdk")
     model, x = _UsesOp(triton_add_op), torch.randn(4, 8)
@@ -239,7 +239,7 @@ def _bare_triton_call_graph():
 
 
 def test_a_bare_triton_kernel_call_is_refused_by_name(stack, client_cache_dir):
-    """The SDK refuses it before sending it, naming the op and why (torchfarm/denylist.py);
+    """The SDK refuses it before sending it, naming the op and why (torchfarm/graph/denylist.py);
     with fallback="local" the graph's line says the same (tests/targets/test_gpu_features.py
     runs that on a GPU, where the local compile can then run the kernel)."""
     import dataclasses

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from localfarm.stack import LocalStack
 from sdk.client import FarmClient
 from sdk.settings import SDKSettings
-from torchfarm.testing.stack import LocalStack
 from workers import sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

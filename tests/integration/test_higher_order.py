@@ -11,8 +11,7 @@ backward on CPU"), so its case, with a score_mod and a block mask's mask_mod, ru
 forward step and compares the output.
 
 `make test` runs checkpointing (`use_reentrant=False`) and autograd.Function; the rest
-are marked `higher_order_full` and run with `make test-higher-order` (about 7 minutes
-for all on the loaded 2-core development machine).
+are marked `higher_order_full` and run with `make test-higher-order`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Inductor settings changed globally reach the farm or keep the graph local, named
-(torchfarm/inductor_settings.py); freezing, which the farm's artifact cannot take,
+(torchfarm/wire/inductor_settings.py); freezing, which the farm's artifact cannot take,
 compiles locally before anything runs."""
 
 from __future__ import annotations

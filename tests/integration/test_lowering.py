@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from sdk.backend import build_request
-from torchfarm import keys, routing
 from torchfarm.fx.encode import encode_graph
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.store import JobState
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys, routing
 from workers.board import StageBoard
 from workers.jobs.graph import run_job
 from workers.jobs.lower import run_lowering

@@ -22,10 +22,10 @@ import torch
 
 import sdk
 from examples.models import TINY_GPT, make_gpt, make_mlp
+from localfarm.stack import LocalStack, free_port
 from sdk.nonblocking import COMPILED, COMPILING, EAGER, swapper_of
 from tests.conftest import run_python
-from torchfarm.store import JobState
-from torchfarm.testing.stack import LocalStack, free_port
+from torchfarm.storage.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

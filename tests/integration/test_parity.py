@@ -109,9 +109,9 @@ def test_modes_and_options_have_their_own_keys():
     no mode are the same compile, as in torch.compile)."""
     from sdk.backend import FarmBackend, build_request
     from sdk.settings import SDKSettings
-    from torchfarm import keys
     from torchfarm.fx.encode import encode_graph
     from torchfarm.fx.fingerprint import local_fingerprint
+    from torchfarm.wire import keys
 
     graphs = []
     torch._dynamo.reset()

@@ -28,11 +28,11 @@ import grpc
 import pytest
 
 from examples.models import TINY_GPT, GPTConfig, make_cnn, make_gpt, make_mlp
+from localfarm.stack import LocalStack
 from tests.conftest import ROOT
 from tests.faults.farmkit import kill_group, wait_for
 from tests.integration.test_end_to_end import assert_matches_eager, train_step
-from torchfarm.store import JobState
-from torchfarm.testing.stack import LocalStack
+from torchfarm.storage.store import JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 from workers.board import StageBoard
 

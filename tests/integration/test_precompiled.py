@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import run_python
 from tests.integration.test_no_compiler import compiler_spy
-from torchfarm.signing import Signer
+from torchfarm.trust.signing import Signer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -77,7 +77,7 @@ def test_moe_trains_on_a_worker_with_no_setting_and_hits_from_a_fresh_process(
 ):
     """Issue 43: Qwen3-MoE's experts call `torch.ops.transformers.grouped_mm_fallback`.
     The session stack's worker has no TORCHFARM_INSTALLED_OP_MODULES, yet it serves the
-    op, backward included, from the reviewed defaults (torchfarm/customops.py): every
+    op, backward included, from the reviewed defaults (torchfarm/graph/customops.py): every
     graph compiles on the farm, matches eager, and a fresh process hits each one."""
     import os
 

@@ -15,13 +15,13 @@ import json
 import pytest
 
 from tests.requests import relu_request
-from torchfarm import keys, routing
+from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
-from torchfarm.manifest import blob_digest
-from torchfarm.seal import Seal
-from torchfarm.signing import Signer
-from torchfarm.store import JobState
+from torchfarm.storage.store import JobState
+from torchfarm.trust.seal import Seal
+from torchfarm.trust.signing import Signer
+from torchfarm.wire import keys, routing
+from torchfarm.wire.manifest import blob_digest
 from workers import inprocess
 from workers.board import StageBoard, kernel_cache_key
 from workers.compiler import Kernel, LoweredGraph

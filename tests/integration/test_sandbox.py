@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
+from localfarm.memory_store import memory_store
 from tests.requests import relu_request
-from torchfarm import keys
-from torchfarm.codes import JobError
 from torchfarm.fx import vecisa
+from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
-from torchfarm.manifest import blob_digest
-from torchfarm.store import JobState
-from torchfarm.testing.memory_store import memory_store
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError
+from torchfarm.wire.manifest import blob_digest
 from workers import sandbox
 from workers.compiler import CompileFailed, build_kernel
 from workers.jobs import build
@@ -283,7 +283,7 @@ def test_a_stack_worker_builds_in_the_sandbox_by_default(tmp_path, monkeypatch):
     """A local stack's worker, left to its default (TORCHFARM_SANDBOX=auto; the test
     suite's own stacks run with it off, tests/conftest.py), picks bubblewrap where it
     runs, and says so in its registration."""
-    from torchfarm.testing.stack import LocalStack
+    from localfarm.stack import LocalStack
 
     monkeypatch.delenv("TORCHFARM_SANDBOX", raising=False)
     with LocalStack(workers=1, workdir=tmp_path / "stack", warmup=False) as stack:
@@ -300,7 +300,7 @@ def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_pat
     import torch
 
     from sdk import artifact
-    from torchfarm.signing import Signer, TrustedKeys
+    from torchfarm.trust.signing import Signer, TrustedKeys
     from workers import runtime
     from workers.jobs.graph import run_job
 

@@ -22,16 +22,16 @@ import pytest
 import torch
 from torch._dynamo.exc import BackendCompilerFailed
 
+from localfarm.fakes import InProcessFarm, memory_store
 from sdk.backend import FarmBackend, build_request
 from sdk.export_codec import encode_export
 from tests.targets.test_kernels import SOURCE
 from tests.targets.test_kernels import request as kernel_request
-from torchfarm import keys, routing
-from torchfarm.codes import JobError
 from torchfarm.fx import vecisa
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InProcessFarm, memory_store
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys, routing
+from torchfarm.wire.codes import JobError
 from workers import sandbox
 from workers.board import StageBoard
 from workers.inprocess import InProcessExecutor
@@ -198,7 +198,7 @@ def _kernel_ctx(box: sandbox.Sandbox | None):
 
 
 def test_a_triton_kernel_compiles_in_the_sandbox(box):
-    from torchfarm import elf
+    from torchfarm.kernels import elf
 
     ctx = _kernel_ctx(box)
     key = _kernel_job(ctx.store)

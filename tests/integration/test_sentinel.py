@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from torchfarm.redisconn import celery_broker, connect
-from torchfarm.store import JobState, Store
-from torchfarm.testing.sentinel import SentinelGroup
-from torchfarm.testing.stack import LocalStack
+from localfarm.sentinel import SentinelGroup
+from localfarm.stack import LocalStack
+from torchfarm.storage.redisconn import celery_broker, connect
+from torchfarm.storage.store import JobState, Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

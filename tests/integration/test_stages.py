@@ -11,14 +11,14 @@ import threading
 
 import pytest
 
+from localfarm.memory_store import memory_store
 from tests.requests import relu_request
-from torchfarm import builds, keys, routing
+from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
-from torchfarm.manifest import blob_digest
-from torchfarm.signing import Signer, TrustedKeys
-from torchfarm.store import JobState
-from torchfarm.testing.memory_store import memory_store
+from torchfarm.storage.store import JobState
+from torchfarm.trust.signing import Signer, TrustedKeys
+from torchfarm.wire import builds, keys, routing
+from torchfarm.wire.manifest import blob_digest
 from workers import inprocess
 from workers.board import StageBoard, kernel_cache_key, waiter_name
 from workers.compiler import CompileFailed, Kernel, LoweredGraph
@@ -29,7 +29,7 @@ from workers.settings import WorkerSettings
 
 @pytest.fixture
 def store():
-    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    """The store in memory (localfarm/memory_store.py): these tests are about
     the logic around Redis, which runs there unchanged, Lua scripts included."""
     return memory_store()
 

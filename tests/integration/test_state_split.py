@@ -16,14 +16,14 @@ import os
 import pytest
 import redis
 
+from localfarm.stack import LocalStack, free_port, start_redis_server
 from sdk.client import FarmClient
 from sdk.settings import SDKSettings
 from services.coordinator import server
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm.settings import from_env
-from torchfarm.store import Store
-from torchfarm.testing.stack import LocalStack, free_port, start_redis_server
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
 
 pytestmark = pytest.mark.integration

@@ -11,16 +11,16 @@ import time
 import grpc
 import pytest
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port, redis_command, wait_for_redis
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import tokens
-from torchfarm.explain import MissIndex
-from torchfarm.manifest import COMPILE, PRECOMPILED, BlobRef, KernelRef, Manifest, blob_digest
-from torchfarm.store import Store
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port, redis_command, wait_for_redis
+from torchfarm.storage.explain import MissIndex
+from torchfarm.storage.store import Store
+from torchfarm.trust import tokens
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.wire.manifest import COMPILE, PRECOMPILED, BlobRef, KernelRef, Manifest, blob_digest
 
 pytestmark = pytest.mark.integration
 

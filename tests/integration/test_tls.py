@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
 from sdk.client import FarmClient
 from sdk.errors import FarmUnavailable
 from sdk.settings import SDKSettings
@@ -13,9 +15,7 @@ from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_server import running_coordinator
 from tests.requests import RELU_QUEUE, relu_request
 from tests.tls import make_pki
-from torchfarm import tokens
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port
+from torchfarm.trust import tokens
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from localfarm.stack import free_port
 from tests.integration.test_cli import alive, descendants
-from torchfarm.testing.stack import free_port
 
 pytestmark = pytest.mark.integration
 

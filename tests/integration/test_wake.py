@@ -12,8 +12,8 @@ import torch
 
 import sdk
 from examples.models import make_mlp
+from localfarm.stack import LocalStack
 from sdk import report
-from torchfarm.testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

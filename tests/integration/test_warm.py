@@ -26,7 +26,7 @@ from tests.conftest import ROOT, run_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TORCHFARM = [sys.executable, "-m", "torchfarm.cli"]
+TORCHFARM = [sys.executable, "-m", "cli"]
 
 _BASE = 24 + os.getpid() % 16 * 2
 WIDTHS = {"module": _BASE, "inference": _BASE + 1, "script": _BASE + 3}

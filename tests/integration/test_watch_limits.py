@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from localfarm.fakes import InlineDispatcher
 from services.coordinator.errors import TenantQueueFull
 from services.coordinator.farm import Farm
 from services.coordinator.jobevents import JobEvents
-from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.triton_rpc import KernelService
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import kernelreq
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.tokens import Tenant
+from torchfarm.kernels import triton_request
+from torchfarm.storage.store import JobState
+from torchfarm.trust.tokens import Tenant
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_concurrent_watch_streams_are_capped_per_tenant(farm, store):
 
 
 def _kernel(i: int = 0):
-    req = kernelreq.build_kernel_request(
+    req = triton_request.build_kernel_request(
         KERNEL_SOURCE, "add_kernel", target="rocm:gfx942", signature="*fp32,*fp32,*fp32,i32,constexpr",
         constexprs={"BLOCK": 64 * (i + 1)}, triton_version="3.7.0",
     )

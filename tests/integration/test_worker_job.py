@@ -9,12 +9,12 @@ import dataclasses
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from localfarm.memory_store import memory_store
 from tests.requests import relu_request
-from torchfarm import keys
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.signing import Signer, TrustedKeys
-from torchfarm.store import JobState
-from torchfarm.testing.memory_store import memory_store
+from torchfarm.storage.store import JobState
+from torchfarm.trust.signing import Signer, TrustedKeys
+from torchfarm.wire import keys
 from workers import fakepg, inprocess, runtime
 from workers.compiler import CompileFailed, CompileResult, Kernel
 from workers.jobs.graph import run_job
@@ -24,7 +24,7 @@ from workers.settings import WorkerSettings
 
 @pytest.fixture
 def store():
-    """The store in memory (torchfarm/testing/memory_store.py): these tests are about
+    """The store in memory (localfarm/memory_store.py): these tests are about
     the logic around Redis, which runs there unchanged, Lua scripts included."""
     return memory_store()
 

@@ -7,9 +7,9 @@ import time
 
 from services.coordinator.farm import CeleryDispatcher
 from tests.requests import relu_request
-from torchfarm import keys
-from torchfarm.store import Store
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys
 
 MLP_COMPILE_SCRIPT = textwrap.dedent(
     """

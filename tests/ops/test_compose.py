@@ -81,7 +81,7 @@ def test_broker_and_state_never_evict_and_cache_evicts_lru_under_a_limit(compose
 def test_processes_use_separate_redis_for_broker_and_cache(compose, tmp_path):
     """The URLs are files init writes (passwords in them); its defaults name the two
     instances, and each process reads the files of its own role."""
-    from torchfarm import provision
+    from torchfarm.trust import provision
 
     provision.provision(tmp_path, tenant="t", hosts=["coordinator"],
                         broker="redis-broker:6379",
@@ -109,7 +109,7 @@ def _mounted(svc: dict) -> dict[str, str]:
 
 def test_init_makes_the_secrets_and_everything_waits_for_it(compose):
     init = compose["services"]["init"]
-    assert init["command"][:3] == ["python", "-m", "torchfarm.provision"]
+    assert init["command"][:3] == ["python", "-m", "torchfarm.trust.provision"]
     assert init["network_mode"] == "none" and init["restart"] == "no"
     secret_volumes = {v for v in _mounted(init)}
     assert secret_volumes == {v for v in compose["volumes"] if v.endswith("-secrets")}

@@ -11,6 +11,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
 from services.coordinator import metrics
 from services.coordinator.gauges import read_gauges
 from services.coordinator.metrics import FarmCollector, FarmGauges
@@ -18,9 +20,7 @@ from services.coordinator.server import serve
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
 from torchfarm import metric_labels
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port
+from torchfarm.storage.store import JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 

@@ -16,10 +16,10 @@ import sys
 import pytest
 import redis
 
+from localfarm.stack import LocalStack
 from tests.conftest import ROOT
 from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
-from torchfarm.store import JobState
-from torchfarm.testing.stack import LocalStack
+from torchfarm.storage.store import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ Each process's imports are followed from its entry point through the project's o
 modules (imports inside functions too, since they run); every third-party module they
 reach must come from the core dependencies or that process's extra, and each Dockerfile
 must install that extra. The coordinator image once lacked `cryptography`
-(torchfarm/signing.py) because its Dockerfile listed packages by hand.
+(torchfarm/trust/signing.py) because its Dockerfile listed packages by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from scripts.extra_requirements import requirements
 from tests.ops.promql import ROOT
 
-PROJECT = {"sdk", "services", "workers", "torchfarm", "examples"}
+PROJECT = {"sdk", "services", "workers", "torchfarm", "cli", "localfarm", "examples"}
 DISTRIBUTION = {
     "grpc": "grpcio", "grpc_health": "grpcio-health-checking", "google": "protobuf",
     "redis": "redis", "celery": "celery", "kombu": "celery", "prometheus_client": "prometheus-client",
@@ -34,10 +34,10 @@ TORCH_REQUIRES = {"sympy", "networkx", "jinja2", "filelock", "fsspec", "typing_e
 """torch's own dependencies: there wherever torch is."""
 
 ENTRY = {
-    "coordinator": ["services.coordinator.server", "torchfarm.provision"],
+    "coordinator": ["services.coordinator.server", "torchfarm.trust.provision"],
     "worker": ["workers.app", "workers.tasks"],
     # `torchfarm status`, `cache` and `warm`; `torchfarm up` needs the `all` extra.
-    "sdk": ["sdk", "sdk.api", "sdk.backend", "torchfarm.cli.cache", "torchfarm.cli.warm", "torchfarm.cli.targets"],
+    "sdk": ["sdk", "sdk.api", "sdk.backend", "cli.cache", "cli.warm", "cli.targets"],
 }
 DOCKERFILES = {
     "coordinator.Dockerfile": "coordinator",
@@ -117,7 +117,7 @@ def test_each_process_imports_only_what_its_extra_installs(extra):
 
 
 def test_the_scan_finds_the_coordinators_signing_dependency():
-    """What the first coordinator image lacked: cryptography, through torchfarm/signing.py."""
+    """What the first coordinator image lacked: cryptography, through torchfarm/trust/signing.py."""
     found = third_party_imports(ENTRY["coordinator"])
     assert found.get("cryptography") is not None and "torch" not in found
 
@@ -181,7 +181,7 @@ def test_each_worker_image_installs_the_packages_whose_ops_it_serves_by_default(
     """Issue 43: the reviewed custom-op modules a worker loads with no setting
     (DEFAULT_INSTALLED_OP_MODULES) load only where their package is installed, so each
     worker image installs it: transformers' MoE op compiles on the farm out of the box."""
-    from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES
+    from torchfarm.graph.customops import DEFAULT_INSTALLED_OP_MODULES
 
     text = (ROOT / "docker" / dockerfile).read_text()
     (extras,) = _extras(text, r'pip install --no-index --find-links /tmp/wheels "torchfarm\[([^\]]+)\]"')

@@ -37,7 +37,7 @@ def _compose(secrets_root) -> list[dict]:
     """What `kubectl kustomize k8s` renders, for this kustomization's features: the
     listed resources, in the kustomization's namespace, with its labels and images, and
     the Secrets its secretGenerator makes from files (`secrets/...`, read under
-    `secrets_root`, where torchfarm.provision wrote them)."""
+    `secrets_root`, where torchfarm.trust.provision wrote them)."""
     kz = _kustomization()
     tags = {i["name"]: i["newTag"] for i in kz.get("images", [])}
     docs = []
@@ -63,7 +63,7 @@ def _compose(secrets_root) -> list[dict]:
 
 
 def _provision(out):
-    from torchfarm import provision
+    from torchfarm.trust import provision
 
     provision.provision(out, tenant="team-a", hosts=["coordinator", "coordinator.torchfarm.svc"],
                         broker="redis-broker:6379", cache="redis-cache:6379", state="redis-state:6379")

@@ -29,11 +29,11 @@ import grpc
 import pytest
 import yaml
 
+from localfarm.stack import LocalStack, free_port
 from tests.conftest import run_python
 from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
 from tests.ops.promql import ALERTS, alert_rules, all_selectors, dashboard_queries, keda_queries
 from torchfarm import metric_labels
-from torchfarm.testing.stack import LocalStack, free_port
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 
 pytestmark = [

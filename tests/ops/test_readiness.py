@@ -10,11 +10,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port, start_redis_server
 from services.coordinator import readiness
 from services.coordinator.server import SERVICE_NAME, serve
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm.testing.fakes import InlineDispatcher
-from torchfarm.testing.stack import free_port, start_redis_server
 
 pytestmark = pytest.mark.integration
 

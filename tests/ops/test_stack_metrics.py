@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm.cli import launch
-from torchfarm.testing.stack import INDUCTOR_SEED_ENV, LocalStack, seed_isa_probe
+from cli import launch
+from localfarm.stack import INDUCTOR_SEED_ENV, LocalStack, seed_isa_probe
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ _FORKED_JOBS = textwrap.dedent(
     QUEUES = ("cpu.avx512.b3f9c21", "stages.cpu.avx512.b3f9c21", "kernels.cuda.sm_90")
     wm.install(port={port}, queues=QUEUES)  # sets the multiprocess dir first
     wm.reset_dir()
-    from torchfarm.store import JobRecord
+    from torchfarm.storage.store import JobRecord
 
     def job(i, **kw):
         base = dict(key=str(i), state="SUCCEEDED", queue="cpu.avx512.b3f9c21", attempts=1, created=100.0,
@@ -53,7 +53,7 @@ def _value(text: str, sample: str) -> float:
 
 
 def test_pool_processes_are_merged_by_the_main_process(tmp_path):
-    from torchfarm.testing.stack import free_port
+    from localfarm.stack import free_port
 
     port = free_port()
     out = run_python(
@@ -126,7 +126,7 @@ _STAGED_END = textwrap.dedent(
     from workers import metrics as wm
     wm.install(port={port}, queues=("cpu",))
     wm.reset_dir()
-    from torchfarm.store import JobState, Store
+    from torchfarm.storage.store import JobState, Store
     from workers import tasks
 
     store = Store.from_url("{redis_url}", "tf-{port}")
@@ -143,7 +143,7 @@ _STAGED_END = textwrap.dedent(
 @pytest.mark.integration  # a redis-server and a worker process
 @pytest.mark.slow
 def test_a_staged_job_ended_before_its_lowering_returns_counts_once(tmp_path, redis_url):
-    from torchfarm.testing.stack import free_port
+    from localfarm.stack import free_port
 
     port = free_port()
     out = run_python(

@@ -484,4 +484,4 @@ KNOWN_GAPS: dict[str, str] = {
 """Architectures with a graph the farm cannot take yet, and the text its reason holds.
 Mixtral, Qwen3-MoE, gpt-oss and Jamba call `torch.ops.transformers.grouped_mm_fallback`,
 a custom op: a worker with `transformers` installed loads it with no setting
-(DEFAULT_INSTALLED_OP_MODULES in torchfarm/customops.py), as the test stacks' do."""
+(DEFAULT_INSTALLED_OP_MODULES in torchfarm/graph/customops.py), as the test stacks' do."""

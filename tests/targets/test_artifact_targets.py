@@ -9,13 +9,14 @@ import pytest
 
 from sdk import artifact
 from sdk.errors import ArtifactRejected
-from sdk.kernel_client import from_reply
+from sdk.triton_client import from_reply
 from sdk.trust import Trust
-from torchfarm import kernelreq, targets
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.signing import TrustedKeys
+from torchfarm.kernels import triton_request
+from torchfarm.trust.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import targets
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 from workers.triton_compile import compile_kernel
 
 KEY = "ab" * 32
@@ -60,7 +61,7 @@ def test_a_gpu_artifact_never_loads_on_the_cpu():
 
 def test_a_kernel_binary_for_another_arch_is_refused():
     source = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
-    req = kernelreq.build_kernel_request(
+    req = triton_request.build_kernel_request(
         source, "add_kernel", target="cuda:sm_80", signature="*fp32,*fp32,*fp32,i32,constexpr",
         constexprs={"BLOCK": 128},
     )

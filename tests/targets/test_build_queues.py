@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm import builds, routing, targets
+from torchfarm.wire import builds, routing, targets
 from workers.serving import make_plan
 
 BUILD = {"torch_version": "2.13.0+rocm6.4", "torch_git": "abc", "triton_version": "3.7.0",

@@ -13,7 +13,7 @@ import torch
 
 from torchfarm.fx import fingerprint as sdk_target
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_target, local_targets, resolve
-from torchfarm.targets import TargetError
+from torchfarm.wire.targets import TargetError
 
 
 def test_cpu_target_is_atens_isa():

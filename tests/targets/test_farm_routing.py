@@ -12,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from localfarm.fakes import InlineDispatcher, memory_store
 from services.coordinator.errors import BackendUnavailable, InvalidRequest, NoWorker
 from services.coordinator.farm import Farm
-from services.coordinator.kernel_rpc import KernelService
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.triton_rpc import KernelService
 from tests.requests import queue_of, relu_request
-from torchfarm import builds, kernelreq
-from torchfarm.testing.fakes import InlineDispatcher, memory_store
+from torchfarm.kernels import triton_request
+from torchfarm.wire import builds
 from workers.jobs.triton import KernelContext
 
 
 @pytest.fixture
 def store():
-    """The store in memory (torchfarm/testing/memory_store.py): routing is logic."""
+    """The store in memory (localfarm/memory_store.py): routing is logic."""
     return memory_store()
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
@@ -112,7 +113,7 @@ def test_an_unserved_build_is_refused_at_submit_time_by_name(fleet, changes, nam
 
 
 def farm_key(req) -> str:
-    from torchfarm import keys
+    from torchfarm.wire import keys
 
     return keys.compute_key(req, "")
 
@@ -146,7 +147,7 @@ def _kernel_service(farm: Farm, **kw) -> KernelService:
 
 
 def _kernel(target: str, triton_version: str | None = "3.7.0"):
-    return kernelreq.build_kernel_request(
+    return triton_request.build_kernel_request(
         SOURCE, "add_kernel", target=target, signature="*fp32,*fp32,*fp32,i32,constexpr",
         constexprs={"BLOCK": 64}, triton_version=triton_version,
     )

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import sdk
+from localfarm.stack import LocalStack
 from tests.targets.cubin_launch import KERNELS, launch_cubin, load_kernel_module
-from torchfarm import elf
 from torchfarm.fx.fingerprint import local_fingerprint, local_target
-from torchfarm.testing.stack import LocalStack
+from torchfarm.kernels import elf
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from torch._inductor import cudagraph_trees
 
 import sdk
 from examples.models import TINY_GPT, make_gpt
-from torchfarm.testing.stack import LocalStack
+from localfarm.stack import LocalStack
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
 
@@ -179,7 +179,7 @@ def _user_kernel_model():
 
 def test_a_bare_triton_kernel_is_refused_by_name(gpu_stack, client_cache_dir, caplog):
     """Dynamo captures a @triton.jit call as triton_kernel_wrapper_mutation, whose
-    kernel source the farm does not compile (torchfarm/denylist.py): with
+    kernel source the farm does not compile (torchfarm/graph/denylist.py): with
     fallback="error" the error says so; with "local" the graph's line says where it
     compiled and why, and the result is eager's."""
     model, inputs = _user_kernel_model()

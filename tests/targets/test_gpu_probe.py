@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from torchfarm import targets
+from torchfarm.wire import targets
 from workers import gpu_probe, serving
 from workers.settings import WorkerSettings
 

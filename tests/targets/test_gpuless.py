@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm import elf
+from torchfarm.kernels import elf
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ CANDIDATES = [os.environ.get("TORCHFARM_CUDA_PYTHON", "")]
 SCRIPT = r"""
 import glob, json, os, sys
 import torch
-from torchfarm import targets
+from torchfarm.wire import targets
 from workers import gpuless
 
 gpuless.install(targets.parse("cuda:sm_90"))

@@ -1,7 +1,7 @@
 """What Triton's frontend evaluates in Python while it compiles a kernel, and the checks that
 keep it from evaluating anything of the client's against worker objects: string folding and
-methods (torchfarm/kernelcheck.py), folded numbers (torchfarm/kernelfold.py), and the
-errors a client gets back (workers/kernel_errors.py)."""
+methods (torchfarm/kernels/triton_check.py), folded numbers (torchfarm/kernels/triton_fold.py), and the
+errors a client gets back (workers/triton_errors.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm import kernelcheck, kernelreq, targets
-from torchfarm.kernelcheck import KernelRejected
+from torchfarm.kernels import triton_check, triton_request
+from torchfarm.kernels.triton_check import KernelRejected
+from torchfarm.wire import targets
 from workers.triton_compile import KernelCompileError, compile_kernel
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
@@ -25,7 +26,7 @@ def with_lines(lines: str) -> str:
 
 
 def request(source: str, constexprs: dict | None = None):
-    return kernelreq.build_kernel_request(
+    return triton_request.build_kernel_request(
         source, "add_kernel", target="cuda:sm_90", signature=SIGNATURE,
         constexprs=constexprs or {"BLOCK": 256},
     )
@@ -101,7 +102,7 @@ def test_refusals_name_the_rule():
 
 def test_a_string_to_a_triton_class_is_refused_on_the_worker():
     src = with_lines('    tl.static_assert(False, tl.constexpr("x"))\n')
-    checked = kernelcheck.check_kernel_source(src, "add_kernel")
+    checked = triton_check.check_kernel_source(src, "add_kernel")
     assert "tl.constexpr" in checked.string_sinks
     with pytest.raises(KernelRejected, match="may not take a string"):
         compile_kernel(request(src), targets.parse("cuda:sm_90"))
@@ -126,7 +127,7 @@ def test_kernels_that_use_strings_and_constants_as_triton_means_still_compile():
 def test_compile_errors_carry_the_diagnostic_not_the_workers_state(monkeypatch, tmp_path):
     """A compile error a client sees holds its own source and Triton's diagnostic; never an
     environment value, a path outside the job's scratch directory, or a worker object's repr."""
-    from workers import kernel_errors
+    from workers import triton_errors
 
     monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
     raw = (
@@ -135,11 +136,11 @@ def test_compile_errors_carry_the_diagnostic_not_the_workers_state(monkeypatch, 
         f"from /usr/lib/python3/site-packages/triton/knobs.py and {tmp_path}/k/add.ptx')\n"
         + "x" * 100_000
     )
-    out = kernel_errors.client_message(raw, scratch=str(tmp_path))
+    out = triton_errors.client_message(raw, scratch=str(tmp_path))
     assert "planted-eval-secret" not in out and "0x7f00deadbeef" not in out
     assert "/usr/lib/python3" not in out and str(tmp_path) not in out
     assert "y = tl.zeros((3,), dtype=tl.float32)" in out and "k/add.ptx" in out
-    assert len(out.encode()) <= kernel_errors.MAX_CLIENT_MESSAGE_BYTES
+    assert len(out.encode()) <= triton_errors.MAX_CLIENT_MESSAGE_BYTES
 
 
 def test_a_megabyte_of_one_identifier_is_cleaned_in_one_pass(monkeypatch):
@@ -147,24 +148,24 @@ def test_a_megabyte_of_one_identifier_is_cleaned_in_one_pass(monkeypatch):
     unbounded scheme scanned each start of a run of letters to the run's end: quadratic,
     17 s for 100 kB on the 2-core machine, and this megabyte would have run for about
     half an hour (pytest's timeout ends it first)."""
-    from workers import kernel_errors
+    from workers import triton_errors
 
     monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
     raw = "CompilationError: at 1:0:\n" + "a" * 1_000_000 + f" http://user:{SECRET}@host/x\n"
-    out = kernel_errors.client_message(raw)
+    out = triton_errors.client_message(raw)
     assert out.startswith("CompilationError: at 1:0:") and "[... cut ...]" in out
     assert "http://<redacted>@host" in out and "planted-eval-secret" not in out
-    long_scheme = kernel_errors.client_message("see " + "s" * 40 + "://user:pw@host")
+    long_scheme = triton_errors.client_message("see " + "s" * 40 + "://user:pw@host")
     assert "pw@" not in long_scheme  # a scheme past 32 characters still loses its credentials
 
 
 def test_a_real_compile_error_reaches_the_client_bounded_and_clean(monkeypatch):
-    from workers import kernel_errors
+    from workers import triton_errors
 
     monkeypatch.setenv("TORCHFARM_PLANTED_URL", SECRET)
     broken = SOURCE.replace("x + y", "x + tl.zeros((3,), dtype=tl.float32)")
     with pytest.raises(KernelCompileError) as e:
         compile_kernel(request(broken), targets.parse("cuda:sm_90"))
-    out = kernel_errors.client_message(str(e.value))
+    out = triton_errors.client_message(str(e.value))
     assert "x + tl.zeros((3,), dtype=tl.float32)" in out and "planted-eval-secret" not in out
     assert os.sep + "site-packages" not in out

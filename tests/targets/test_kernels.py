@@ -1,5 +1,5 @@
 """Triton kernels compiled on this CPU-only machine for GPUs, and the checks that keep the
-client's source from running: torchfarm/kernelcheck.py (static, also on the coordinator)
+client's source from running: torchfarm/kernels/triton_check.py (static, also on the coordinator)
 and workers/triton_compile.py (name resolution against the installed Triton, then the compile).
 """
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm import elf, kernelcheck, kernelreq, keys, targets
-from torchfarm.kernelcheck import KernelRejected
+from torchfarm.kernels import elf, triton_check, triton_request
+from torchfarm.kernels.triton_check import KernelRejected
+from torchfarm.wire import keys, targets
 from workers.triton_compile import compile_kernel
 
 SOURCE = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
@@ -20,7 +21,7 @@ SIGNATURE = "*fp32,*fp32,*fp32,i32,constexpr"
 
 
 def request(source: str = SOURCE, target: str = "cuda:sm_90", **kw):
-    return kernelreq.build_kernel_request(
+    return triton_request.build_kernel_request(
         source, "add_kernel", target=target, signature=kw.pop("signature", SIGNATURE),
         constexprs=kw.pop("constexprs", {"BLOCK": 256}), **kw,
     )
@@ -82,7 +83,7 @@ ESCAPES = {
 def test_escapes_are_refused_before_anything_runs(name):
     src = SOURCE.replace("    pid = tl.program_id(0)\n", ESCAPES[name])
     with pytest.raises(KernelRejected):
-        kernelcheck.check_kernel_source(src, "add_kernel")
+        triton_check.check_kernel_source(src, "add_kernel")
 
 
 @pytest.mark.parametrize(
@@ -95,20 +96,20 @@ def test_escapes_are_refused_before_anything_runs(name):
 )
 def test_module_level_code_is_refused(header, message):
     with pytest.raises(KernelRejected, match=message):
-        kernelcheck.check_kernel_source(header + SOURCE, "add_kernel")
+        triton_check.check_kernel_source(header + SOURCE, "add_kernel")
 
 
 def test_decorators_defaults_and_annotations_are_restricted():
     with pytest.raises(KernelRejected, match="exactly one decorator"):
-        kernelcheck.check_kernel_source(
+        triton_check.check_kernel_source(
             SOURCE.replace("@triton.jit", "@triton.autotune(configs=[], key=[])\n@triton.jit"), "add_kernel"
         )
     with pytest.raises(KernelRejected, match="defaults must be"):
-        kernelcheck.check_kernel_source(
+        triton_check.check_kernel_source(
             SOURCE.replace("BLOCK: tl.constexpr)", "BLOCK: tl.constexpr = print('x'))"), "add_kernel"
         )
     with pytest.raises(KernelRejected, match="only tl.constexpr annotations"):
-        kernelcheck.check_kernel_source(SOURCE.replace("n, BLOCK", "n: open, BLOCK"), "add_kernel")
+        triton_check.check_kernel_source(SOURCE.replace("n, BLOCK", "n: open, BLOCK"), "add_kernel")
 
 
 @pytest.mark.parametrize(
@@ -125,7 +126,7 @@ def test_decorators_defaults_and_annotations_are_restricted():
 def test_names_that_leave_triton_language_are_refused_on_the_worker(line):
     src = SOURCE.replace("    pid = tl.program_id(0)\n", line)
     try:
-        kernelcheck.check_kernel_source(src, "add_kernel")  # structurally fine, or not
+        triton_check.check_kernel_source(src, "add_kernel")  # structurally fine, or not
     except KernelRejected:
         return
     with pytest.raises(KernelRejected, match="outside triton.language|not something a kernel may use|not available"):
@@ -141,7 +142,7 @@ def test_signature_and_options_are_checked():
         request(constexprs={})
     with pytest.raises(KernelRejected, match="num_warps"):
         request(num_warps=3)
-    with pytest.raises(kernelreq.KernelRequestError, match="5 parameters"):
+    with pytest.raises(triton_request.KernelRequestError, match="5 parameters"):
         request(signature="*fp32,i32")
     named = request(signature="n=i32,x_ptr=*fp32,y_ptr=*fp32,out_ptr=*fp32,BLOCK=constexpr")
     assert [a.name for a in named.signature] == ["x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"]

@@ -7,14 +7,14 @@ import textwrap
 
 import pytest
 
+from localfarm.stack import LocalStack
 from sdk import fleet
 from sdk.errors import FarmUnavailable
 from tests.conftest import run_python
 from tests.requests import relu_request
-from torchfarm import targets
 from torchfarm.fx.fingerprint import fingerprint_for, local_target
-from torchfarm.testing.stack import LocalStack
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import targets
 
 
 def test_retarget_moves_every_device():

@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
+from localfarm.fakes import InlineDispatcher
 from services.coordinator.errors import NoWorker
 from services.coordinator.farm import Farm, known_queues
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of
 from tests.targets.test_farm_routing import fleet, gpu_request  # noqa: F401
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InlineDispatcher
+from torchfarm.storage.store import JobState
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm import targets
+from torchfarm.wire import targets
 from workers.serving import ServingError, make_plan
 
 CPU = targets.parse("cpu:avx2")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm import routing, targets
-from torchfarm.targets import TargetError
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import routing, targets
+from torchfarm.wire.targets import TargetError
 
 
 @pytest.mark.parametrize(
@@ -122,8 +122,8 @@ def test_coordinator_side_modules_import_neither_torch_nor_triton():
 
     code = (
         "import sys\n"
-        "import services.coordinator.kernel_rpc, torchfarm.routing, torchfarm.targets, "
-        "torchfarm.kernelcheck, torchfarm.kernelreq, torchfarm.elf, torchfarm.cli\n"
+        "import services.coordinator.triton_rpc, torchfarm.wire.routing, torchfarm.wire.targets, "
+        "torchfarm.kernels.triton_check, torchfarm.kernels.triton_request, torchfarm.kernels.elf, cli\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -12,16 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchfarm import denylist, dtensor
-from torchfarm.allowlist import (
+from torchfarm.fx.decode import resolve_function
+from torchfarm.fx.encode import UnsupportedGraph, qualified_name
+from torchfarm.graph import denylist, dtensor
+from torchfarm.graph.allowlist import (
     is_allowed_attribute,
     is_allowed_function,
     is_allowed_method,
     load_allowlist,
 )
-from torchfarm.fx.decode import resolve_function
-from torchfarm.fx.encode import UnsupportedGraph, qualified_name
-from torchfarm.graph_errors import DisallowedOp
+from torchfarm.graph.graph_errors import DisallowedOp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -256,7 +256,7 @@ def test_each_denied_class_is_refused(name: str) -> None:
 
 def test_no_enumerated_name_passes_the_deny_prefixes() -> None:
     gen = _generator()
-    # DTensor.from_local is under torch.distributed: reviewed in torchfarm/dtensor.py,
+    # DTensor.from_local is under torch.distributed: reviewed in torchfarm/graph/dtensor.py,
     # whose mesh and placement checks the validator applies to every call.
     reviewed = set(gen.HELPERS) | set(dtensor.allowed_functions())
     leaked = [

@@ -11,10 +11,10 @@ from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, is_loopback
-from torchfarm import tokens
 from torchfarm.fx.fingerprint import Fingerprint
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.signing import Signer, TrustedKeys
+from torchfarm.trust import tokens
+from torchfarm.trust.signing import Signer, TrustedKeys
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 FP = Fingerprint(
     torch_version="2.13.0+cpu", torch_git="abc", triton_version="3.7.0", python="3.11",

@@ -13,7 +13,7 @@ from services.coordinator import auth
 from services.coordinator.proxies import TrustedProxies, bucket_of
 from services.coordinator.ratelimit import FailureLimiter, peer_host
 from services.coordinator.tokensource import TokenSource
-from torchfarm import tokens
+from torchfarm.trust import tokens
 
 
 def _write(path, *pairs) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torchfarm.blobgc import collect
+from torchfarm.storage.blobgc import collect
 
 
 def put(store, data: bytes) -> str:
@@ -21,7 +21,7 @@ def put(store, data: bytes) -> str:
 @pytest.fixture(params=["redis", "s3"])
 def gc_store(request, store):
     if request.param == "s3":
-        from torchfarm.blobs import open_blobs
+        from torchfarm.storage.blobs import open_blobs
 
         url = request.getfixturevalue("s3_blob_url").replace("/farm?", "/gc?")
         store.blobs = open_blobs(url, store.r)
@@ -66,7 +66,7 @@ def test_the_bounds_take_the_oldest_blobs_named_or_not(store):
 def test_cache_gc_dry_run_on_the_command_line(store, redis_url):
     orphan = put(store, b"orphan for the cli")
     out = subprocess.run(
-        [sys.executable, "-m", "torchfarm.cli.main", "cache", "gc", "--dry-run", "--grace", "0s",
+        [sys.executable, "-m", "cli.main", "cache", "gc", "--dry-run", "--grace", "0s",
          "--cache-url", redis_url, "--json"],
         capture_output=True, text=True, timeout=60,
     )

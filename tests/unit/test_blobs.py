@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 import redis
 
-from torchfarm.blobs import BlobStoreError, RedisBlobs, open_blobs
+from torchfarm.storage.blobs import BlobStoreError, RedisBlobs, open_blobs
 
 S3_MIN_PART = 5 * 1024 * 1024
 """S3 (and moto) refuse multipart parts below 5 MiB, except the last."""

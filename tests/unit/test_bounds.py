@@ -1,14 +1,14 @@
 """Small requests that would exhaust a worker: each is a graph a few hundred bytes long that
 passes for a Dynamo graph. `validate_graph` (the coordinator, and the worker before it
-decodes) and the worker's propagation must both refuse them (torchfarm/graphbounds.py)."""
+decodes) and the worker's propagation must both refuse them (torchfarm/graph/graphbounds.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from torchfarm import graphbounds
-from torchfarm.graph_errors import GraphError, GraphTooLarge
-from torchfarm.graphcheck import GraphLimits, parse_sym_expr, validate_graph
+from torchfarm.graph import graphbounds
+from torchfarm.graph.graph_errors import GraphError, GraphTooLarge
+from torchfarm.graph.graphcheck import GraphLimits, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
 
 Node, Arg = graph_pb2.Node, graph_pb2.Argument

@@ -1,4 +1,4 @@
-"""A build holds only what changes an artifact of its target (torchfarm/builds.py): a CPU
+"""A build holds only what changes an artifact of its target (torchfarm/wire/builds.py): a CPU
 artifact's names no Triton, so a CPU client without Triton, or with another patch
 release of it, reaches the same workers and keys as the workers' own environment."""
 
@@ -8,8 +8,8 @@ import importlib.metadata
 
 import pytest
 
-from torchfarm import builds, targets
 from torchfarm.fx.fingerprint import build_fields, fingerprint_for
+from torchfarm.wire import builds, targets
 from workers import identity
 
 
@@ -45,7 +45,7 @@ def test_a_cpu_worker_that_takes_kernel_jobs_registers_its_triton_beside_its_bui
 
 
 def test_the_coordinator_keys_kernels_on_the_registered_triton():
-    from services.coordinator.kernel_rpc import _with_triton_version
+    from services.coordinator.triton_rpc import _with_triton_version
     from torchfarm.v1 import farm_pb2
 
     worker = {"targets": {"cpu:avx2": ["graph"], "cuda:sm_90": ["kernel"]},

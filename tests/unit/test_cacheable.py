@@ -12,9 +12,9 @@ import torch._inductor.inductor_prims  # noqa: F401  registers the prims the all
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_node_safe
 
 from tests.unit.test_collectives import capture
-from torchfarm.allowlist import load_allowlist
 from torchfarm.fx.decode import resolve_function
-from torchfarm.graph_errors import MalformedGraph
+from torchfarm.graph.allowlist import load_allowlist
+from torchfarm.graph.graph_errors import MalformedGraph
 from workers.compiler import cacheable_calls, compile_graph
 from workers.fakepg import decoded
 

@@ -14,11 +14,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
-from torchfarm.cli.main import build_parser
-from torchfarm.cli.parser import _shown
+from cli.main import build_parser
+from cli.parser import _shown
 
 _SCRIPT = os.path.join(os.path.dirname(sys.executable), "torchfarm")
-TORCHFARM = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "torchfarm.cli"]
+TORCHFARM = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "cli"]
 """The installed command; the module where the checkout is not installed (the second
 torch build's venv runs the tests from PYTHONPATH)."""
 
@@ -142,7 +142,7 @@ _CLIENT_ONLY = f"""
 import sys
 for name in {_SERVER_ONLY!r}:
     sys.modules[name] = None  # import fails, as in a client's venv
-from torchfarm.cli.main import main
+from cli.main import main
 sys.argv = ["torchfarm", *sys.argv[1:]]
 sys.exit(main())
 """

@@ -13,10 +13,10 @@ from sdk import artifact
 from sdk.errors import ArtifactRejected
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
-from torchfarm import trustfile
 from torchfarm.fx.fingerprint import Fingerprint
-from torchfarm.manifest import BlobRef, Manifest, blob_digest
-from torchfarm.signing import Signer
+from torchfarm.trust import trustfile
+from torchfarm.trust.signing import Signer
+from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
 FP = Fingerprint(
     torch_version="2.13.0+cpu", torch_git="abc", triton_version="3.7.0", python="3.11",
@@ -177,8 +177,8 @@ def _compile_error(monkeypatch, remote: str):
 
 def test_a_farm_that_is_down_says_so_before_any_trust_question(monkeypatch):
     """Trusting a farm that does not answer would not help: it is reported as down."""
+    from localfarm.stack import free_port
     from sdk.errors import FarmUnavailable
-    from torchfarm.testing.stack import free_port
 
     err, calls = _compile_error(monkeypatch, f"grpc://localhost:{free_port()}")
     assert type(err) is FarmUnavailable and "did not answer" in str(err), repr(err)

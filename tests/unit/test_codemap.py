@@ -10,7 +10,7 @@ CODEMAP = (ROOT / "ARCHITECTURE.md").read_text()
 
 def _modules() -> list[Path]:
     found = []
-    for package in ("torchfarm", "sdk", "services", "workers"):
+    for package in ("torchfarm", "sdk", "services", "workers", "cli", "localfarm"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.name in ("__init__.py", "__main__.py") or path.parent.name == "v1":
                 continue

@@ -1,4 +1,4 @@
-"""The typed contract of failures and stages (torchfarm/codes.py): the Python enums
+"""The typed contract of failures and stages (torchfarm/wire/codes.py): the Python enums
 match farm.proto's, every member has its table entry, and no code or reason is a
 string literal any more where the workers and the coordinator raise them."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm import codes
-from torchfarm.codes import JOB_ERRORS, REASONS, JobError, Reason, Rejection, Stage
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import codes
+from torchfarm.wire.codes import JOB_ERRORS, REASONS, JobError, Reason, Rejection, Stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def _literal_codes(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_no_side_raises_a_string_literal_code():
     paths = [p for d in ("workers", "services", "sdk") for p in sorted((ROOT / d).rglob("*.py"))]
-    paths.append(ROOT / "torchfarm" / "signing.py")
+    paths.append(ROOT / "torchfarm" / "trust" / "signing.py")
     assert len(paths) > 40
     assert [hit for p in paths for hit in _literal_codes(p)] == []
 

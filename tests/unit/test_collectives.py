@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from torchfarm import collectives
 from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
-from torchfarm.graph_errors import MalformedGraph
-from torchfarm.graphcheck import validate_graph
+from torchfarm.graph import collectives
+from torchfarm.graph.graph_errors import MalformedGraph
+from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
 from workers.compiler import CompileFailed, compile_graph
 from workers.fakepg import NotFakeable, fake_groups
@@ -90,7 +90,7 @@ def test_every_allowed_collective_is_captured_and_valid():
 
 
 def test_allow_list_holds_the_collectives_and_no_point_to_point():
-    from torchfarm import allowlist
+    from torchfarm.graph import allowlist
 
     allowed = {f for f in allowlist.load_allowlist().functions if "_c10d" in f}
     assert allowed == set(collectives.allowed_targets())

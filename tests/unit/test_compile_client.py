@@ -7,10 +7,10 @@ import inspect
 
 import pytest
 
+from localfarm.fakes import InProcessClient, InProcessFarm
 from sdk import client as client_mod
 from sdk.client import CompileClient, FarmClient, StubClient
 from sdk.settings import SDKSettings
-from torchfarm.testing.fakes import InProcessClient, InProcessFarm
 
 _CALLS = [
     name for name, member in inspect.getmembers(CompileClient)

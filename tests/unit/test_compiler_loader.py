@@ -33,9 +33,9 @@ from sdk.errors import ArtifactRejected
 from sdk.loader import install_kernels
 from tests.second_venv import VenvUnavailable, second_venv
 from torchfarm.fx import internals
+from torchfarm.fx.cpp_kernels import SPEC_ARGS, KernelSpec, load_fn_outputs, local_outputs, spec_args
 from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
 from torchfarm.fx.hooks import count_kernel_builds
-from torchfarm.fx.kernelspec import SPEC_ARGS, KernelSpec, load_fn_outputs, local_outputs, spec_args
 from torchfarm.fx.vecisa import probed_toolchain
 from workers.compiler import CompileFailed, CompileResult, compile_graph, inductor_config_patch
 
@@ -64,7 +64,7 @@ def test_load_async_signature_is_what_specs_record():
     assert where is not None
     params = list(inspect.signature(CppCodeCache.load_async).parameters)
     assert params == list(where.params), (
-        "CppCodeCache.load_async changed: update torchfarm.fx.kernelspec.SPEC_ARGS and the spec format"
+        "CppCodeCache.load_async changed: update torchfarm.fx.cpp_kernels.SPEC_ARGS and the spec format"
     )
     assert set(where.params) - {"submit_fn"} <= set(SPEC_ARGS)
 
@@ -377,7 +377,7 @@ import torch
 from examples.models import TINY_GPT, make_gpt, make_mlp
 from sdk.loader import install_kernels, load_compiled
 from torchfarm.fx.hooks import count_kernel_builds
-from torchfarm.fx.kernelspec import KernelSpec, local_outputs
+from torchfarm.fx.cpp_kernels import KernelSpec, local_outputs
 
 bundle, rtol, atol = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 makers = {"mlp": lambda: make_mlp(batch=8), "tiny_gpt": lambda: make_gpt(TINY_GPT, batch=2)}

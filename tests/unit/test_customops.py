@@ -1,5 +1,5 @@
-"""Custom-op schemas in a graph (torchfarm/customops.py): what passes, what is refused
-and why, hostile schemas included; and the worker's stand-in (torchfarm/fx/customops.py)
+"""Custom-op schemas in a graph (torchfarm/graph/customops.py): what passes, what is refused
+and why, hostile schemas included; and the worker's stand-in (torchfarm/fx/torch_library.py)
 answering from the client's recorded metadata without the client's Python."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchfarm.customops import MAX_SCHEMA_CHARS, RefusedCustomOp, declared_ops, parse_schema
-from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
-from torchfarm.graphcheck import validate_graph
+from torchfarm.graph.customops import MAX_SCHEMA_CHARS, RefusedCustomOp, declared_ops, parse_schema
+from torchfarm.graph.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
+from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
 
 
@@ -271,9 +271,9 @@ def test_a_call_through_the_packet_names_its_only_overload():
     ("mylib::f(Tensor x" + ", Tensor y" * 300 + ") -> Tensor", "GRAPH_TOO_LARGE"),
 ])
 def test_the_coordinator_refuses_hostile_schemas_at_submit(schema, code):
+    from localfarm.fakes import InProcessFarm
     from sdk.errors import GraphRejected
     from tests.requests import relu_request
-    from torchfarm.testing.fakes import InProcessFarm
 
     request = relu_request()
     request.graph.custom_ops.add(target="torch.ops.mylib.f.default", schema=schema)
@@ -299,8 +299,8 @@ def test_an_installed_namespace_trains_through_the_real_op(tmp_path, monkeypatch
     uses the real op and its autograd: forward and backward match eager."""
     import copy
 
+    from localfarm.fakes import InProcessFarm
     from sdk.backend import FarmBackend
-    from torchfarm.testing.fakes import InProcessFarm
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     farm = InProcessFarm(worker_settings={"installed_op_modules": ("tfgrad=",)})

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm.graph_errors import GraphTooLarge
-from torchfarm.graphcheck import validate_graph
+from torchfarm.graph.graph_errors import GraphTooLarge
+from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
 
 Node, Arg = graph_pb2.Node, graph_pb2.Argument

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from localfarm.inline import InlineDispatcher, worker_context
+from localfarm.memory_store import MemoryStore
 from sdk.backend import build_request
-from torchfarm import keys
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.testing.inline import InlineDispatcher, worker_context
-from torchfarm.testing.memory_store import MemoryStore
+from torchfarm.wire import keys
 from workers import fakepg
 from workers.runtime import JobFailed, prepare
 from workers.sandbox import Sandbox

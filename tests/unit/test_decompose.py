@@ -20,9 +20,9 @@ import torch
 
 from examples.models import make_cnn, make_mlp
 from torchfarm.fx import internals
+from torchfarm.fx.cpp_kernels import kernel_name
 from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
-from torchfarm.fx.kernelspec import kernel_name
 from workers.aot_seam import (
     _SAVED_META,
     INFERENCE,

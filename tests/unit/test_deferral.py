@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from examples.models import make_mlp
+from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
 from torchfarm.fx.hooks import count_kernel_builds
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
 from workers.board import kernel_cache_key
 from workers.compiler import NeedsWholeGraph, build_kernel, compile_graph, lower_graph
 from workers.deferral import DeferredKernelCalled, defer_kernel_builds

@@ -11,7 +11,7 @@ import redis
 from sdk.blobcache import BlobCache
 from sdk.direct import Link, download, download_all
 from sdk.errors import ArtifactRejected
-from torchfarm.blobs import open_blobs
+from torchfarm.storage.blobs import open_blobs
 
 
 def digest_of(data: bytes) -> str:

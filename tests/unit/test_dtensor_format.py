@@ -17,13 +17,13 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from tests.unit.test_collectives import fake_world
-from torchfarm import dtensor
-from torchfarm.exportcheck import validate_export
 from torchfarm.fx.encode import encode_graph
-from torchfarm.graph_errors import MalformedGraph
-from torchfarm.graphcheck import validate_graph
-from torchfarm.keys import graph_digest
+from torchfarm.graph import dtensor
+from torchfarm.graph.exportcheck import validate_export
+from torchfarm.graph.graph_errors import MalformedGraph
+from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire.keys import graph_digest
 from workers import fakepg
 
 

@@ -24,8 +24,8 @@ from services.coordinator import errors
 from services.coordinator.runner import Runner
 from services.coordinator.servicer import CompileFarmServicer, status_of
 from services.coordinator.settings import CoordinatorSettings
-from torchfarm.codes import RETRYABLE_STATUSES, Reason
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.wire.codes import RETRYABLE_STATUSES, Reason
 
 KEY = "ab" * 32
 
@@ -142,7 +142,7 @@ def test_each_coordinator_error_answers_the_status_its_tree_names():
 
 def test_job_status_carries_code_and_stage_by_name_and_by_value():
     from services.coordinator.servicer import job_status
-    from torchfarm.store import JobRecord, JobState
+    from torchfarm.storage.store import JobRecord, JobState
 
     failed = job_status(JobRecord(KEY, JobState.FAILED, stage="compile", error_code="COMPILE_ERROR"))
     assert (failed.error_code, failed.error) == ("COMPILE_ERROR", farm_pb2.JobError.COMPILE_ERROR)

@@ -1,6 +1,6 @@
 """Export's encoding, checks and key, and the torch 2.13 internals they rely on.
 
-No farm here: sdk/export_codec.py against torch.export, torchfarm/exportcheck.py against
+No farm here: sdk/export_codec.py against torch.export, torchfarm/graph/exportcheck.py against
 hand-made messages, the export key's domain, and workers/aoti.py's module
 rebuilt and exported again (without AOTInductor, which takes tens of seconds; the
 integration test runs it).
@@ -19,12 +19,13 @@ from sdk.backend import build_request
 from sdk.errors import ArtifactRejected
 from sdk.export_codec import encode_export, tensor_bytes
 from sdk.trust import Trust
-from torchfarm import exportcheck, keys, routing, targets
 from torchfarm.fx.fingerprint import local_fingerprint
-from torchfarm.graph_errors import MalformedGraph
-from torchfarm.manifest import COMPILE, EXPORT, BlobRef, Manifest, ManifestError, blob_digest
-from torchfarm.signing import TrustedKeys
+from torchfarm.graph import exportcheck
+from torchfarm.graph.graph_errors import MalformedGraph
+from torchfarm.trust.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys, routing, targets
+from torchfarm.wire.manifest import COMPILE, EXPORT, BlobRef, Manifest, ManifestError, blob_digest
 
 Weight = farm_pb2.ExportWeight
 

@@ -1,4 +1,4 @@
-"""The farm in process (torchfarm/testing/fakes.py): the in-memory store, the inline
+"""The farm in process (localfarm/fakes.py): the in-memory store, the inline
 dispatcher and the in-process client behave as the real pieces do, with no process."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from sdk.errors import FarmUnavailable, GraphRejected, RemoteCompileError
-from tests.requests import RELU_QUEUE, relu_request
-from torchfarm import keys, routing
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import (
+from localfarm.fakes import (
     InlineDispatcher,
     InProcessFarm,
     UnknownTask,
     job_function,
     memory_store,
 )
-from torchfarm.testing.inline import JOBS
+from localfarm.inline import JOBS
+from sdk.errors import FarmUnavailable, GraphRejected, RemoteCompileError
+from tests.requests import RELU_QUEUE, relu_request
+from torchfarm.storage.store import JobState
+from torchfarm.wire import keys, routing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def test_the_dispatcher_runs_jobs_in_order_with_the_jobs_they_send(monkeypatch):
         calls.append(("assemble", key, namespace))
 
     fns = {routing.COMPILE_TASK: run_job, routing.ASSEMBLE_TASK: run_assembly}
-    monkeypatch.setattr("torchfarm.testing.inline.job_function", fns.__getitem__)
+    monkeypatch.setattr("localfarm.inline.job_function", fns.__getitem__)
     dispatcher.send("k1", "cpu.avx512", "alice")
     dispatcher.send("k2", "cpu.avx512")
     assert dispatcher.depth("cpu.avx512") == 2
@@ -77,7 +77,7 @@ def test_the_dispatcher_runs_jobs_in_order_with_the_jobs_they_send(monkeypatch):
 
 def test_the_dispatcher_records_every_task_sent_run_or_not(monkeypatch):
     dispatcher = InlineDispatcher()
-    monkeypatch.setattr("torchfarm.testing.inline.job_function", lambda task: lambda *a, **k: None)
+    monkeypatch.setattr("localfarm.inline.job_function", lambda task: lambda *a, **k: None)
     dispatcher.send("k1", "cpu.avx512", "alice")
     dispatcher.run(context=object())
     dispatcher.send_export("k2", "cpu.avx512")
@@ -108,7 +108,7 @@ def test_a_kernel_job_runs_as_it_is_sent_given_a_kernel_context(monkeypatch):
         seen.append((key, ctx, namespace, threading.current_thread() is threading.main_thread()))
         ran.set()
 
-    monkeypatch.setattr("torchfarm.testing.inline.job_function", {routing.KERNEL_TASK: run_kernel_job}.__getitem__)
+    monkeypatch.setattr("localfarm.inline.job_function", {routing.KERNEL_TASK: run_kernel_job}.__getitem__)
     context = object()
     dispatcher = InlineDispatcher(kernel_context=context)
     dispatcher.send_kernel("k", "kernels.cuda.sm_90", "alice")
@@ -170,7 +170,7 @@ def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
 
 
 def test_the_fakes_load_without_torch():
-    code = "import sys, torchfarm.testing.fakes; print('torch' in sys.modules)"
+    code = "import sys, localfarm.fakes; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

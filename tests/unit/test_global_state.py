@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from torchfarm.fx import global_state, internals
-from torchfarm.options import SDPA_BACKENDS, OptionNotAllowed
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.options import SDPA_BACKENDS, OptionNotAllowed
 
 
 def _recorded() -> farm_pb2.CompileOptions:

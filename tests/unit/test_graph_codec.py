@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from examples.models import TINY_GPT, make_cnn, make_gpt, make_mlp
 from torchfarm.fx.decode import DecodedGraph, decode_graph
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
-from torchfarm.graph_errors import DisallowedOp, GraphError, MalformedGraph
-from torchfarm.graphcheck import validate_graph
+from torchfarm.graph.graph_errors import DisallowedOp, GraphError, MalformedGraph
+from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
-from torchfarm.graphcheck import GraphLimits, parse_sym_expr, validate_graph
+from torchfarm.graph.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
+from torchfarm.graph.graphcheck import GraphLimits, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
 
 Node = graph_pb2.Node
@@ -415,8 +415,8 @@ def test_sym_expr_bounds() -> None:
 def test_coordinator_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import torchfarm.graphcheck, torchfarm.allowlist, torchfarm.graph_errors\n"
-        "torchfarm.allowlist.load_allowlist()\n"
+        "import torchfarm.graph.graphcheck, torchfarm.graph.allowlist, torchfarm.graph.graph_errors\n"
+        "torchfarm.graph.allowlist.load_allowlist()\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -12,7 +12,7 @@ from torch.utils._sympy import functions as F
 
 from torchfarm.fx import guards
 from torchfarm.fx.guards import GuardError
-from torchfarm.manifest import BlobRef, Manifest
+from torchfarm.wire.manifest import BlobRef, Manifest
 
 s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
 w0, w1 = sympy.symbols("w7 w9", integer=True, positive=True)  # the worker's names

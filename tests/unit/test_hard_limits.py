@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from celery import signals
 from celery.exceptions import TimeLimitExceeded
 
-from torchfarm import targets
-from torchfarm.routing import COMPILE_TASK, KERNEL_TASK
-from torchfarm.store import JobState
+from torchfarm.storage.store import JobState
+from torchfarm.wire import targets
+from torchfarm.wire.routing import COMPILE_TASK, KERNEL_TASK
 
 
 class FakeStore:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm import builds, targets
 from torchfarm.fx.fingerprint import fingerprint_for
+from torchfarm.wire import builds, targets
 from workers import identity
 
 CPU = targets.make("cpu", "avx2")

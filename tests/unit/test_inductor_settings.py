@@ -1,5 +1,5 @@
 """Every Inductor setting is carried, refused by name, or client-only
-(torchfarm/inductor_settings.py); changed ones travel in the key or keep a graph local."""
+(torchfarm/wire/inductor_settings.py); changed ones travel in the key or keep a graph local."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from sdk import changed_settings
 from sdk.backend import build_request
 from sdk.errors import GraphRejected
 from tests.requests import relu_request
-from torchfarm import inductor_settings, keys, options
-from torchfarm.codes import JobError
 from torchfarm.fx.fingerprint import local_fingerprint
+from torchfarm.wire import inductor_settings, keys, options
+from torchfarm.wire.codes import JobError
 from workers import runtime
 from workers.compiler import inductor_config_patch
 from workers.job import JobFailed

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from examples.models import make_mlp
-from torchfarm.codes import JobError
 from torchfarm.fx.encode import encode_graph
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.codes import JobError
 from workers.aot_seam import Decomposition, NotDecomposable
 from workers.compiler import NeedsWholeGraph
 from workers.inprocess import InProcessExecutor

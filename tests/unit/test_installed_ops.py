@@ -1,6 +1,6 @@
 """Custom-op packages a worker loads (issue 43): the reviewed defaults, loaded where their
 package is installed and with no setting; what a refusal tells the operator to set; and
-that no graph makes the worker import anything (torchfarm/fx/customops.py,
+that no graph makes the worker import anything (torchfarm/fx/torch_library.py,
 docs/security.md)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.unit.test_customops import _graph
-from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES, RefusedCustomOp, reviewed_module
-from torchfarm.fx import customops
+from torchfarm.fx import torch_library
+from torchfarm.graph.customops import DEFAULT_INSTALLED_OP_MODULES, RefusedCustomOp, reviewed_module
 from workers.settings import WorkerSettings
 
 
@@ -21,12 +21,12 @@ from workers.settings import WorkerSettings
 def fresh_worker():
     """This process's record of installed namespaces, empty, as a worker's at start (and
     empty again after the test: its list is no other test's)."""
-    customops.use_installed(())
+    torch_library.use_installed(())
     try:
-        with customops.job_scope():
+        with torch_library.job_scope():
             yield
     finally:
-        customops.use_installed(())
+        torch_library.use_installed(())
 
 
 def test_a_worker_with_no_setting_loads_the_reviewed_list():
@@ -48,24 +48,24 @@ def test_the_moe_op_is_the_real_one_on_a_worker_with_transformers(fresh_worker):
     real op (its autograd included), not a stand-in, and no schema of the tenant's can
     replace it (a declaration the package lacks is refused, never defined)."""
     pytest.importorskip("transformers")
-    customops.use_installed(DEFAULT_INSTALLED_OP_MODULES)
-    assert "transformers" in customops._installed
-    schema = customops.ensure_op(str(torch.ops.transformers.grouped_mm_fallback.default._schema))
-    assert schema.target not in customops._standins
-    assert customops.resolve(schema) is torch.ops.transformers.grouped_mm_fallback.default
+    torch_library.use_installed(DEFAULT_INSTALLED_OP_MODULES)
+    assert "transformers" in torch_library._installed
+    schema = torch_library.ensure_op(str(torch.ops.transformers.grouped_mm_fallback.default._schema))
+    assert schema.target not in torch_library._standins
+    assert torch_library.resolve(schema) is torch.ops.transformers.grouped_mm_fallback.default
     with pytest.raises(RefusedCustomOp, match="same version"):
-        customops.ensure_op("transformers::tf_not_in_the_package(Tensor x) -> Tensor")
+        torch_library.ensure_op("transformers::tf_not_in_the_package(Tensor x) -> Tensor")
 
 
 def test_a_reviewed_entry_without_its_package_is_skipped_and_named_in_the_refusal(
     fresh_worker, monkeypatch,
 ):
     entry = "tfabsent=tf_absent_package.ops"
-    monkeypatch.setattr(customops, "DEFAULT_INSTALLED_OP_MODULES", (entry,))
+    monkeypatch.setattr(torch_library, "DEFAULT_INSTALLED_OP_MODULES", (entry,))
     assert importlib.util.find_spec("tf_absent_package") is None
-    customops.use_installed((entry,))  # a worker without the package still starts
-    assert "tfabsent" not in customops._installed
-    assert customops.to_serve("tfabsent") == (
+    torch_library.use_installed((entry,))  # a worker without the package still starts
+    assert "tfabsent" not in torch_library._installed
+    assert torch_library.to_serve("tfabsent") == (
         "install the package of tf_absent_package.ops on the workers "
         "(TORCHFARM_INSTALLED_OP_MODULES lists tfabsent=tf_absent_package.ops)"
     )
@@ -73,35 +73,35 @@ def test_a_reviewed_entry_without_its_package_is_skipped_and_named_in_the_refusa
 
 def test_an_operators_entry_that_does_not_import_stops_the_worker(fresh_worker):
     with pytest.raises(ModuleNotFoundError):
-        customops.use_installed(("tfbroken=tf_absent_package.ops",))
+        torch_library.use_installed(("tfbroken=tf_absent_package.ops",))
 
 
 def test_the_refusal_names_the_exact_setting(fresh_worker):
     """On a worker whose operator left transformers out, the refusal says what to set."""
-    customops.use_installed(())
-    assert customops.to_serve("transformers") == (
+    torch_library.use_installed(())
+    assert torch_library.to_serve("transformers") == (
         "the workers' operator sets "
         "TORCHFARM_INSTALLED_OP_MODULES=transformers=transformers.integrations.moe "
         "(added to any entries it lists)"
     )
     assert "TORCHFARM_INSTALLED_OP_MODULES=tfown=<the module whose import registers it>" in (
-        customops.to_serve("tfown")
+        torch_library.to_serve("tfown")
     )
 
 
 def test_a_later_list_replaces_the_earlier(fresh_worker):
     """A worker's list is set, not added to: a process that was given another list
     (another runtime's settings) serves the last one only."""
-    customops.use_installed(("tfjson=json",))
-    assert customops.to_serve("tfjson").startswith("install the package of json")
-    customops.use_installed(())
-    assert customops.to_serve("tfjson").startswith("the workers' operator sets")
+    torch_library.use_installed(("tfjson=json",))
+    assert torch_library.to_serve("tfjson").startswith("install the package of json")
+    torch_library.use_installed(())
+    assert torch_library.to_serve("tfjson").startswith("the workers' operator sets")
 
 
 def test_a_stand_in_that_needs_its_backward_refuses_with_the_setting(fresh_worker):
-    customops.use_installed(())
-    schema = customops.ensure_op("tfgradneed::f(Tensor x) -> Tensor")
-    op = customops.resolve(schema)
+    torch_library.use_installed(())
+    schema = torch_library.ensure_op("tfgradneed::f(Tensor x) -> Tensor")
+    op = torch_library.resolve(schema)
     with pytest.raises(RefusedCustomOp, match=r"TORCHFARM_INSTALLED_OP_MODULES=tfgradneed="):
         op(torch.ones(2, requires_grad=True))
 
@@ -109,7 +109,7 @@ def test_a_stand_in_that_needs_its_backward_refuses_with_the_setting(fresh_worke
 def test_an_existing_op_outside_the_list_names_the_setting(fresh_worker):
     torch.library.define("tfexisting2::foo", "(Tensor x) -> Tensor")
     with pytest.raises(RefusedCustomOp, match=r"TORCHFARM_INSTALLED_OP_MODULES=tfexisting2="):
-        customops.ensure_op("tfexisting2::foo(Tensor x) -> Tensor")
+        torch_library.ensure_op("tfexisting2::foo(Tensor x) -> Tensor")
 
 
 @pytest.mark.parametrize("namespace", ["json", "tf_absent_package", "transformers"])
@@ -125,12 +125,12 @@ def test_no_graph_makes_the_worker_import_a_module(fresh_worker, monkeypatch, na
     g = _graph((target, f"{namespace}::tf_probe(Tensor x) -> Tensor"), call_target=target)
     if namespace == "transformers":
         pytest.importorskip("transformers")
-        customops.use_installed(DEFAULT_INSTALLED_OP_MODULES)
+        torch_library.use_installed(DEFAULT_INSTALLED_OP_MODULES)
         imported.clear()
         with pytest.raises(RefusedCustomOp, match="missing in"):
             decode_graph(g)
     else:
         decoded = decode_graph(g)  # a stand-in, defined from the schema alone
-        assert any(n.target is customops.resolve(customops.parse_schema(g.custom_ops[0].schema))
+        assert any(n.target is torch_library.resolve(torch_library.parse_schema(g.custom_ops[0].schema))
                    for n in decoded.gm.graph.nodes)
     assert [m for m in imported if not m.startswith("torch.")] == []  # torch imports its own

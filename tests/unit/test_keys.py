@@ -8,15 +8,15 @@ import sys
 import pytest
 
 from tests.requests import relu_request as _request
-from torchfarm import keys
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys
 
 
 def test_key_is_stable_in_another_process():
     here = keys.compute_key(_request())
     code = (
         "import sys; sys.path.insert(0, '.'); from tests.requests import relu_request as _request;"
-        "from torchfarm import keys; print(keys.compute_key(_request()))"
+        "from torchfarm.wire import keys; print(keys.compute_key(_request()))"
     )
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert there.stdout.strip() == here

@@ -1,6 +1,6 @@
 """The layers of ARCHITECTURE.md, checked rather than hoped for.
 
-    torchfarm/cli/, torchfarm/testing/          top: may import anything
+    cli/  localfarm/                              top: may import anything
     sdk/    services/    workers/                 side by side, none importing another
     torchfarm/fx/                                 torch-side code the SDK and workers share
     torchfarm/ (the rest)                         the torch-free contract
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("torchfarm", "sdk", "services", "workers")
+PACKAGES = ("torchfarm", "sdk", "services", "workers", "cli", "localfarm")
 
 CONTRACT, FX, SDK, SERVICES, WORKERS, TOP = "contract", "fx", "sdk", "services", "workers", "top"
 MAY_IMPORT = {
@@ -33,7 +33,7 @@ MAY_IMPORT = {
 
 
 def layer_of(module: str) -> str:
-    if module.startswith(("torchfarm.cli", "torchfarm.testing")):
+    if module.split(".")[0] in ("cli", "localfarm"):
         return TOP
     if module.startswith("torchfarm.fx"):
         return FX
@@ -173,6 +173,6 @@ def test_torch_free_layers_load_without_torch(layer):
 
 def test_the_checker_sees_a_violation(tmp_path):
     """The rules above can fail: a contract module importing the SDK is caught."""
-    assert layer_of("torchfarm.keys") == CONTRACT
+    assert layer_of("torchfarm.wire.keys") == CONTRACT
     assert SDK not in MAY_IMPORT[CONTRACT]
     assert _strongly_connected({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]

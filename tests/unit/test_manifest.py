@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm.manifest import BlobRef, KernelRef, Manifest, ManifestError, blob_digest, check_blobs
+from torchfarm.wire.manifest import BlobRef, KernelRef, Manifest, ManifestError, blob_digest, check_blobs
 
 
 def _manifest(payload: bytes, src: bytes, binary: bytes) -> Manifest:

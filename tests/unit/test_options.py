@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchfarm.options import (
+from torchfarm.wire.options import (
     SDPA_BACKENDS,
     OptionNotAllowed,
     check_autocast,

@@ -10,8 +10,8 @@ from torch import nn
 from sdk.precompile_key import Ineligible, components, precompiled_key
 from services.coordinator.errors import InvalidRequest, RequestTooLarge
 from services.coordinator.precompiled import check_upload
-from torchfarm.manifest import COMPILE, PRECOMPILED, BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.manifest import COMPILE, PRECOMPILED, BlobRef, Manifest, blob_digest
 
 
 class Net(nn.Module):

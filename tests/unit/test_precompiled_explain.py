@@ -1,4 +1,4 @@
-"""Explained precompiled misses (torchfarm/explain.py, sdk/precompile_key.py `record`),
+"""Explained precompiled misses (torchfarm/storage/explain.py, sdk/precompile_key.py `record`),
 through the SDK's client and the coordinator's servicer in this process: every key
 component of a package, changed alone, is the one a miss names, with the part that
 differs; the records the farm keeps are bounded."""
@@ -9,12 +9,12 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from localfarm.fakes import InProcessFarm
+from localfarm.inprocess import InProcessClient
 from sdk.errors import GraphRejected
 from sdk.precompile_key import components, precompiled_key, record
 from tests.unit.test_precompile import Net, _package
-from torchfarm import explain
-from torchfarm.testing.fakes import InProcessFarm
-from torchfarm.testing.inprocess import InProcessClient
+from torchfarm.storage import explain
 from torchfarm.v1 import farm_pb2
 
 BUILD = {

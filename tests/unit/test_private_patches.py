@@ -20,7 +20,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ("sdk", "services", "workers", "torchfarm")
+PROJECT = ("sdk", "services", "workers", "torchfarm", "cli", "localfarm")
 SETTERS = {"setattr", "delattr", "object"}  # monkeypatch.setattr/delattr, patch.object, setattr()
 PATCHERS = {"setattr", "patch"}  # with a dotted string target
 
@@ -98,7 +98,7 @@ def private_patches(source: str) -> list[tuple[int, str]]:
 
 def test_the_checker_finds_each_form():
     source = (
-        "import torch\nfrom torchfarm import settings\nfrom torchfarm.testing.stack import LocalStack\n"
+        "import torch\nfrom torchfarm import settings\nfrom localfarm.stack import LocalStack\n"
         "from unittest import mock\n"
         "def test(monkeypatch):\n"
         "    monkeypatch.setattr(settings, '_warned', set())\n"

@@ -1,4 +1,4 @@
-"""torchfarm/provision.py: the secrets compose's init service makes."""
+"""torchfarm/trust/provision.py: the secrets compose's init service makes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import redis
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID
 
-from torchfarm import provision as prov
-from torchfarm.signing import Signer, TrustedKeys
-from torchfarm.tokens import TokenTable
+from torchfarm.trust import provision as prov
+from torchfarm.trust.signing import Signer, TrustedKeys
+from torchfarm.trust.tokens import TokenTable
 
 
 def _run(out, **kw):
@@ -113,7 +113,7 @@ def test_main_reads_its_defaults_from_the_environment(tmp_path):
 @pytest.mark.integration
 def test_redis_accepts_each_role_and_the_anonymous_user_only_pings(tmp_path):
     """The ACL file as a real redis-server loads it."""
-    from torchfarm.testing.stack import free_port
+    from localfarm.stack import free_port
 
     port = free_port()
     _run(tmp_path, broker=f"127.0.0.1:{port}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = ("sdk", "services", "torchfarm", "workers")
+TREES = ("sdk", "services", "torchfarm", "workers", "cli", "localfarm")
 
 PINNED: dict[str, list[str]] = {
     "sdk": [
@@ -24,7 +24,7 @@ PINNED: dict[str, list[str]] = {
         "RemoteCompileError", "RequestTooLarge", "Unauthenticated",
         "compile", "compile_kernel", "export", "wait_ready", "warm",
     ],
-    "torchfarm.builds": [
+    "torchfarm.wire.builds": [
         "FIELDS", "TRITON_DEVICES", "digest", "names_triton", "label", "of_request", "of_worker",
         "served_builds", "unserved_message",
     ],
@@ -32,17 +32,17 @@ PINNED: dict[str, list[str]] = {
         "INTERNALS", "SEAM", "SUPPORTED", "VERIFIED", "Internal", "InternalMissing", "check",
         "internal", "load_async_args", "resolve", "standalone_compile", "torch_minor",
     ],
-    "torchfarm.routing": [
+    "torchfarm.wire.routing": [
         "ASSEMBLE_TASK", "BUILD_KERNELS_TASK", "COMPILE_TASK", "DEVICES", "EXPORT", "EXPORT_TASK",
         "GRAPH", "KERNEL", "KERNEL_TASK", "LOWER_TASK", "UnknownDevice", "describe",
         "job_kind_of_queue", "queue_for", "queue_name", "served_targets", "stage_queue",
         "build_of_queue", "target_of", "target_of_queue", "unserved_message",
     ],
-    "torchfarm.testing.fakes": [
+    "localfarm.fakes": [
         "InProcessClient", "InProcessFarm", "InProcessRpcError", "InlineDispatcher", "MemoryStore",
         "Task", "UnknownTask", "job_function", "memory_store", "worker_context",
     ],
-    "torchfarm.testing.stack": [
+    "localfarm.stack": [
         "INDUCTOR_SEED_ENV", "STOP_TIMEOUT_S", "LocalStack", "free_port", "redis_command",
         "seed_isa_probe", "start_redis_server", "wait_for_redis",
     ],

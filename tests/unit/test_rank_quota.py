@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
+from localfarm.fakes import InProcessFarm
 from services.coordinator.errors import TenantQueueFull
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import queue_of, relu_request
-from torchfarm.store import JobState
-from torchfarm.testing.fakes import InProcessFarm
+from torchfarm.storage.store import JobState
 from torchfarm.v1 import farm_pb2, graph_pb2
 
 

@@ -20,10 +20,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tests.unit.test_collectives import capture, fake_world
 from tests.unit.test_dtensor_format import capture_tp
-from torchfarm import keys
-from torchfarm.codes import JobError
-from torchfarm.fx import dtensor as fx_dtensor
+from torchfarm.fx import meshes as fx_meshes
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError
 from workers import aot_seam, fakepg, ranks
 from workers.inprocess import InProcessExecutor
 from workers.runtime import JobFailed, Prepared
@@ -124,7 +124,7 @@ def test_a_mesh_pickled_at_one_rank_loads_at_this_processs_rank():
             pytest.skip(f"this torch pickles no DeviceMesh, so no artifact holds one: {e}")
     with fake_world(1, 2):
         assert pickle.loads(blob).get_coordinate() == (0,)  # what torch keeps
-        with fx_dtensor.meshes_at_this_rank():
+        with fx_meshes.meshes_at_this_rank():
             mesh = pickle.loads(blob)
         assert mesh.get_coordinate() == (1,) and mesh.get_rank() == 1
         assert pickle.loads(blob).get_coordinate() == (0,)  # the patch ends with the block
@@ -134,8 +134,8 @@ def _shared_tp(rank: int) -> tuple[graph_pb2.Graph, object]:
     """The "tp" submesh of a 2x2 mesh at `rank`, described and put in the shared form."""
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     tp = mesh["tp"]
-    graph = graph_pb2.Graph(meshes=[fx_dtensor.describe_mesh(tp)], rank=rank)
-    fx_dtensor.share_submesh(graph, tp)
+    graph = graph_pb2.Graph(meshes=[fx_meshes.describe_mesh(tp)], rank=rank)
+    fx_meshes.share_submesh(graph, tp)
     return graph, tp
 
 
@@ -159,12 +159,12 @@ def test_a_submesh_is_sent_as_its_siblings_send_it():
 def test_a_whole_mesh_and_a_second_mesh_of_the_same_layout_keep_their_own_form():
     with fake_world(2, 4):
         whole = init_device_mesh("cpu", (4,))
-        graph = graph_pb2.Graph(meshes=[fx_dtensor.describe_mesh(whole)], rank=2)
-        fx_dtensor.share_submesh(graph, whole)
-        assert graph.meshes[0] == fx_dtensor.describe_mesh(whole) and graph.rank == 2
+        graph = graph_pb2.Graph(meshes=[fx_meshes.describe_mesh(whole)], rank=2)
+        fx_meshes.share_submesh(graph, whole)
+        assert graph.meshes[0] == fx_meshes.describe_mesh(whole) and graph.rank == 2
         _shared_tp(2)
         second, tp = _shared_tp(2)  # a new 2x2 mesh: new groups, the shared names taken
-        assert second.meshes[0] == fx_dtensor.describe_mesh(tp) and second.rank == 2
+        assert second.meshes[0] == fx_meshes.describe_mesh(tp) and second.rank == 2
 
 
 def test_a_mesh_compiled_in_the_shared_form_loads_as_this_processs_submesh():
@@ -173,10 +173,10 @@ def test_a_mesh_compiled_in_the_shared_form_loads_as_this_processs_submesh():
     with fake_world(3, 4):
         graph, tp = _shared_tp(3)
         try:
-            blob = pickle.dumps(fx_dtensor.build_mesh(graph.meshes[0], graph.rank))
+            blob = pickle.dumps(fx_meshes.build_mesh(graph.meshes[0], graph.rank))
         except (TypeError, pickle.PicklingError, RuntimeError) as e:
             pytest.skip(f"this torch pickles no DeviceMesh, so no artifact holds one: {e}")
-        with fx_dtensor.meshes_at_this_rank():
+        with fx_meshes.meshes_at_this_rank():
             mesh = pickle.loads(blob)
         assert mesh == tp and mesh.mesh.tolist() == [2, 3] and list(mesh.get_coordinate()) == [1]
         assert mesh.get_group(0).group_name == tp.get_group(0).group_name

@@ -17,10 +17,10 @@ import torch  # noqa: E402
 
 from sdk.scalars import specialize_float_inputs  # noqa: E402
 from tests.realmodels.zoo import ARCHITECTURES, KNOWN_GAPS  # noqa: E402
-from torchfarm.customops import DEFAULT_INSTALLED_OP_MODULES  # noqa: E402
-from torchfarm.fx.customops import use_installed  # noqa: E402
 from torchfarm.fx.decode import decode_graph  # noqa: E402
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph  # noqa: E402
+from torchfarm.fx.torch_library import use_installed  # noqa: E402
+from torchfarm.graph.customops import DEFAULT_INSTALLED_OP_MODULES  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -10,13 +10,13 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
+from localfarm.fakes import InlineDispatcher, InProcessFarm, memory_store
 from services.coordinator.errors import BackendUnavailable
 from services.coordinator.farm import Farm
 from services.coordinator.runner import Runner
 from services.coordinator.servicer import CompileFarmServicer
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import relu_request
-from torchfarm.testing.fakes import InlineDispatcher, InProcessFarm, memory_store
 
 
 def test_a_call_runs_off_the_event_loops_thread():

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from torchfarm import targets
-from torchfarm.fx.kernelspec import KernelSpec, spec_args
+from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
+from torchfarm.wire import targets
 from workers import sandbox
 from workers.sandbox import STREAM, SandboxFailed, SpecStream
 

@@ -12,11 +12,11 @@ from torch._dynamo.exc import BackendCompilerFailed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.unit.test_collectives import capture
-from torchfarm.allowlist import load_allowlist
 from torchfarm.fx import global_state
 from torchfarm.fx.encode import UnsupportedGraph
-from torchfarm.graph_errors import MalformedGraph
-from torchfarm.graphcheck import SDPA_BACKEND, SET_SDPA_KERNEL, validate_graph
+from torchfarm.graph.allowlist import load_allowlist
+from torchfarm.graph.graph_errors import MalformedGraph
+from torchfarm.graph.graphcheck import SDPA_BACKEND, SET_SDPA_KERNEL, validate_graph
 from torchfarm.v1 import farm_pb2, graph_pb2
 from workers.fakepg import decoded
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from torchfarm.manifest import BlobRef, KernelRef, Manifest, blob_digest
-from torchfarm.signing import SignatureError, Signer, TrustedKeys
+from torchfarm.trust.signing import SignatureError, Signer, TrustedKeys
+from torchfarm.wire.manifest import BlobRef, KernelRef, Manifest, blob_digest
 
 FP = {"isa": "avx512", "torch_version": "2.13.0+cpu"}
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from torchfarm.manifest import BlobRef, Manifest
-from torchfarm.signing import SignatureError, Signer, TrustedKeys
+from torchfarm.trust.signing import SignatureError, Signer, TrustedKeys
+from torchfarm.wire.manifest import BlobRef, Manifest
 
 
 def _signed() -> tuple[Manifest, TrustedKeys]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from torchfarm.cli.main import recent_jobs_table
+from cli.main import recent_jobs_table
 from torchfarm.tables import stage_timings
 from torchfarm.v1 import farm_pb2
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from torchfarm import builds
-from torchfarm.cli.main import workers_table
+from cli.main import workers_table
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import builds
 
 A = {"torch_version": "2.13.0+cpu", "torch_git": "1234567890", "triton_version": "3.7.0",
      "python": "3.11", "platform": "linux-x86_64", "isa": "avx512", "compiler": "g++ 12"}

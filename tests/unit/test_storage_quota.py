@@ -10,14 +10,14 @@ import time
 
 import pytest
 
+from localfarm.fakes import InProcessFarm
 from services.coordinator.errors import CoordinatorError
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm.codes import Reason
-from torchfarm.manifest import COMPILE, PRECOMPILED, BlobRef, Manifest, blob_digest
-from torchfarm.testing.fakes import InProcessFarm
-from torchfarm.tokens import Tenant
+from torchfarm.trust.tokens import Tenant
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire.codes import Reason
+from torchfarm.wire.manifest import COMPILE, PRECOMPILED, BlobRef, Manifest, blob_digest
 
 MIB = 1 << 20
 ALICE, BOB = Tenant("alice", "alice"), Tenant("bob", "bob")
@@ -117,7 +117,7 @@ def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch, tmp_
     """`torchfarm up` ran one Redis without maxmemory: it grew with every artifact."""
     import threading
 
-    from torchfarm.cli import launch, main, up
+    from cli import launch, main, up
 
     started: dict[str, list[str]] = {}
 
@@ -146,7 +146,7 @@ def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch, tmp_
 @pytest.fixture
 def capped(monkeypatch):
     """The in-memory cache with a maxmemory of 8 MiB (fakeredis itself never evicts)."""
-    from torchfarm.testing.memory_store import MemoryStore
+    from localfarm.memory_store import MemoryStore
 
     monkeypatch.setattr(MemoryStore, "cache_memory", lambda self: (self.cache_bytes(), 8 * MIB))
 

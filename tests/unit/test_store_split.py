@@ -1,4 +1,4 @@
-"""Which Redis each key lives in when the state and the cache are apart (torchfarm/store.py):
+"""Which Redis each key lives in when the state and the cache are apart (torchfarm/storage/store.py):
 everything in flight in the state, what a miss can rebuild in the cache; and the staged
 compile's claims and the blob collector still work across the two."""
 
@@ -10,10 +10,10 @@ import json
 import fakeredis
 import pytest
 
-from torchfarm.blobgc import referenced
-from torchfarm.manifest import BlobRef
-from torchfarm.store import Store, state_eviction
-from torchfarm.testing.memory_store import MemoryStore
+from localfarm.memory_store import MemoryStore
+from torchfarm.storage.blobgc import referenced
+from torchfarm.storage.store import Store, state_eviction
+from torchfarm.wire.manifest import BlobRef
 from workers.board import BUILD, CACHED, WAIT, Plan, StageBoard
 
 

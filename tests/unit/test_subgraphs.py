@@ -20,10 +20,10 @@ from torch import nn
 
 from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import encode_graph
-from torchfarm.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
-from torchfarm.graphcheck import GraphLimits, validate_graph
-from torchfarm.keys import graph_digest
+from torchfarm.graph.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
+from torchfarm.graph.graphcheck import GraphLimits, validate_graph
 from torchfarm.v1 import graph_pb2
+from torchfarm.wire.keys import graph_digest
 
 Node = graph_pb2.Node
 V1, V2 = graph_pb2.GRAPH_FORMAT_V1, graph_pb2.GRAPH_FORMAT_V2

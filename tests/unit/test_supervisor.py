@@ -1,4 +1,4 @@
-"""`torchfarm up`'s supervisor (torchfarm/cli/supervisor.py) with real child processes:
+"""`torchfarm up`'s supervisor (cli/supervisor.py) with real child processes:
 a child that dies is reaped and restarted within the bound, and past it the farm stops
 with the child's exit status and last log lines."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchfarm.cli import launch
-from torchfarm.cli.supervisor import ChildFailed, Supervisor, descendants
+from cli import launch
+from cli.supervisor import ChildFailed, Supervisor, descendants
 
 
 def child(tmp_path: Path, script: str):

@@ -2,7 +2,7 @@
 
 The walk (torchfarm/fx/surface.py) runs on the installed torch, whichever supported
 build that is; each target must be nameable by the encoder and either on the allow-list
-or refused by a rule of torchfarm/denylist.py. Then the constructs real models were
+or refused by a rule of torchfarm/graph/denylist.py. Then the constructs real models were
 refused for, each through encode and decode.
 """
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from torchfarm import allowlist, denylist
 from torchfarm.fx import surface
 from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
+from torchfarm.graph import allowlist, denylist
 
 
 def _allowed(target: surface.Target) -> bool:

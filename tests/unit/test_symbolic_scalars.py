@@ -1,4 +1,4 @@
-"""Symbolic scalars on the farm, in process (torchfarm/testing/fakes.py), `fallback="error"`.
+"""Symbolic scalars on the farm, in process (localfarm/fakes.py), `fallback="error"`.
 
 - `.item()` under `capture_scalar_outputs`: the unbacked symbol is made again on the
   worker by the decoded `.item()`, so data-dependent scalars and sizes compile there;
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
+from localfarm.fakes import InProcessFarm
 from sdk.backend import FarmBackend
-from torchfarm.testing.fakes import InProcessFarm
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from torchfarm.celeryconf import PUBLISH_RETRY_POLICY, make_celery
-from torchfarm.routing import COMPILE_TASK, KERNEL_TASK, LOWER_TASK
+from torchfarm.wire.routing import COMPILE_TASK, KERNEL_TASK, LOWER_TASK
 
 
 def _flaky(monkeypatch, error: BaseException | None, failures: int) -> tuple[list, Celery]:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from torchfarm import tokens
-from torchfarm.tokens import Tenant, TokenError, TokenTable
+from torchfarm.trust import tokens
+from torchfarm.trust.tokens import Tenant, TokenError, TokenTable
 
 
 def test_new_token_names_its_namespace_and_hashes_into_the_table():
@@ -88,7 +88,7 @@ def test_a_new_token_expires_by_default():
 def test_the_token_command_prints_the_token_once_and_writes_only_its_hash(tmp_path, capsys):
     import time
 
-    from torchfarm.cli import main as cli
+    from cli import main as cli
 
     path = tmp_path / "tokens.json"
     earlier = tokens.new_token("bob")

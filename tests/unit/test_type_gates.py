@@ -15,10 +15,10 @@ import pytest
 tomllib = pytest.importorskip("tomllib")
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT_PACKAGES = ("torchfarm", "sdk", "services", "workers")
+PROJECT_PACKAGES = ("torchfarm", "sdk", "services", "workers", "cli", "localfarm")
 STRICT_LAYERS = {"torchfarm.*", "services.*", "sdk.*"}
 """The torch-free contract (less the packages below), the coordinator, and the SDK."""
-DEFAULT_LAYERS = {"torchfarm.fx.*", "torchfarm.cli.*", "torchfarm.testing.*", "torchfarm.v1.*"}
+DEFAULT_LAYERS = {"torchfarm.fx.*", "cli.*", "localfarm.*", "torchfarm.v1.*"}
 """Inside torchfarm/ but not the contract: torch-side shared code, the CLI, the local
 stack, and the generated protobuf code."""
 

@@ -10,7 +10,7 @@ from sdk import wake
 from sdk.errors import FarmUnavailable, NoWorker, Unauthenticated
 from sdk.progress import GraphTrack
 from sdk.settings import SDKSettings
-from torchfarm.codes import Reason
+from torchfarm.wire.codes import Reason
 
 
 class Clock:

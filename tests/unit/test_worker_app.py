@@ -10,9 +10,9 @@ import pytest
 from celery import signals
 from celery.exceptions import TimeLimitExceeded
 
-from torchfarm import targets
-from torchfarm.routing import COMPILE_TASK, KERNEL_TASK
-from torchfarm.store import JobState
+from torchfarm.storage.store import JobState
+from torchfarm.wire import targets
+from torchfarm.wire.routing import COMPILE_TASK, KERNEL_TASK
 from workers.serving import ServingPlan
 from workers.settings import WorkerSettings
 

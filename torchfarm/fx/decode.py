@@ -7,7 +7,7 @@ symbols, and runs fake-tensor propagation. The result is what
 `torch._inductor.standalone_compile(..., dynamic_shapes="from_example_inputs",
 fake_mode=decoded.fake_mode)` needs.
 
-Anything wrong with the graph surfaces as a `torchfarm.graph_errors.GraphError`.
+Anything wrong with the graph surfaces as a `torchfarm.graph.graph_errors.GraphError`.
 
 Behaviour pinned against torch 2.13.0:
 - AOTAutograd's cache (`check_node_safe` in torch/_functorch/_aot_autograd/autograd_cache.py)
@@ -37,14 +37,14 @@ import torch
 import torch.fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from torchfarm import allowlist, customops, graphbounds
-from torchfarm.fx import customops as fx_customops
-from torchfarm.fx import dtensor as fx_dtensor
 from torchfarm.fx import global_state
+from torchfarm.fx import meshes as fx_meshes
+from torchfarm.fx import torch_library as fx_library
 from torchfarm.fx.encode import NUMPY_METHODS, NUMPY_PREFIX
 from torchfarm.fx.internals import resolve
-from torchfarm.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
-from torchfarm.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
+from torchfarm.graph import allowlist, customops, graphbounds
+from torchfarm.graph.graph_errors import DisallowedOp, GraphError, GraphTooLarge, MalformedGraph
+from torchfarm.graph.graphcheck import GraphLimits, SymAst, parse_sym_expr, validate_graph
 from torchfarm.v1 import graph_pb2
 
 if TYPE_CHECKING:
@@ -405,7 +405,7 @@ class _Decoder:
             return self.tensor(pb.tensor)
         local = self.tensor(pb.tensor, local=True)
         with self.fake_mode:
-            return fx_dtensor.build_dtensor(
+            return fx_meshes.build_dtensor(
                 local, self.meshes[pb.dtensor.mesh], pb.dtensor, self.size,
                 requires_grad=pb.tensor.requires_grad, parameter=pb.tensor.kind == TensorMeta.PARAMETER,
             )
@@ -440,7 +440,7 @@ class _Decoder:
             items = [self.value(a) for a in arg.immutable_dict.items]
             return dict(zip(items[::2], items[1::2], strict=False))
         if kind == "placement":
-            return fx_dtensor.placement(arg.placement)
+            return fx_meshes.placement(arg.placement)
         raise MalformedGraph(f"unknown argument kind {kind}")
 
     def subgraph(self, graph: graph_pb2.Graph) -> torch.fx.GraphModule:
@@ -467,7 +467,7 @@ class _Decoder:
         """The GraphModule and its fake example inputs, one per placeholder."""
         for sym in self.pb.symbols:
             self.declare(sym)
-        self.meshes = [fx_dtensor.build_mesh(m, self.pb.rank) for m in self.pb.meshes]
+        self.meshes = [fx_meshes.build_mesh(m, self.pb.rank) for m in self.pb.meshes]
         root = torch.nn.Module()
         attrs: dict[str, str] = {}
         for i, const in enumerate(self.pb.constants):
@@ -479,7 +479,7 @@ class _Decoder:
             root.add_module(attr, self.subgraph(sub.graph))
         custom = customops.declared_ops(self.pb)
         if custom:
-            fx_customops.install(
+            fx_library.install(
                 self.pb.custom_ops,
                 [pb.custom if pb.HasField("custom") else None for pb in self.pb.nodes],
                 [pb.target for pb in self.pb.nodes],
@@ -497,7 +497,7 @@ class _Decoder:
                 node.target = node.name
                 inputs.append(self.placeholder(pb))
             elif pb.op == Node.CALL_FUNCTION:
-                fn = fx_customops.resolve(custom[pb.target]) if pb.target in custom else resolve_function(pb.target)
+                fn = fx_library.resolve(custom[pb.target]) if pb.target in custom else resolve_function(pb.target)
                 node = fx.create_node("call_function", fn, args, kwargs, name=pb.name)
             elif pb.op == Node.CALL_METHOD:
                 if not allowlist.is_allowed_method(pb.target):

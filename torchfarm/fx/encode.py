@@ -34,14 +34,14 @@ import sympy
 import torch
 import torch.fx
 
-from torchfarm import allowlist, customops
-from torchfarm.fx import customops as fx_customops
-from torchfarm.fx import dtensor as fx_dtensor
-from torchfarm.fx.collectives import UnresolvedGroup, describe_groups
+from torchfarm.fx import meshes as fx_meshes
+from torchfarm.fx import torch_library as fx_library
 from torchfarm.fx.internals import resolve
 from torchfarm.fx.noops import droppable_nodes
-from torchfarm.graph_errors import GraphError
-from torchfarm.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
+from torchfarm.fx.process_groups import UnresolvedGroup, describe_groups
+from torchfarm.graph import allowlist, customops
+from torchfarm.graph.graph_errors import GraphError
+from torchfarm.graph.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
 from torchfarm.v1 import graph_pb2
 
 log = logging.getLogger(__name__)
@@ -327,11 +327,11 @@ class _Encoder:
         if isinstance(value, torch.SymInt):
             out.symint.CopyFrom(self.size(value))
             return
-        mesh = next((v for v in (value, example) if fx_dtensor.is_mesh(v)), None)
+        mesh = next((v for v in (value, example) if fx_meshes.is_mesh(v)), None)
         if mesh is not None:
             out.mesh.mesh = self.mesh_index(mesh, node)
             return
-        if fx_dtensor.is_dtensor(value):
+        if fx_meshes.is_dtensor(value):
             self.dtensor(node, value, example, out)
             return
         self.tensor_meta(node, value, example, out.tensor)
@@ -366,7 +366,7 @@ class _Encoder:
         if self.root is not self:
             raise UnsupportedGraph(f"placeholder {node.name}: a subgraph takes a device mesh")
         for i, known in enumerate(self.meshes):
-            if fx_dtensor.same_mesh(known, mesh):
+            if fx_meshes.same_mesh(known, mesh):
                 return i
         self.meshes.append(mesh)
         return len(self.meshes) - 1
@@ -375,10 +375,10 @@ class _Encoder:
         """The local tensor as the placeholder's TensorMeta; its mesh, placements and
         global sizes beside it."""
         try:
-            placements = fx_dtensor.placements_of(value)
-        except fx_dtensor.Undescribable as e:
+            placements = fx_meshes.placements_of(value)
+        except fx_meshes.Undescribable as e:
             raise UnsupportedGraph(f"placeholder {node.name}: {e}") from e
-        local = fx_dtensor.local_tensor(value)
+        local = fx_meshes.local_tensor(value)
         self.tensor_meta(node, local, local, out.tensor)
         out.tensor.requires_grad = value.requires_grad
         out.tensor.kind = _kind(node, value, example)
@@ -426,7 +426,7 @@ class _Encoder:
             requires_grad=value.requires_grad,
         )
 
-    # -- custom ops (torchfarm/fx/customops.py) -----------------------------
+    # -- custom ops (torchfarm/fx/torch_library.py) -----------------------------
     def custom_op(self, node: torch.fx.Node, text: str, out: graph_pb2.Node) -> None:
         try:
             schema = customops.parse_schema(text)
@@ -434,7 +434,7 @@ class _Encoder:
             if all(op.target != out.target for op in self.graph.custom_ops):
                 self.graph.custom_ops.add(target=out.target, schema=text)
             out.custom.CopyFrom(
-                fx_customops.record_call(node, schema, lambda v: fx_customops.tensor_meta(v, self.size))
+                fx_library.record_call(node, schema, lambda v: fx_library.tensor_meta(v, self.size))
             )
         except (GraphError, TypeError) as e:
             raise UnsupportedGraph(str(e)) from e
@@ -516,7 +516,7 @@ class _Encoder:
         elif node.op == "call_function":
             out.op = Node.CALL_FUNCTION
             out.target = numpy_name(node.target) or qualified_name(node.target)
-            schema = fx_customops.describe(node.target)
+            schema = fx_library.describe(node.target)
             if schema is not None:
                 self.custom_op(node, schema, out)
             elif not allowlist.is_allowed_function(out.target):
@@ -569,10 +569,10 @@ def _torch_constant(value: object, a: graph_pb2.Argument) -> bool:
         a.layout = str(value).removeprefix("torch.")
     elif isinstance(value, torch.memory_format):
         a.memory_format = str(value).removeprefix("torch.")
-    elif fx_dtensor.is_placement(value):
+    elif fx_meshes.is_placement(value):
         try:
-            a.placement.CopyFrom(fx_dtensor.describe_placement(value))
-        except fx_dtensor.Undescribable as e:
+            a.placement.CopyFrom(fx_meshes.describe_placement(value))
+        except fx_meshes.Undescribable as e:
             raise UnsupportedGraph(str(e)) from e
     else:
         return False
@@ -607,13 +607,13 @@ def encode_graph(
     graph = encoder.graph
     try:
         graph.groups.extend(describe_groups(gm))
-        graph.meshes.extend(fx_dtensor.describe_mesh(m) for m in encoder.meshes)
-    except (UnresolvedGroup, fx_dtensor.Undescribable) as e:
+        graph.meshes.extend(fx_meshes.describe_mesh(m) for m in encoder.meshes)
+    except (UnresolvedGroup, fx_meshes.Undescribable) as e:
         raise UnsupportedGraph(str(e)) from e
     if encoder.meshes:
         graph.rank = torch.distributed.get_rank()
         if len(encoder.meshes) == 1 and not graph.groups:
-            fx_dtensor.share_submesh(graph, encoder.meshes[0])
+            fx_meshes.share_submesh(graph, encoder.meshes[0])
     try:
         validate_graph(graph, limits)
     except GraphError as e:

@@ -24,9 +24,9 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from torchfarm import builds, targets
 from torchfarm.fx import internals
-from torchfarm.targets import Target, TargetError
+from torchfarm.wire import builds, targets
+from torchfarm.wire.targets import Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ class Fingerprint:
     triton_version: str
     """The installed Triton distribution's version on a target whose artifacts hold
     Triton kernels; "" when it is not installed, and on CPU and MPS targets, whose
-    artifacts Triton plays no part in (torchfarm/builds.py)."""
+    artifacts Triton plays no part in (torchfarm/wire/builds.py)."""
     python: str
     """Major.minor of the interpreter, e.g. "3.11"."""
     platform: str
     """`sys.platform` and machine, e.g. "linux-x86_64"."""
     device: str
-    """The target's device kind: "cpu", "cuda", "rocm", "mps" or "xpu" (torchfarm/targets.py)."""
+    """The target's device kind: "cpu", "cuda", "rocm", "mps" or "xpu" (torchfarm/wire/targets.py)."""
     arch: str
     """GPU architecture ("sm_90", "gfx942") or Intel GPU name; "" on cpu and mps."""
     isa: str

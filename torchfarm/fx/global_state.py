@@ -20,9 +20,9 @@ from collections.abc import Iterator
 
 import torch
 
-from torchfarm import options as farm_options
 from torchfarm.fx.internals import resolve
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import options as farm_options
 
 log = logging.getLogger(__name__)
 

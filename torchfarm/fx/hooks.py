@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfarm.fx.cpp_kernels import load_fn_outputs, spec_args
 from torchfarm.fx.internals import resolve
-from torchfarm.fx.kernelspec import load_fn_outputs, spec_args
 
 log = logging.getLogger(__name__)
 

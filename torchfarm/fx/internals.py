@@ -108,9 +108,9 @@ INTERNALS: dict[str, Internal] = {
     "autograd_cache_allow_custom_autograd_functions": _i(
         "torch._functorch.config", "autograd_cache_allow_custom_autograd_functions",
         used_by="workers/compiler.py: autograd_function_apply cacheable"),
-    # The C++ kernels: how they are built, keyed and found (torchfarm/fx/kernelspec.py).
+    # The C++ kernels: how they are built, keyed and found (torchfarm/fx/cpp_kernels.py).
     "cpp_builder": _i("torch._inductor.cpp_builder", used_by="torchfarm/fx/fingerprint.py, toolchain.py"),
-    "codecache": _i("torch._inductor.codecache", used_by="torchfarm/fx/kernelspec.py, workers/deferral.py"),
+    "codecache": _i("torch._inductor.codecache", used_by="torchfarm/fx/cpp_kernels.py, workers/deferral.py"),
     "cpu_vec_isa": _i("torch._inductor.cpu_vec_isa", used_by="torchfarm/fx/vecisa.py, sdk/loader.py"),
     "CppBuilder": _i("torch._inductor.cpp_builder", "CppBuilder", used_by="torchfarm/fx/hooks.py"),
     "CppCodeCache": _i("torch._inductor.codecache", "CppCodeCache", used_by="torchfarm/fx/hooks.py"),
@@ -128,10 +128,10 @@ INTERNALS: dict[str, Internal] = {
     "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
                                   ("main_code", "device_type", "submit_fn", "extra_flags",
                                    "optimized_code", "needs_vec_isa", "kernel_needs_vec_isa"),
-                                  "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
+                                  "torchfarm/fx/cpp_kernels.py, workers/deferral.py: kernel specs"),
     "precompile_header": _i("torch._inductor.codecache", "_precompile_header",
                             ("header", "hashable_cmd_line"),
-                            "torchfarm/fx/kernelspec.py, workers/deferral.py: patched out"),
+                            "torchfarm/fx/cpp_kernels.py, workers/deferral.py: patched out"),
     "header_dir": _i("torch._inductor.codecache", "_HEADER_DIR",
                      used_by="workers/sandbox/child.py: the forkserver's prebuilt headers"),
     "header_lock_dir": _i("torch._inductor.codecache", "_HEADER_LOCK_DIR",
@@ -227,12 +227,12 @@ INTERNALS: dict[str, Internal] = {
     "CompileContext.current_compile_id": _i("torch._guards", "CompileContext.current_compile_id", (),
                                             "sdk/outcomes.py: the compile a background record belongs to"),
     "AutoDispatchBelowAutograd": _i("torch._C", "_AutoDispatchBelowAutograd",
-                                    used_by="torchfarm/fx/customops.py: a stand-in's call"),
+                                    used_by="torchfarm/fx/torch_library.py: a stand-in's call"),
     "resolve_process_group": _i("torch._C._distributed_c10d", "_resolve_process_group",
-                                used_by="torchfarm/fx/collectives.py: a group's name to its members; "
-                                "torchfarm/fx/dtensor.py: a shared name taken"),
+                                used_by="torchfarm/fx/process_groups.py: a group's name to its members; "
+                                "torchfarm/fx/meshes.py: a shared name taken"),
     "register_process_group": _i("torch._C._distributed_c10d", "_register_process_group",
-                                 used_by="workers/fakepg.py; torchfarm/fx/dtensor.py: a submesh's shared names"),
+                                 used_by="workers/fakepg.py; torchfarm/fx/meshes.py: a submesh's shared names"),
     "unregister_process_group": _i("torch._C._distributed_c10d", "_unregister_process_group",
                                    used_by="workers/fakepg.py"),
     "sdpa_backends": _i("torch.nn.attention", "_cur_sdpa_kernel_backends", ("with_priority",),
@@ -276,7 +276,7 @@ _BEFORE_2_13: dict[str, Internal | None] = {
     # No needs_vec_isa/kernel_needs_vec_isa: every kernel gets pick_vec_isa() (`load_async_args`).
     "CppCodeCache.load_async": _i("torch._inductor.codecache", "CppCodeCache.load_async",
                                   ("main_code", "device_type", "submit_fn", "extra_flags", "optimized_code"),
-                                  "torchfarm/fx/kernelspec.py, workers/deferral.py: kernel specs"),
+                                  "torchfarm/fx/cpp_kernels.py, workers/deferral.py: kernel specs"),
     # -march is inlined in _get_optimization_cflags (`cpu_arch_cflags` below); no cpp.march.
     "cpu_arch_cflags": None,
     "cpp_march": None,

@@ -1,7 +1,7 @@
 """Every target Dynamo can put in a graph on the running torch, named as the format names it.
 
 The farm's coverage is derived from this walk, not collected one model at a time:
-`scripts/gen_allowlist.py` allows what it yields unless `torchfarm.denylist` refuses it
+`scripts/gen_allowlist.py` allows what it yields unless `torchfarm.graph.denylist` refuses it
 by name, and tests/unit/test_surface.py fails on any target that is neither. The walk
 covers:
 

@@ -10,12 +10,12 @@ import logging
 import time
 from typing import Any
 
-from torchfarm import keys
-from torchfarm.codes import JobError, Stage
 from torchfarm.fx.vecisa import probed_toolchain
-from torchfarm.manifest import KernelRef, Manifest
-from torchfarm.seal import TamperedRecord
-from torchfarm.store import Attempts
+from torchfarm.storage.store import Attempts
+from torchfarm.trust.seal import TamperedRecord
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import KernelRef, Manifest
 from workers.board import BUILD, CACHED, Plan, StageBoard
 from workers.jobs.sending import claim, send_assembly, send_builds, stage_record
 from workers.jobs.stage import run_stage

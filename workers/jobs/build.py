@@ -11,10 +11,10 @@ import hmac
 import logging
 import time
 
-from torchfarm import keys, targets
-from torchfarm.codes import JobError
-from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
-from torchfarm.store import Attempts
+from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError
+from torchfarm.storage.store import Attempts
+from torchfarm.wire import keys, targets
+from torchfarm.wire.codes import JobError
 from workers.board import StageBoard, parse_waiter, waiter_name
 from workers.jobs.sending import build_seal, build_threads, kernel_key, send_assembly, send_build
 from workers.jobs.stage import run_stage

@@ -10,9 +10,9 @@ import json
 import logging
 import time
 
-from torchfarm import keys, routing
-from torchfarm.codes import Stage
-from torchfarm.manifest import Manifest
+from torchfarm.wire import keys, routing
+from torchfarm.wire.codes import Stage
+from torchfarm.wire.manifest import Manifest
 from workers.aot_seam import NotDecomposable
 from workers.board import StageBoard
 from workers.jobs.lower import lower

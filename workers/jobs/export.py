@@ -3,7 +3,7 @@ workers/executor.py) → store.
 
 Each delivery goes through `workers.runtime.run_delivery`, as a compile's does. The
 artifact is a manifest of kind "export" whose payload is the AOTInductor .pt2 package,
-signed like any other (torchfarm/signing.py).
+signed like any other (torchfarm/trust/signing.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
-from torchfarm import keys
-from torchfarm.codes import JobError, Stage
-from torchfarm.manifest import EXPORT, BlobRef, Manifest, blob_digest
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import EXPORT, BlobRef, Manifest, blob_digest
 from workers.runtime import (
     Delivery,
     JobFailed,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 
-from torchfarm import keys
-from torchfarm.codes import Stage
 from torchfarm.fx import global_state
-from torchfarm.manifest import Manifest
+from torchfarm.wire import keys
+from torchfarm.wire.codes import Stage
+from torchfarm.wire.manifest import Manifest
 from workers import ranks
 from workers.jobs.decompose import decompose_or_lower
 from workers.jobs.whole import compile_whole

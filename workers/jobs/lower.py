@@ -22,11 +22,11 @@ import logging
 import time
 from typing import Any
 
-from torchfarm import keys
-from torchfarm.codes import Stage
-from torchfarm.fx import customops, global_state
-from torchfarm.manifest import Manifest
-from torchfarm.store import Attempts
+from torchfarm.fx import global_state, torch_library
+from torchfarm.storage.store import Attempts
+from torchfarm.wire import keys
+from torchfarm.wire.codes import Stage
+from torchfarm.wire.manifest import Manifest
 from workers.aot_seam import Decomposition, NotDecomposable
 from workers.board import BUILD, CACHED, WAIT, Plan, PlannedKernel, StageBoard
 from workers.compiler import LoweredGraph, NeedsWholeGraph
@@ -61,7 +61,7 @@ def run_lowering(key: str, ctx: WorkerContext, namespace: str, target: str) -> N
 
     def work(board: StageBoard) -> Manifest | None:
         ctx.store.update_job(key, l_worker=ctx.name)  # `lower` sets the stage
-        with customops.job_scope():  # one tenant's custom ops never reach another's job
+        with torch_library.job_scope():  # one tenant's custom ops never reach another's job
             job = prepare(key, ctx)
             dec, front = _stored(board, key)
             sent = float(board.job_fields(key).get("l_sent") or began)

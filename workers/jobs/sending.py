@@ -15,10 +15,10 @@ import os
 import time
 from typing import Any, TypeVar
 
-from torchfarm import builds, routing, targets
-from torchfarm.codes import Stage
-from torchfarm.fx.kernelspec import KernelSpec, kernel_name
-from torchfarm.store import Store
+from torchfarm.fx.cpp_kernels import KernelSpec, kernel_name
+from torchfarm.storage.store import Store
+from torchfarm.wire import builds, routing, targets
+from torchfarm.wire.codes import Stage
 from workers.board import PlannedKernel, StageBoard, kernel_cache_key, waiter_name
 from workers.runtime import WorkerContext, put_blob
 

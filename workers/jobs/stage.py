@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchfarm.codes import JobError, Stage
-from torchfarm.manifest import Manifest
-from torchfarm.store import JobState
+from torchfarm.storage.store import JobState
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import Manifest
 from workers.board import StageBoard
 from workers.runtime import JobFailed, WorkerContext, live_job, record_failure
 

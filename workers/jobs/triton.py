@@ -3,7 +3,7 @@ the named target (the executor's `compile_triton`: workers/executor.py) → stor
 every job (`workers.runtime.run_delivery`): a redelivered job whose kernel is already
 cached finishes at once, blobs are written by content digest, and the record
 (`tf:kernel:<key>`) is written after its blobs. A failure's message goes to the client,
-so it passes `kernel_errors.client_message` first: bounded, and free of the worker's
+so it passes `triton_errors.client_message` first: bounded, and free of the worker's
 environment, paths and object reprs.
 """
 
@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm import keys, routing
-from torchfarm.codes import JobError, Stage
-from torchfarm.manifest import blob_digest
-from torchfarm.store import Store
-from torchfarm.targets import TargetError
+from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys, routing
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import blob_digest
+from torchfarm.wire.targets import TargetError
 from workers.executor import Executor
 from workers.inprocess import InProcessExecutor
-from workers.kernel_errors import client_message
 from workers.runtime import Delivery, JobFailed, load_request, record_failure, run_delivery
+from workers.triton_errors import client_message
 
 log = logging.getLogger(__name__)
 

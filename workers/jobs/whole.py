@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from torchfarm.codes import JobError, Stage
 from torchfarm.fx.vecisa import probed_toolchain
-from torchfarm.manifest import KernelRef, Manifest
+from torchfarm.wire.codes import JobError, Stage
+from torchfarm.wire.manifest import KernelRef, Manifest
 from workers.compiler import CompileResult
 from workers.runtime import JobFailed, Prepared, WorkerContext, put_blob
 

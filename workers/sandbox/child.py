@@ -62,7 +62,7 @@ def _set_up(request: dict[str, Any]) -> None:
     """The child's compiler set up as the parent's: its answers, the installed custom-op
     packages, the vector ISA."""
     from torchfarm.fx import toolchain, vecisa
-    from torchfarm.fx.customops import use_installed
+    from torchfarm.fx.torch_library import use_installed
 
     toolchain.seed_inductor()
     use_installed(tuple(str(m) for m in request.get("installed_ops", ())))
@@ -118,7 +118,7 @@ def _decoded(scratch: str, request: dict[str, Any]) -> tuple[Any, Any, dict[str,
     """The `CompileRequest` in `in/request.pb`, decoded as the parent decoded it: the
     request, its `DecodedGraph` and its Inductor options."""
     from torchfarm.fx import global_state
-    from torchfarm.graph_errors import GraphError
+    from torchfarm.graph.graph_errors import GraphError
     from workers import fakepg
     from workers.runtime import JobFailed, check_options
 
@@ -251,7 +251,7 @@ def _ranks(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     """The DTensor rank check (workers/ranks.py) of the request: `differs`, the first
     checked rank whose graphs differ from the client rank's, or None."""
     from torchfarm.fx import global_state
-    from torchfarm.graph_errors import GraphError
+    from torchfarm.graph.graph_errors import GraphError
     from workers import ranks
     from workers.compiler import CompileFailed
     from workers.runtime import JobFailed, check_options
@@ -273,7 +273,7 @@ def _ranks(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 
 def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     """An export request (`in/request.pb`) → its AOTInductor package (`out/package.pt2`)."""
-    from torchfarm.graph_errors import GraphError
+    from torchfarm.graph.graph_errors import GraphError
     from workers.aoti import build_package
     from workers.runtime import JobFailed, check_options
 
@@ -288,9 +288,9 @@ def _export(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
 def _triton(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     """A Triton kernel request (`in/request.pb`) compiled for `request["target"]`: its
     binary, assembly and metadata."""
-    from torchfarm import targets
-    from torchfarm.kernelcheck import KernelRejected
+    from torchfarm.kernels.triton_check import KernelRejected
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire import targets
     from workers.triton_compile import KernelCompileError, compile_kernel
 
     kernel_request = farm_pb2.KernelRequest()
@@ -393,8 +393,8 @@ def _remove_all(root: str) -> None:
 
 
 _OPS_IMPORT = (
-    "torchfarm.fx.customops", "torchfarm.fx.decode", "torchfarm.fx.global_state", "torchfarm.fx.guards",
-    "torchfarm.graph_errors", "torchfarm.v1.farm_pb2", "workers.aot_seam", "workers.aoti", "workers.compiler",
+    "torchfarm.fx.torch_library", "torchfarm.fx.decode", "torchfarm.fx.global_state", "torchfarm.fx.guards",
+    "torchfarm.graph.graph_errors", "torchfarm.v1.farm_pb2", "workers.aot_seam", "workers.aoti", "workers.compiler",
     "workers.fakepg", "workers.priming", "workers.ranks", "workers.runtime", "workers.triton_compile",
 )
 
@@ -412,7 +412,7 @@ def _preload(
     for module in _OPS_IMPORT:
         importlib.import_module(module)
     from torchfarm.fx import toolchain, vecisa
-    from torchfarm.fx.customops import use_installed
+    from torchfarm.fx.torch_library import use_installed
 
     use_installed(installed_ops)
 
@@ -442,8 +442,8 @@ def _prebuild_headers(headers: str) -> dict[str, tuple[int, ...]]:
     cache of the header paths, which every fork copies, then spares the runs the build.
     A kind not built here (the cpp_wrapper's header) a run builds in its own scratch
     (`_run_forked`). The digests let the server notice a run that changed them."""
+    from torchfarm.fx.cpp_kernels import KernelSpec, spec_args
     from torchfarm.fx.internals import resolve
-    from torchfarm.fx.kernelspec import KernelSpec, spec_args
     from workers.compiler import start_kernel_build
 
     _point_headers_at(resolve("codecache"), headers)

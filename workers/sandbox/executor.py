@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torchfarm.codes import JobError
+from torchfarm.wire.codes import JobError
 from workers.executor import Lowered
 from workers.sandbox.process import Sandbox
 from workers.sandbox.protocol import STREAM, Failure, Op, SandboxFailed, read_at
 
 if TYPE_CHECKING:
-    from torchfarm.targets import Target
     from torchfarm.v1 import farm_pb2
+    from torchfarm.wire.targets import Target
     from workers.aot_seam import Decomposition
     from workers.compiler import CompileResult
     from workers.job import JobFailed, Prepared
@@ -181,7 +181,7 @@ def compile_whole(
 
     A GPU compile (`on_gpu`) runs in a child of its own: a fork may not use a GPU
     runtime its parent may have touched (CUDA refuses to start in a forked child)."""
-    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError, kernel_name
+    from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, kernel_name
     from workers.compiler import CompileResult, Kernel
 
     result, files = sandbox.run(
@@ -323,7 +323,7 @@ def lower_graph(
 
     Raises SandboxFailed: kind "undecomposable" when the decomposition does not fit,
     "whole" when only the whole-graph path can compile the graph."""
-    from torchfarm.fx.kernelspec import KernelSpec, KernelSpecError
+    from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError
     from workers.compiler import LoweredGraph
 
     fields = dict(decomposition or {})
@@ -377,7 +377,7 @@ def export_package(
 def compile_triton(sandbox: Sandbox, request: bytes, target: Target, max_bytes: int) -> KernelResult:
     """A Triton `KernelRequest` compiled for `target` in the sandbox. Its binary must be
     code for `target` (checked here again, on what came back), its kind the target's."""
-    from torchfarm import elf
+    from torchfarm.kernels import elf
     from workers.triton_compile import KernelResult
 
     result, files = sandbox.run(Op.TRITON, {"target": str(target)}, {"request.pb": request}, max_bytes)

@@ -1,0 +1,208 @@
+"""The coordinator's kernel path: one Triton kernel → its binary, free of gRPC and torch.
+
+compile: check the request (target, source structure, signature, options) → pick the
+Triton version → derive the kernel key → answer from the kernel cache → or join the
+in-flight job → or, if a live worker serves the target's kernel queue, create the job
+and queue it → wait for the job's record to end → read the binary from the cache.
+
+It shares the job board, the blob store and the dispatcher with graph compiles
+(services/coordinator/farm.py); a kernel job lives on `kernels.<target>` queues
+(torchfarm/wire/routing.py) and its record under `tf:kernel:<key>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from services.coordinator.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    KernelFailed,
+    NoWorker,
+    RequestTooLarge,
+)
+from services.coordinator.farm import Farm
+from services.coordinator.runner import Runner
+from torchfarm.kernels import triton_check
+from torchfarm.storage.store import JobState, Store
+from torchfarm.trust.tokens import OPEN, Tenant
+from torchfarm.v1 import farm_pb2
+from torchfarm.wire import keys, routing
+from torchfarm.wire.codes import JobError, Reason
+from torchfarm.wire.targets import TargetError
+
+log = logging.getLogger(__name__)
+
+KERNEL_WAIT_S = 120.0
+"""How long a CompileKernel call waits for the worker before answering UNAVAILABLE."""
+
+CLIENT_ERRORS = {
+    JobError.INVALID_KERNEL: Reason.INVALID_KERNEL,
+    JobError.KERNEL_COMPILE_ERROR: Reason.KERNEL_COMPILE_ERROR,
+}
+"""Failure codes caused by the kernel itself, and the refusal each is answered with
+(INVALID_ARGUMENT, never retried)."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    key: str
+    cache_hit: bool
+    record: dict[str, Any]
+    binary: bytes
+    assembly: str
+
+
+class KernelService:
+    def __init__(self, farm: Farm, runner: Runner, wait_s: float = KERNEL_WAIT_S):
+        self.farm = farm
+        self.runner = runner
+        """Where each blocking store call runs: the one `farm` uses."""
+        self.wait_s = wait_s
+
+    async def compile(
+        self, request: farm_pb2.KernelRequest, size: int, tenant: Tenant = OPEN
+    ) -> CompiledKernel:
+        """The kernel's binary. A new kernel job counts against the tenant's quota of
+        jobs in flight, as a Submit's does (Farm.charge)."""
+        settings = self.farm.settings
+        namespace = tenant.namespace
+        if size > settings.max_request_bytes:
+            raise RequestTooLarge(
+                f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
+            )
+        try:
+            target = routing.target_of(request.target, "a kernel compile")
+            queue = routing.queue_name(target, routing.KERNEL)
+            checked = triton_check.check_kernel_source(request.source, request.name)
+            triton_check.check_signature(request, checked)
+            triton_check.check_options(request.options)
+        except (TargetError, triton_check.KernelRejected) as e:
+            raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
+        workers = await self.runner.run(self.farm.store.live_workers)
+        request = _with_triton_version(request, str(target), workers)
+        key = keys.compute_kernel_key(request, namespace)
+        store = self.farm.store.tenant(namespace)
+        hit = await self.runner.run(self._start, store, key, queue, request, tenant)
+        if not hit:
+            await self._wait(store, key, tenant)
+        record = await self.runner.run(store.get_kernel, key)
+        if record is None:
+            raise BackendUnavailable(
+                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
+            )
+        binary = await self.runner.run(store.get_blob, record["binary"]["digest"])
+        assembly = b""
+        if record.get("assembly"):
+            blob = await self.runner.run(store.get_blob, record["assembly"]["digest"])
+            assembly = blob or b""
+        if binary is None:
+            raise BackendUnavailable(
+                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
+            )
+        log.info(
+            "kernel key=%s target=%s name=%s hit=%s label=%s",
+            keys.short(key), target, request.name, hit, request.label,
+        )
+        return CompiledKernel(key, hit, record, binary, assembly.decode(errors="replace"))
+
+    def _start(
+        self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, tenant: Tenant
+    ) -> bool:
+        """True on a cache hit; otherwise makes sure a job for `key` is queued or running."""
+        if store.get_kernel(key) is not None:
+            return True
+        job = store.get_job(key)
+        if job is not None and (self.farm.is_stale(job) or job.state == JobState.SUCCEEDED):
+            store.delete_job(key)  # stuck, or done but its record was evicted
+            job = None
+        if job is not None:
+            return False  # join it; a failed one answers at once in _wait
+        settings = self.farm.settings
+        if store.create_job(
+            key, queue, request.label, settings.job_ttl_s,
+            request=request.SerializeToString(), request_ttl_s=settings.request_ttl_s, kind="kreq",
+        ):
+            self.farm.charge(store, key, tenant)
+            try:
+                self.farm.dispatcher.send_kernel(key, queue, tenant.namespace)
+            except Exception:
+                store.delete_job(key)
+                store.forget_job(tenant.name, key)
+                raise
+        return False
+
+    async def _wait(self, store: Store, key: str, tenant: Tenant) -> None:
+        async with self.farm.job_changes(key, tenant) as changed:
+            await self._wait_for(store, key, changed)
+
+    async def _wait_for(self, store: Store, key: str, changed: Callable[[], Awaitable[None]]) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            job = await self.runner.run(store.get_job, key)
+            if job is None:
+                if await self.runner.run(store.get_kernel, key) is not None:
+                    return
+                raise BackendUnavailable(f"kernel job {keys.short(key)} vanished")
+            if job.state == JobState.SUCCEEDED:
+                return
+            if job.state == JobState.FAILED:
+                message = f"{job.error_code}: {job.message}"
+                if job.error_code in CLIENT_ERRORS:
+                    raise InvalidRequest(message, reason=CLIENT_ERRORS[JobError(job.error_code)])
+                raise KernelFailed(message)
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    f"kernel {keys.short(key)} did not compile within {self.wait_s:.0f}s "
+                    f"(state {job.state})", reason=Reason.KERNEL_TIMEOUT,
+                )
+            with contextlib.suppress(TimeoutError):  # woken, or the deadline is up
+                await asyncio.wait_for(changed(), max(0.0, deadline - time.monotonic()) + 0.01)
+
+
+def _with_triton_version(
+    request: farm_pb2.KernelRequest, target: str, workers: dict[str, dict[str, Any]]
+) -> farm_pb2.KernelRequest:
+    """The request, with the Triton version of a live worker that will compile it.
+
+    A client that names a version gets exactly that or UNAVAILABLE; one that names
+    none gets the newest version a live worker for the target runs. Either way the
+    version is in the key, since the binary depends on it.
+    """
+    versions = sorted(
+        {
+            _kernel_triton(w)
+            for w in workers.values()
+            if routing.KERNEL in routing.served_targets(w).get(target, ())
+        },
+        key=_version_key,
+    )
+    if not versions:
+        raise NoWorker(routing.unserved_message(target, routing.KERNEL, workers))
+    wanted = request.triton_version
+    if wanted and wanted not in versions:
+        raise NoWorker(
+            f"no live worker compiles kernels for {target} with Triton {wanted} "
+            f"(live: {', '.join(v or '?' for v in versions)})"
+        )
+    out = farm_pb2.KernelRequest()
+    out.CopyFrom(request)
+    out.triton_version = wanted or versions[-1]
+    return out
+
+
+def _kernel_triton(worker: dict[str, Any]) -> str:
+    """The Triton a worker's kernel jobs compile with: its heartbeat's `triton`, else
+    its build's (a worker that serves kernels only, or one from before the field)."""
+    return str(worker.get("triton") or worker.get("fingerprint", {}).get("triton_version", ""))
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.+-]", version))

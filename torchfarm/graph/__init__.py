@@ -1,0 +1,1 @@
+"""The graph format's checks, torch-free: what a graph may call, and its bounds."""

@@ -1,0 +1,1 @@
+"""Triton kernel requests, checked before anything compiles them, and kernel binaries."""

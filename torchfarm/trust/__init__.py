@@ -1,0 +1,1 @@
+"""Signatures, seals, tokens and the keys a deployment starts with."""
