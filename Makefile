@@ -43,7 +43,7 @@ test-distributed: setup
 bench-ranks: setup
 	$(PY) bench/ranks.py $(RANKS_ARGS)
 
-# The whole real-model suite (tests/integration/test_real_models.py), about 25 minutes.
+# The whole real-model suite (tests/integration/test_real_models.py).
 test-models: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m models
 
@@ -52,7 +52,7 @@ test-models: setup
 test-higher-order: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_higher_order.py
 
-# The unit tests, one pytest-xdist process per core (1210 tests: 50 s on 2 cores, 77 s serial).
+# The unit tests, one pytest-xdist process per core.
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n auto --durations=25 -m "not slow and not integration"
 

@@ -31,7 +31,7 @@ from torchfarm.storage.store import JobState
 from torchfarm.trust.signing import Signer
 from torchfarm.wire.manifest import Manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

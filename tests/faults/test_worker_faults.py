@@ -27,7 +27,7 @@ from tests.faults.farmkit import (
 )
 from torchfarm.storage.store import JobState
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 VISIBILITY_S = 30
 """Broker visibility timeout of these stacks: a job a whole dead worker held comes back

@@ -17,7 +17,7 @@ from tests.requests import relu_request
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import builds
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 OTHER = {"torch_version": "2.12.0+cpu", "torch_git": "simulated0other0build"}
 

@@ -25,7 +25,7 @@ from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.wire import keys
 from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 TORCHFARM = [sys.executable, "-m", "cli"]
 

@@ -16,7 +16,7 @@ from cli.supervisor import descendants
 from localfarm.stack import free_port
 from torchfarm.trust import trustfile
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 TORCHFARM = [sys.executable, "-m", "cli"]
 

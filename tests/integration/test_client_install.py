@@ -24,7 +24,7 @@ import pytest
 from localfarm.stack import free_port
 from tests.second_venv import VenvUnavailable, second_venv
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ import pytest
 from sdk.report import COMPILED, HIT, JOINED
 from torchfarm.wire.codes import JobError
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("distributed_train.py")

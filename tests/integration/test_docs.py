@@ -22,6 +22,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.timeout(600)
+
 DOCS = sorted((ROOT / "docs").glob("sdk*.md"))
 MARKER = re.compile(r"<!--\s*test:\s*(run|skip|file)\b\s*(.*?)\s*-->")
 FENCE = re.compile(r"^(```+)\s*([\w-]*)")

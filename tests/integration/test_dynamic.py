@@ -27,7 +27,7 @@ from torch._dynamo.utils import counters
 import sdk
 from tests.conftest import run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 KEY = re.compile(r"key=([0-9a-f]{12})")
 

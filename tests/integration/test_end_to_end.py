@@ -22,7 +22,7 @@ from localfarm.stack import free_port
 from sdk.blobcache import BlobCache
 from tests.conftest import run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 MODELS = {
     "mlp": make_mlp,

@@ -25,7 +25,7 @@ from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.settings import from_env
 from torchfarm.wire.manifest import EXPORT, Manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

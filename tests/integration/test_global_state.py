@@ -19,7 +19,7 @@ import torch
 import sdk
 from tests.conftest import run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _mlp() -> torch.nn.Module:

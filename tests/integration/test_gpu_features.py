@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import sdk
 from examples.models import TINY_GPT, make_gpt
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 BF16 = {"atol": 2e-2, "rtol": 2e-2}
 """bfloat16 has 8 bits of mantissa: a local compile's loss and grads stay within this of eager."""

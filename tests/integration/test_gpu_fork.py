@@ -18,7 +18,7 @@ from sdk.client import FarmClient
 from sdk.settings import SDKSettings
 from workers import sandbox
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 SHIM = Path(__file__).resolve().parents[1] / "shims" / "fake_cuda"
 

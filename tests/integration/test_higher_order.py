@@ -26,7 +26,7 @@ from torch import nn
 import sdk
 from sdk import report
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOLERANCE = 1e-4
 

@@ -12,7 +12,7 @@ import torch._inductor.config as inductor_config
 
 import sdk
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def _mlp() -> torch.nn.Module:

@@ -24,7 +24,7 @@ import pytest
 from sdk.report import HIT
 from tests.conftest import run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPIED = ("g++", "gcc", "c++", "cc", "clang", "clang++")
 """Every name Inductor or the fingerprint may start a C/C++ compiler by."""

@@ -27,7 +27,7 @@ from sdk.nonblocking import COMPILED, COMPILING, EAGER, swapper_of
 from tests.conftest import run_python
 from torchfarm.storage.store import JobState
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 DELAY_S = 8.0
 """How long the worker sleeps in each compile."""

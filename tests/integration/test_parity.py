@@ -21,7 +21,7 @@ import sdk
 from examples.models import make_cnn, make_mlp
 from torchfarm.fx.hooks import count_kernel_builds
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 KEY = re.compile(r"key=([0-9a-f]{12})")
 

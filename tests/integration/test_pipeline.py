@@ -36,7 +36,7 @@ from torchfarm.storage.store import JobState
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 from workers.board import StageBoard
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODELS = {
     "mlp": make_mlp,

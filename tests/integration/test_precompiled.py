@@ -18,7 +18,7 @@ from tests.conftest import run_python
 from tests.integration.test_no_compiler import compiler_spy
 from torchfarm.trust.signing import Signer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 WIDTH = 24 + os.getpid() % 16 * 2
 """A key the shared farm has not seen in this run."""

@@ -24,7 +24,7 @@ from tests.realmodels.zoo import (  # noqa: E402
     supports_checkpointing,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.models, pytest.mark.timeout(1200)]
 
 IN_EVERY_RUN = frozenset({"gpt2", "bert", "llama"})
 """A decoder, an encoder and a grouped-query decoder run with `make test`; the whole zoo

@@ -41,7 +41,7 @@ from workers.jobs.sending import kernel_key
 from workers.runtime import WorkerContext
 from workers.settings import WorkerSettings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 PASSWORD = "hunter2-redis-password"
 SIGNING_KEY = "-----BEGIN PRIVATE KEY----- SIGNING-SECRET"

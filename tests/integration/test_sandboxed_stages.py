@@ -39,7 +39,7 @@ from workers.jobs.export import run_export_job
 from workers.jobs.triton import KernelContext, run_kernel_job
 from workers.settings import WorkerSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 BWRAP_OK, _ = sandbox.bwrap_works()
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -12,7 +12,7 @@ from localfarm.stack import LocalStack
 from torchfarm.storage.redisconn import celery_broker, connect
 from torchfarm.storage.store import JobState, Store
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from torchfarm.settings import from_env
 from torchfarm.storage.store import Store
 from torchfarm.v1 import farm_pb2
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 CACHE_MAXMEMORY = 4 * 1024 * 1024
 FLOOD_BLOB = 512 * 1024

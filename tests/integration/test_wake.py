@@ -15,7 +15,7 @@ from examples.models import make_mlp
 from localfarm.stack import LocalStack
 from sdk import report
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 class _Seen(logging.Handler):

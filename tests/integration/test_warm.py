@@ -24,7 +24,7 @@ from sdk.errors import ConfigError
 from sdk.report import COMPILED, HIT, JOINED
 from tests.conftest import ROOT, run_python
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 TORCHFARM = [sys.executable, "-m", "cli"]
 

@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from tests.ops.farm import MLP_COMPILE_SCRIPT, queue_foreign_build_job, wait_for
 from torchfarm.storage.store import JobState
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 

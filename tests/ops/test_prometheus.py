@@ -43,6 +43,7 @@ pytestmark = [
         shutil.which("prometheus") is None,
         reason="prometheus is not installed (apt-get install prometheus, or WITH_PROMETHEUS=1 ./scripts/setup.sh)",
     ),
+    pytest.mark.timeout(300),
 ]
 
 

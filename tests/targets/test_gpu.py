@@ -18,7 +18,7 @@ from tests.targets.cubin_launch import KERNELS, launch_cubin, load_kernel_module
 from torchfarm.fx.fingerprint import local_fingerprint, local_target
 from torchfarm.kernels import elf
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 SHIPPED = {"TORCHFARM_SANDBOX": "auto"}
 START_S = 180

@@ -24,7 +24,7 @@ import sdk
 from examples.models import TINY_GPT, make_gpt
 from localfarm.stack import LocalStack
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 FP32 = ({"atol": 1e-3, "rtol": 1e-3}, {"atol": 1e-2, "rtol": 1e-2})
 """Loss and grads against eager in float32 (Inductor reorders reductions; TF32 is off)."""

@@ -16,7 +16,7 @@ import pytest
 
 from torchfarm.kernels import elf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATES = [os.environ.get("TORCHFARM_CUDA_PYTHON", "")]

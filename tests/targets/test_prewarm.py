@@ -16,6 +16,8 @@ from torchfarm.fx.fingerprint import fingerprint_for, local_target
 from torchfarm.v1 import farm_pb2, graph_pb2
 from torchfarm.wire import targets
 
+pytestmark = pytest.mark.timeout(300)
+
 
 def test_retarget_moves_every_device():
     g = relu_request().graph

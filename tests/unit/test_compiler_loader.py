@@ -39,6 +39,8 @@ from torchfarm.fx.hooks import count_kernel_builds
 from torchfarm.fx.vecisa import probed_toolchain
 from workers.compiler import CompileFailed, CompileResult, compile_graph, inductor_config_patch
 
+pytestmark = pytest.mark.timeout(600)
+
 ROOT = Path(__file__).resolve().parents[2]
 RTOL, ATOL = 1e-5, 1e-6
 TINY_SOURCE = 'extern "C" int torchfarm_probe() { return 42; }\n'

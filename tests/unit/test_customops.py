@@ -12,6 +12,8 @@ from torchfarm.graph.graph_errors import DisallowedOp, GraphError, GraphTooLarge
 from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
 
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.mark.parametrize("text", [
     "mylib::foo(Tensor x) -> Tensor",

@@ -34,6 +34,8 @@ from workers.aot_seam import (
 )
 from workers.compiler import lower_graph
 
+pytestmark = pytest.mark.timeout(120)
+
 RTOL, ATOL = 1e-5, 1e-6
 GRAD_TOL = 1e-4
 

@@ -23,6 +23,8 @@ from tests.requests import RELU_QUEUE, relu_request
 from torchfarm.storage.store import JobState
 from torchfarm.wire import keys, routing
 
+pytestmark = pytest.mark.timeout(120)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

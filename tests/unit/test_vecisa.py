@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import run_python
 from torchfarm.fx import vecisa
 
+pytestmark = pytest.mark.timeout(120)
+
 
 def test_the_probe_internals_are_where_the_replay_expects_them():
     from torch._inductor import cpu_vec_isa as v

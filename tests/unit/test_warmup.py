@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.timeout(120)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent(
