@@ -17,7 +17,7 @@ import redis
 from localfarm.stack import free_port
 from tests.integration.test_cli import alive, descendants
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TORCHFARM = [os.path.join(os.path.dirname(sys.executable), "torchfarm")]
 
