@@ -4,9 +4,12 @@ Inductor's config is a remote-code-execution surface when a stranger sets it:
 `cpp.cxx` names the compiler binary the worker runs, `trace.debug_dir` where it writes,
 and several options take callables or paths. `torch.compile` validates only names and
 (for plain types) value types, so `{"cpp.cxx": [null, "/bin/sh"]}` passes it. The farm
-therefore accepts only the modes `torch.compile` names and a fixed set of tuning knobs
-with boolean or small integer values. The coordinator refuses anything else with
-INVALID_ARGUMENT; the worker checks again before it compiles.
+therefore accepts only the modes `torch.compile` names and the settings in `ALLOWED`, each
+a plain value: a boolean, a finite number within its range (`RANGES`), or a string from a
+fixed set (`CHOICES`, `SUBSETS`), at most `MAX_VALUE_CHARS` of JSON. Which settings are
+carried, and why each other one is refused, is torchfarm/wire/inductor_settings.py's. The
+coordinator refuses anything else with INVALID_ARGUMENT; the worker checks again before it
+compiles.
 """
 
 from __future__ import annotations
