@@ -92,7 +92,6 @@ _BOOLS = """
     triton.unique_user_kernel_names triton.use_block_ptr triton.use_tensor_descriptor
     aten_distributed_optimizations.allow_comms_decompositions
     aten_distributed_optimizations.bucket_only_internode_comms
-    aten_distributed_optimizations.enable_fusion_regions
     aten_distributed_optimizations.enable_low_contention_collectives
     aten_distributed_optimizations.enable_overlap_scheduling
     aten_distributed_optimizations.low_contention_skip_overlap_check
@@ -106,9 +105,11 @@ _OPT_BOOLS = """
     autoheuristic_use.pad_mm incremental_autotune triton.autotune_at_compile_time
     aten_distributed_optimizations.bucket_exposed_first
     aten_distributed_optimizations.collective_bucketing
+    aten_distributed_optimizations.enable_fusion_regions
     aten_distributed_optimizations.insert_overlap_deps
 """
-"""Switches that also take null: torch decides."""
+"""Switches that also take null: torch decides. Some take it on one build only
+(`aten_distributed_optimizations.enable_fusion_regions` defaults to null on torch 2.12)."""
 
 ALLOWED: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(_BOOLS.split(), _BOOL),
