@@ -37,6 +37,7 @@ from torchfarm.fx.decode import decode_graph
 from torchfarm.fx.internals import resolve
 from torchfarm.graph import exportcheck
 from torchfarm.v1 import farm_pb2, graph_pb2
+from workers import inductor_fixes
 
 if TYPE_CHECKING:
     from torch.utils._pytree import TreeSpec
@@ -180,6 +181,7 @@ def build_package(
     t2 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="torchfarm-export-") as tmp:
         path = os.path.join(tmp, "model.pt2")
+        inductor_fixes.apply()
         try:
             resolve("aoti_compile_and_package")(
                 program, package_path=path, inductor_configs=dict(inductor_options or {})

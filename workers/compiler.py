@@ -43,6 +43,7 @@ from torchfarm.fx.internals import resolve
 from torchfarm.graph import graphcheck
 from torchfarm.graph.allowlist import load_allowlist
 from torchfarm.graph.graph_errors import GraphError
+from workers import inductor_fixes
 
 if TYPE_CHECKING:
     from torch._inductor.standalone_compile import AOTCompiledArtifact, DynamicShapesType
@@ -343,7 +344,9 @@ def _compile_setup(
     example_inputs: Sequence[Any], fake_mode: Any, dynamic: bool, mode: str,
     inductor_options: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], DynamicShapesType, Any]:
-    """The config patch, `dynamic_shapes` and fake mode both compile paths pass on."""
+    """The config patch, `dynamic_shapes` and fake mode both compile paths pass on; the
+    Inductor fixes (workers/inductor_fixes.py) are in place before either compiles."""
+    inductor_fixes.apply()
     try:
         patch = inductor_config_patch(mode, inductor_options, dynamic)
     except RuntimeError as e:  # unknown option or mode, wrong type

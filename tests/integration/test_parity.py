@@ -219,3 +219,21 @@ def test_compiler_reset_recaptures_and_is_served_by_the_farm(stack, client_cache
     _assert_all_on_farm(lines)
     assert len(lines) == 2 and " hit " in lines[1], lines
     assert _keys(lines)[0] == _keys(lines)[1]
+
+
+def _multi_query_scores(fused):
+    """Falcon's multi-query split: one key head taken by an advanced index and broadcast
+    over four query heads. Torch 2.13's Inductor wrote its gradient out of bounds
+    (workers/inductor_fixes.py)."""
+    key = fused.view(2, 8, 5, 16)[..., [-1], :].transpose(1, 2)
+    return ((torch.ones(2, 4, 8, 16) @ key.transpose(-1, -2)) ** 2).sum()
+
+
+def test_a_multi_query_gradient_from_the_farm_matches_eager(stack, client_cache_dir, caplog):
+    caplog.set_level(logging.INFO, logger="sdk")
+    torch._dynamo.reset()
+    x = torch.randn(2, 8, 80, requires_grad=True)
+    eager, = torch.autograd.grad(_multi_query_scores(x), x)
+    compiled, = torch.autograd.grad(sdk.compile(_multi_query_scores, remote=stack.address, fallback="error")(x), x)
+    _assert_all_on_farm(_farm_lines(caplog))
+    torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)

@@ -40,6 +40,11 @@ from torchfarm.v1 import farm_pb2, graph_pb2
 KEY_VERSION = "torchfarm.key/3"
 """Changes whenever the key's inputs change, so old and new keys never collide."""
 
+INDUCTOR_FIXES = ("pytorch/pytorch#191837",)
+"""The upstream Inductor bugs the workers fix before they compile (workers/inductor_fixes.py),
+by their issues. They are in the key: a farm that carries a fix never serves an artifact
+compiled without it, from its cache or from an older farm's."""
+
 
 def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True, rank: bool = True) -> str:
     """A digest of the graph's deterministic protobuf encoding; with `hints=False`, of
@@ -176,6 +181,7 @@ def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, An
             "platform": build.platform,
         },
         "options": options_canonical(request.options),
+        "inductor_fixes": list(INDUCTOR_FIXES),
     }
     if shared:
         canonical["ranks"] = "shared"  # never a per-rank key, whose graph has rank 0

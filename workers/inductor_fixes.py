@@ -1,0 +1,95 @@
+"""Upstream Inductor bugs that make a compile wrong, fixed in the worker before it compiles.
+
+An artifact from the farm must be as right as eager PyTorch. Where a torch release the
+farm serves miscompiles, and the upstream fix is small and understood, the worker
+carries that fix until the torch builds it serves have it. Each fix names its upstream
+issue, checks that the code it corrects is still there (`needed`), and changes nothing
+where it is not. Their names are in the cache key (`torchfarm.wire.keys.INDUCTOR_FIXES`;
+a test holds the two lists equal), so a farm that carries a fix never serves an
+artifact compiled without it.
+
+A client's local `torch.compile` (and the SDK's local fallback) keeps the bug.
+
+pytorch/pytorch#191837, CPU, torch 2.12 and 2.13: a vectorized 2-D tile kernel
+(`CppTile2DKernel`) that scatters with `atomic_add`, as the backward of an advanced index
+does, offsets its index by the tile's inner loop variable twice. `CppTile2DKernel.store`
+transforms the index, then `CppVecKernel.store`'s parallel `atomic_add` path derives it
+again through `ops.index_expr`, which `CppTile2DOverrides.index_expr` transforms once
+more. The kernel writes out of bounds: wrong gradients and a corrupted heap (Falcon's
+multi-query attention, `qkv[..., [-2], :]`, whose gradient was 1 to 3 % off in a local
+compile). The fix passes that path the index untransformed, as upstream's does (pull
+request #191861). With one thread and static threads the store is not atomic and was
+right. tests/unit/test_inductor_fixes.py compiles the bug's graph against eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchfarm.fx.internals import resolve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    """The upstream issue: "pytorch/pytorch#191837"."""
+    needed: Callable[[], bool]
+    """Whether the running torch still has the bug's code."""
+    apply: Callable[[], None]
+
+
+def _tile2d_atomic_add_needed() -> bool:
+    tile2d, vec = resolve("CppTile2DKernel"), resolve("CppVecKernel")
+    try:
+        tile_store = inspect.getsource(tile2d.store)
+        vec_store = inspect.getsource(vec.store)
+        overrides = inspect.getsource(resolve("CppTile2DOverrides").index_expr)
+    except (OSError, TypeError):  # no source: the check cannot tell, and the code is left alone
+        return False
+    return (
+        "atomic_add" not in tile_store
+        and "self.transform_indexing(index)" in tile_store
+        and "ops.index_expr(index" in vec_store
+        and "transform_indexing" in overrides
+    )
+
+
+def _fix_tile2d_atomic_add() -> None:
+    tile2d, vec = resolve("CppTile2DKernel"), resolve("CppVecKernel")
+    cpp_config = resolve("inductor_config").cpp
+    transformed_store = tile2d.store
+
+    def store(self: Any, name: str, index: Any, value: Any, mode: Any = None) -> Any:
+        parallel_atomic = mode == "atomic_add" and (cpp_config.dynamic_threads or self.num_threads != 1)
+        if parallel_atomic and not self.need_vec_transpose(self.rename_indexing(index)):
+            return vec.store(self, name, index, value, mode)  # its ops.index_expr transforms the index once
+        return transformed_store(self, name, index, value, mode)
+
+    store.__wrapped__ = transformed_store  # type: ignore[attr-defined]
+    tile2d.store = store
+
+
+FIXES = (
+    Fix("pytorch/pytorch#191837", _tile2d_atomic_add_needed, _fix_tile2d_atomic_add),
+)
+
+
+@functools.cache
+def apply() -> tuple[str, ...]:
+    """Applies, once per process, every fix the running torch needs; returns their names.
+    Called before any compile (workers/compiler.py)."""
+    applied = []
+    for fix in FIXES:
+        if fix.needed():
+            fix.apply()
+            applied.append(fix.name)
+    if applied:
+        log.info("Inductor fixes applied: %s", ", ".join(applied))
+    return tuple(applied)
