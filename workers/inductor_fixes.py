@@ -10,16 +10,18 @@ artifact compiled without it.
 
 A client's local `torch.compile` (and the SDK's local fallback) keeps the bug.
 
-pytorch/pytorch#191837, CPU, torch 2.12 and 2.13: a vectorized 2-D tile kernel
-(`CppTile2DKernel`) that scatters with `atomic_add`, as the backward of an advanced index
-does, offsets its index by the tile's inner loop variable twice. `CppTile2DKernel.store`
-transforms the index, then `CppVecKernel.store`'s parallel `atomic_add` path derives it
-again through `ops.index_expr`, which `CppTile2DOverrides.index_expr` transforms once
-more. The kernel writes out of bounds: wrong gradients and a corrupted heap (Falcon's
-multi-query attention, `qkv[..., [-2], :]`, whose gradient was 1 to 3 % off in a local
-compile). The fix passes that path the index untransformed, as upstream's does (pull
-request #191861). With one thread and static threads the store is not atomic and was
-right. tests/unit/test_inductor_fixes.py compiles the bug's graph against eager.
+pytorch/pytorch#191837, CPU, torch 2.13: a vectorized 2-D tile kernel (`CppTile2DKernel`)
+that scatters with `atomic_add`, as the backward of an advanced index does, offsets its
+index by the tile's inner loop variable twice. `CppTile2DKernel.store` transforms the
+index, then `CppVecKernel.store`'s parallel `atomic_add` path derives it again through
+`ops.index_expr`, which `CppTile2DOverrides.index_expr` transforms once more. The kernel
+writes out of bounds: wrong gradients and a corrupted heap (Falcon's multi-query
+attention, `qkv[..., [-2], :]`, whose gradient was 1 to 3 % off in a local compile). The
+fix passes that path the index untransformed, as upstream's does (pull request #191861).
+With one thread and static threads the store is not atomic and was right. Torch 2.12
+has the same code, and the fix applies there, but 2.12 fails to compile such a graph
+earlier (it transposes a tile at an index computed inside the loop), which this leaves
+as it is. tests/unit/test_inductor_fixes.py compiles the bug's graph against eager.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from torchfarm.fx.internals import torch_minor
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import keys
 from workers import inductor_fixes
@@ -59,14 +60,20 @@ def _repo():
 needed = pytest.mark.skipif(
     not inductor_fixes._tile2d_atomic_add_needed(), reason="this torch has upstream's fix"
 )
+compiles = pytest.mark.skipif(
+    torch_minor() < (2, 13),
+    reason="before 2.13 Inductor fails to compile the graph: it transposes a tile at an index it computes in the loop",
+)
 
 
 @needed
+@compiles
 def test_without_the_fix_a_multi_query_gradient_is_wrong_or_crashes(tmp_path):
     rc, result, stderr = _gradient_error(tmp_path, "unfixed")
     assert rc != 0 or result["error"] > 1e-2 * result["size"], (rc, result, stderr)
 
 
+@compiles
 def test_with_the_fix_a_multi_query_gradient_matches_eager(tmp_path):
     rc, result, stderr = _gradient_error(tmp_path, "fixed")
     assert rc == 0, stderr
