@@ -1,12 +1,13 @@
-"""Upstream Inductor bugs that make a compile wrong, fixed in the worker before it compiles.
+"""Upstream Inductor bugs that make a compile wrong or endless, fixed in the worker before
+it compiles.
 
-An artifact from the farm must be as right as eager PyTorch. Where a torch release the
-farm serves miscompiles, and the upstream fix is small and understood, the worker
-carries that fix until the torch builds it serves have it. Each fix names its upstream
-issue, checks that the code it corrects is still there (`needed`), and changes nothing
-where it is not. Their names are in the cache key (`torchfarm.wire.keys.INDUCTOR_FIXES`;
-a test holds the two lists equal), so a farm that carries a fix never serves an
-artifact compiled without it.
+An artifact from the farm must be as right as eager PyTorch, and the compile must end.
+Where a torch release the farm serves miscompiles, or never finishes a compile, and the
+upstream fix is small and understood, the worker carries that fix until the torch
+builds it serves have it. Each fix names its upstream issue, checks that the code it
+corrects is still there (`needed`), and changes nothing where it is not. Their names are
+in the cache key (`torchfarm.wire.keys.INDUCTOR_FIXES`; a test holds the two lists
+equal), so a farm that carries a fix never serves an artifact compiled without it.
 
 A client's local `torch.compile` (and the SDK's local fallback) keeps the bug.
 
@@ -21,12 +22,27 @@ fix passes that path the index untransformed, as upstream's does (pull request #
 With one thread and static threads the store is not atomic and was right. Torch 2.12
 has the same code, and the fix applies there, but 2.12 fails to compile such a graph
 earlier (it transposes a tile at an index computed inside the loop), which this leaves
-as it is. tests/unit/test_inductor_fixes.py compiles the bug's graph against eager.
+as it is.
+
+pytorch/pytorch#133734, CPU, torch 2.11 to 2.13: the vector-range index analysis
+(`simplify_index_in_vec_range`, `stride_at`) runs `sympy.simplify` over a whole index
+expression. A chain of views through reshapes and slices (Funnel's relative-position
+shift) gives backward indices of over a thousand operations, and one such call ran for
+more than half an hour: a local compile never finished, and the farm's lowering hit the
+worker's time limit. Past `MAX_ANALYZED_OPS` the analysis now answers without simplifying
+(upstream's open pull request #186319 drops that simplify altogether): the index is left
+as it is, and its stride is the plain difference, which is not a number, so the kernel
+takes the general (gathered, untransposed) path for that access, as it does for any
+index whose stride it cannot prove. Funnel's backward then lowered in under a minute,
+its gradients within 1e-7 of eager.
+
+tests/unit/test_inductor_fixes.py compiles each bug's graph against eager.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -78,8 +94,46 @@ def _fix_tile2d_atomic_add() -> None:
     tile2d.store = store
 
 
+MAX_ANALYZED_OPS = 200
+"""Operations (`count_ops`) past which the vector-range index analysis does not simplify.
+Model indices count tens; the expressions that stalled Funnel's compile, over a thousand."""
+
+
+def _index_analysis_needed() -> bool:
+    try:
+        simplify_source = inspect.getsource(resolve("simplify_index_in_vec_range"))
+        stride_source = inspect.getsource(resolve("stride_at"))
+    except (OSError, TypeError):
+        return False
+    return "sympy.simplify(index)" in simplify_source and "sympy.simplify(new_index - index)" in stride_source
+
+
+def _bound_index_analysis() -> None:
+    simplify_in_range, stride_at = resolve("simplify_index_in_vec_range"), resolve("stride_at")
+    module = importlib.import_module(stride_at.__module__)
+    subs = module.sympy_subs
+
+    @functools.lru_cache
+    def bounded_simplify_in_range(index: Any, var: Any, vec_length: int) -> Any:
+        if index.count_ops() > MAX_ANALYZED_OPS:
+            return index
+        # Its recursion calls the module's name, which is this function now.
+        return simplify_in_range.__wrapped__(index, var, vec_length)
+
+    @functools.lru_cache
+    def bounded_stride_at(index: Any, var: Any) -> Any:
+        if index.has(var) and index.count_ops() > MAX_ANALYZED_OPS:
+            return subs(index, {var: var + 1}) - index
+        return stride_at.__wrapped__(index, var)
+
+    # The module's own functions call these by its names (`stride_at_vec_range` both).
+    setattr(module, "simplify_index_in_vec_range", bounded_simplify_in_range)  # noqa: B010
+    setattr(module, "stride_at", bounded_stride_at)  # noqa: B010
+
+
 FIXES = (
     Fix("pytorch/pytorch#191837", _tile2d_atomic_add_needed, _fix_tile2d_atomic_add),
+    Fix("pytorch/pytorch#133734", _index_analysis_needed, _bound_index_analysis),
 )
 
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import sympy
 import torch
 
 from torchfarm.fx.internals import torch_minor
@@ -78,6 +79,70 @@ def test_with_the_fix_a_multi_query_gradient_matches_eager(tmp_path):
     rc, result, stderr = _gradient_error(tmp_path, "fixed")
     assert rc == 0, stderr
     assert result["error"] <= 1e-4 * max(result["size"], 1.0), result
+
+
+RELATIVE_SHIFT_GRADIENTS = textwrap.dedent("""
+    import json, sys, torch
+    from workers import inductor_fixes
+    inductor_fixes.MAX_ANALYZED_OPS = int(sys.argv[1])
+    inductor_fixes.apply()
+
+    def relative_shift(scores, weight):
+        # Funnel's relative-position shift: views through a reshape and a slice.
+        b, h, q, k = scores.shape
+        shifted = scores.reshape(b, h, k, q)[:, :, 1:, :].reshape(b, h, q, k - 1)[..., : q // 2]
+        return (shifted * weight).softmax(-1).transpose(1, 2).reshape(b, q, -1) @ torch.ones(h * (q // 2), 3)
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 4, 12, 12, generator=g, requires_grad=True)
+    weight = torch.randn(6, generator=g, requires_grad=True)
+    eager = torch.autograd.grad(relative_shift(scores, weight).square().sum(), (scores, weight))
+    compiled = torch.autograd.grad(torch.compile(relative_shift)(scores, weight).square().sum(), (scores, weight))
+    print(json.dumps({"error": max((a - b).abs().max().item() for a, b in zip(eager, compiled))}))
+""")
+
+
+@pytest.mark.skipif(not inductor_fixes._index_analysis_needed(), reason="this torch has upstream's fix")
+def test_with_every_index_past_the_bound_a_compile_still_matches_eager(tmp_path):
+    """A bound of 0 sends every access of the compile down the unsimplified path: what an
+    index over the real bound gets. The kernels take their general paths and stay right."""
+    for bound in ("0", "200"):
+        run = subprocess.run(
+            [sys.executable, "-c", RELATIVE_SHIFT_GRADIENTS, bound], capture_output=True, text=True, timeout=240,
+            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / bound), "PATH": "/usr/bin:/bin"}, cwd=str(_repo()),
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert json.loads(run.stdout.splitlines()[-1])["error"] <= 1e-5, (bound, run.stdout)
+
+
+def _deep_index(depth: int):
+    """An index as a chain of views through reshapes gives: nested modular indexing."""
+    from torch._inductor.utils import sympy_index_symbol
+    from torch.utils._sympy.functions import ModularIndexing
+
+    d0, d1, d2, d3 = (sympy_index_symbol(f"d{i}") for i in range(4))
+    index = 56 * d0 + 224 * d1 + 4 * d2 + d3 - 8
+    for _ in range(depth):
+        index = ModularIndexing(index, 1, 14) + 14 * ModularIndexing(index, 14, 4) + 4 * ModularIndexing(index + 3, 4, 7)
+    return index, d1
+
+
+@pytest.mark.skipif(not inductor_fixes._index_analysis_needed(), reason="this torch has upstream's fix")
+def test_past_the_bound_the_index_analysis_does_not_simplify():
+    """Unbounded, this index (five views deep, 1,558 operations) took 72 s to analyze on
+    the development machine; one from Funnel's backward, over half an hour."""
+    from torch._inductor import sizevars
+
+    inductor_fixes.apply()
+    deep, var = _deep_index(5)
+    assert deep.count_ops() > inductor_fixes.MAX_ANALYZED_OPS
+    assert sizevars.simplify_index_in_vec_range(deep, var, 16) is deep
+    stride = sizevars.stride_at_vec_range(deep, var, 16)
+    assert not stride.is_number  # the general path
+    assert sizevars.stride_at(deep, var) == sizevars.sympy_subs(deep, {var: var + 1}) - deep
+    shallow, var = _deep_index(1)
+    assert shallow.count_ops() <= inductor_fixes.MAX_ANALYZED_OPS
+    assert sizevars.stride_at(shallow, var) == sympy.simplify(sizevars.sympy_subs(shallow, {var: var + 1}) - shallow)
 
 
 def test_apply_names_what_it_fixed_once():

@@ -123,6 +123,12 @@ INTERNALS: dict[str, Internal] = {
                        used_by="workers/inductor_fixes.py: its store called"),
     "CppVecKernel.store": _i("torch._inductor.codegen.cpp", "CppVecKernel.store",
                              ("self", "name", "index", "value", "mode"), "workers/inductor_fixes.py"),
+    # The vector-range index analysis, bounded by workers/inductor_fixes.py.
+    "stride_at": _i("torch._inductor.sizevars", "stride_at", ("index", "var"),
+                    "workers/inductor_fixes.py: replaced in its module"),
+    "simplify_index_in_vec_range": _i("torch._inductor.sizevars", "simplify_index_in_vec_range",
+                                      ("index", "var", "vec_length"),
+                                      "workers/inductor_fixes.py: replaced in its module"),
     "CppTile2DOverrides": _i("torch._inductor.codegen.cpp", "CppTile2DOverrides",
                              used_by="workers/inductor_fixes.py: its index_expr read"),
     "get_cpp_compiler": _i("torch._inductor.cpp_builder", "get_cpp_compiler", (),
@@ -296,6 +302,12 @@ _BEFORE_2_13: dict[str, Internal | None] = {
     "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
                                 ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata", "aot_config"),
                                 "workers/aot_seam.py"),
+    # The vector-range index analysis lived in the C++ code generator.
+    "stride_at": _i("torch._inductor.codegen.cpp", "stride_at", ("index", "var"),
+                    "workers/inductor_fixes.py: replaced in its module"),
+    "simplify_index_in_vec_range": _i("torch._inductor.codegen.cpp", "simplify_index_in_vec_range",
+                                      ("index", "var", "vec_length"),
+                                      "workers/inductor_fixes.py: replaced in its module"),
     # codecache.triton_key is 2.13's; before, Inductor imports Triton's through triton_compat.
     "triton_key": _i("torch._inductor.runtime.triton_compat", "triton_key", (), "workers/priming.py: warm-up"),
 }
