@@ -24,17 +24,18 @@ has the same code, and the fix applies there, but 2.12 fails to compile such a g
 earlier (it transposes a tile at an index computed inside the loop), which this leaves
 as it is.
 
-pytorch/pytorch#133734, CPU, torch 2.11 to 2.13: the vector-range index analysis
-(`simplify_index_in_vec_range`, `stride_at`) runs `sympy.simplify` over a whole index
-expression. A chain of views through reshapes and slices (Funnel's relative-position
-shift) gives backward indices of over a thousand operations, and one such call ran for
-more than half an hour: a local compile never finished, and the farm's lowering hit the
-worker's time limit. Past `MAX_ANALYZED_OPS` the analysis now answers without simplifying
-(upstream's open pull request #186319 drops that simplify altogether): the index is left
-as it is, and its stride is the plain difference, which is not a number, so the kernel
-takes the general (gathered, untransposed) path for that access, as it does for any
-index whose stride it cannot prove. Funnel's backward then lowered in under a minute,
-its gradients within 1e-7 of eager.
+pytorch/pytorch#133734, CPU, torch 2.12 and 2.13 (2.11's source was not read): the
+vector-range index analysis (`simplify_index_in_vec_range`, `stride_at`) runs
+`sympy.simplify` over a whole index expression. A chain of views through reshapes and
+slices (Funnel's relative-position shift) gives backward indices of over a thousand
+operations; a local compile's backward had not finished after 17 minutes in that
+analysis, and the farm's lowering hit the worker's time limit. Past `MAX_ANALYZED_OPS`
+the analysis now answers without simplifying (upstream's open pull request #186319 drops
+that simplify altogether): the index is left as it is, and its stride is the plain
+difference, which is not a number, so the kernel takes the general (gathered,
+untransposed) path for that access, as it does for any index whose stride it cannot
+prove. Funnel's backward then lowered in under a minute, its gradients within 1e-7 of
+eager.
 
 tests/unit/test_inductor_fixes.py compiles each bug's graph against eager.
 """

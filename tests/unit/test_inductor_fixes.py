@@ -130,7 +130,8 @@ def _deep_index(depth: int):
 @pytest.mark.skipif(not inductor_fixes._index_analysis_needed(), reason="this torch has upstream's fix")
 def test_past_the_bound_the_index_analysis_does_not_simplify():
     """Unbounded, this index (five views deep, 1,558 operations) took 72 s to analyze on
-    the development machine; one from Funnel's backward, over half an hour."""
+    the development machine; one of Funnel's (1,254 operations) had not returned after
+    several minutes."""
     from torch._inductor import sizevars
 
     inductor_fixes.apply()

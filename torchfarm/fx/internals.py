@@ -302,7 +302,8 @@ _BEFORE_2_13: dict[str, Internal | None] = {
     "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
                                 ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata", "aot_config"),
                                 "workers/aot_seam.py"),
-    # The vector-range index analysis lived in the C++ code generator.
+    # The vector-range index analysis lived in the C++ code generator (2.12.1's source;
+    # 2.11's, inherited below, was not read).
     "stride_at": _i("torch._inductor.codegen.cpp", "stride_at", ("index", "var"),
                     "workers/inductor_fixes.py: replaced in its module"),
     "simplify_index_in_vec_range": _i("torch._inductor.codegen.cpp", "simplify_index_in_vec_range",
