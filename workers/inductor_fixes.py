@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchfarm.fx.internals import resolve
+from torchfarm.fx.internals import internal, resolve
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,17 @@ def _index_analysis_needed() -> bool:
     return "sympy.simplify(index)" in simplify_source and "sympy.simplify(new_index - index)" in stride_source
 
 
+def analysis_module() -> Any:
+    """The module that holds the vector-range index analysis: torch._inductor.sizevars
+    (codegen/cpp.py before 2.13)."""
+    where = internal("stride_at")
+    assert where is not None
+    return importlib.import_module(where.module)
+
+
 def _bound_index_analysis() -> None:
     simplify_in_range, stride_at = resolve("simplify_index_in_vec_range"), resolve("stride_at")
-    module = importlib.import_module(stride_at.__module__)
+    module = analysis_module()
     subs = module.sympy_subs
 
     @functools.lru_cache

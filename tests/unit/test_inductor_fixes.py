@@ -132,9 +132,8 @@ def test_past_the_bound_the_index_analysis_does_not_simplify():
     """Unbounded, this index (five views deep, 1,558 operations) took 72 s to analyze on
     the development machine; one of Funnel's (1,254 operations) had not returned after
     several minutes."""
-    from torch._inductor import sizevars
-
     inductor_fixes.apply()
+    sizevars = inductor_fixes.analysis_module()
     deep, var = _deep_index(5)
     assert deep.count_ops() > inductor_fixes.MAX_ANALYZED_OPS
     assert sizevars.simplify_index_in_vec_range(deep, var, 16) is deep
