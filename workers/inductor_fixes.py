@@ -156,5 +156,18 @@ def apply() -> tuple[str, ...]:
             fix.apply()
             applied.append(fix.name)
     if applied:
+        _tag_compile_caches(applied)
         log.info("Inductor fixes applied: %s", ", ".join(applied))
     return tuple(applied)
+
+
+def _tag_compile_caches(applied: list[str]) -> None:
+    """Puts the applied fixes in torch's own cache keys (`torch.compiler.config.
+    cache_key_tag`, in Inductor's FX-graph and AOTAutograd keys): a worker whose disk
+    cache holds graphs compiled before a fix (`torchfarm up`'s, the in-process
+    executor's) compiles them again rather than load the unfixed kernels."""
+    import torch.compiler.config as compiler_config
+
+    tag = "torchfarm-inductor-fixes:" + ",".join(applied)
+    current = compiler_config.cache_key_tag
+    compiler_config.cache_key_tag = f"{current}|{tag}" if current else tag

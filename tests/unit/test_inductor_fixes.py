@@ -42,8 +42,8 @@ MULTI_QUERY_GRADIENT = textwrap.dedent("""
 """)
 
 
-def _gradient_error(tmp_path, variant: str) -> tuple[int, dict | None, str]:
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / variant), "PATH": "/usr/bin:/bin"}
+def _gradient_error(tmp_path, variant: str, cache: str = "") -> tuple[int, dict | None, str]:
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / (cache or variant)), "PATH": "/usr/bin:/bin"}
     run = subprocess.run(
         [sys.executable, "-c", MULTI_QUERY_GRADIENT, variant],
         env=env, capture_output=True, text=True, timeout=240, cwd=str(_repo()),
@@ -143,6 +143,17 @@ def test_past_the_bound_the_index_analysis_does_not_simplify():
     shallow, var = _deep_index(1)
     assert shallow.count_ops() <= inductor_fixes.MAX_ANALYZED_OPS
     assert sizevars.stride_at(shallow, var) == sympy.simplify(sizevars.sympy_subs(shallow, {var: var + 1}) - shallow)
+
+
+@needed
+@compiles
+def test_a_cache_filled_before_the_fix_is_not_loaded_after_it(tmp_path):
+    """One Inductor cache, as a long-lived worker keeps: the unfixed compile fills it, and
+    the fixed process must compile again, not load the unfixed kernel."""
+    _gradient_error(tmp_path, "unfixed", cache="shared")
+    rc, result, stderr = _gradient_error(tmp_path, "fixed", cache="shared")
+    assert rc == 0, stderr
+    assert result["error"] <= 1e-4 * max(result["size"], 1.0), result
 
 
 def test_apply_names_what_it_fixed_once():
