@@ -120,7 +120,6 @@ def analysis_module() -> Any:
 def _bound_index_analysis() -> None:
     simplify_in_range, stride_at = resolve("simplify_index_in_vec_range"), resolve("stride_at")
     module = analysis_module()
-    subs = module.sympy_subs
 
     @functools.lru_cache
     def bounded_simplify_in_range(index: Any, var: Any, vec_length: int) -> Any:
@@ -132,7 +131,7 @@ def _bound_index_analysis() -> None:
     @functools.lru_cache
     def bounded_stride_at(index: Any, var: Any) -> Any:
         if index.has(var) and index.count_ops() > MAX_ANALYZED_OPS:
-            return subs(index, {var: var + 1}) - index
+            return index.xreplace({var: var + 1}) - index  # what `stride_at` simplifies
         return stride_at.__wrapped__(index, var)
 
     # The module's own functions call these by its names (`stride_at_vec_range` both).

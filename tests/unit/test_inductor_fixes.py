@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import sympy
 import torch
 
+from tests.conftest import run_python
 from torchfarm.fx.internals import torch_minor
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import keys
@@ -23,9 +24,9 @@ from workers import inductor_fixes
 pytestmark = pytest.mark.timeout(300)
 
 MULTI_QUERY_GRADIENT = textwrap.dedent("""
-    import json, sys, torch
+    import json, torch
     torch.set_num_threads(4)
-    if sys.argv[1] == "fixed":
+    if ARG == "fixed":
         from workers import inductor_fixes
         inductor_fixes.apply()
     B, S, H, D = 2, 8, 4, 16
@@ -42,20 +43,15 @@ MULTI_QUERY_GRADIENT = textwrap.dedent("""
 """)
 
 
+def _run(script: str, arg: str, cache: Path) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter, its `ARG` set to `arg`, with Inductor's cache at `cache`."""
+    return run_python(f"ARG = {arg!r}\n{script}", {"TORCHINDUCTOR_CACHE_DIR": str(cache)}, timeout=240)
+
+
 def _gradient_error(tmp_path, variant: str, cache: str = "") -> tuple[int, dict | None, str]:
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / (cache or variant)), "PATH": "/usr/bin:/bin"}
-    run = subprocess.run(
-        [sys.executable, "-c", MULTI_QUERY_GRADIENT, variant],
-        env=env, capture_output=True, text=True, timeout=240, cwd=str(_repo()),
-    )
+    run = _run(MULTI_QUERY_GRADIENT, variant, tmp_path / (cache or variant))
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
     return run.returncode, (json.loads(lines[-1]) if lines else None), run.stderr[-2000:]
-
-
-def _repo():
-    import pathlib
-
-    return pathlib.Path(__file__).resolve().parents[2]
 
 
 needed = pytest.mark.skipif(
@@ -82,9 +78,9 @@ def test_with_the_fix_a_multi_query_gradient_matches_eager(tmp_path):
 
 
 RELATIVE_SHIFT_GRADIENTS = textwrap.dedent("""
-    import json, sys, torch
+    import json, torch
     from workers import inductor_fixes
-    inductor_fixes.MAX_ANALYZED_OPS = int(sys.argv[1])
+    inductor_fixes.MAX_ANALYZED_OPS = int(ARG)
     inductor_fixes.apply()
 
     def relative_shift(scores, weight):
@@ -107,10 +103,7 @@ def test_with_every_index_past_the_bound_a_compile_still_matches_eager(tmp_path)
     """A bound of 0 sends every access of the compile down the unsimplified path: what an
     index over the real bound gets. The kernels take their general paths and stay right."""
     for bound in ("0", "200"):
-        run = subprocess.run(
-            [sys.executable, "-c", RELATIVE_SHIFT_GRADIENTS, bound], capture_output=True, text=True, timeout=240,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / bound), "PATH": "/usr/bin:/bin"}, cwd=str(_repo()),
-        )
+        run = _run(RELATIVE_SHIFT_GRADIENTS, bound, tmp_path / bound)
         assert run.returncode == 0, run.stderr[-2000:]
         assert json.loads(run.stdout.splitlines()[-1])["error"] <= 1e-5, (bound, run.stdout)
 

@@ -119,6 +119,8 @@ INTERNALS: dict[str, Internal] = {
                           used_by="workers/inductor_fixes.py: its store replaced"),
     "CppTile2DKernel.store": _i("torch._inductor.codegen.cpp", "CppTile2DKernel.store",
                                 ("self", "name", "index", "value", "mode"), "workers/inductor_fixes.py"),
+    "CppTile2DKernel.need_vec_transpose": _i("torch._inductor.codegen.cpp", "CppTile2DKernel.need_vec_transpose",
+                                             ("self", "index"), "workers/inductor_fixes.py"),
     "CppVecKernel": _i("torch._inductor.codegen.cpp", "CppVecKernel",
                        used_by="workers/inductor_fixes.py: its store called"),
     "CppVecKernel.store": _i("torch._inductor.codegen.cpp", "CppVecKernel.store",
