@@ -6,7 +6,7 @@ PY := .venv/bin/python
 # of its processes (collection took 13 s instead of 7).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox bench-gpu fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-oldest-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox bench-gpu fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -60,6 +60,13 @@ test-fast: setup
 # checkout (2.7 GB of CUDA wheels the first time; scripts/test_second_build.sh). In .ci/run.
 test-second-build:
 	./scripts/test_second_build.sh
+
+# The same on the oldest supported build, torch 2.11 with its Triton 3.6: the GPU
+# machine's (docs/targets.md). Its own cached venv; in .ci/run.
+test-oldest-build:
+	TORCHFARM_SECOND_BUILD_TORCH="torch==2.11.*" \
+	TORCHFARM_SECOND_BUILD_VENV="$$HOME/.cache/torchfarm/venv-torch-2.11" \
+	  ./scripts/test_second_build.sh
 
 proto: setup
 	./scripts/gen_proto.sh

@@ -83,7 +83,9 @@ REVIEWED: dict[str, str] = {
         "cpp.march",
     ], COMPILER_FLAGS),
     **dict.fromkeys([
-        "annotate_training", "autoheuristic_collect.mixed_mm", "autoheuristic_collect.pad_mm",
+        # torch 2.11's autoheuristic_collect is one comma-separated string.
+        "annotate_training", "autoheuristic_collect", "autoheuristic_collect.mixed_mm",
+        "autoheuristic_collect.pad_mm",
         "autotune_num_choices_displayed", "developer_warnings", "enabled_metric_tables",
         "max_autotune_report_choices_stats", "triton.cudagraph_trees_history_recording",
         "triton.cudagraph_trees_objgraph", "triton.proton_group_by_sm",
@@ -106,7 +108,7 @@ REVIEWED: dict[str, str] = {
     ], ARTIFACT),
     **dict.fromkeys([
         "cpu_backend", "cuda_backend", "xpu_backend", "tpu_backend", "cutedsl_enable_autotuning",
-        "nvgemm_supplement_configs",
+        "nvgemm_supplement_configs", "triton.enable_tlx_templates",
     ], BACKEND),
     **dict.fromkeys([
         "aten_distributed_optimizations.collective_estimator", "aten_distributed_optimizations.spmd_check",

@@ -9,6 +9,7 @@
 #   TORCHFARM_SECOND_BUILD_INDEX   pip --index-url for torch    (default: pip's own, PyPI;
 #                                  https://download.pytorch.org/whl/cpu is far smaller)
 #   PYTHON                         interpreter the venv is made from (3.11 or 3.12)
+# `make test-oldest-build` sets the first two for torch 2.11 (venv-torch-2.11).
 # `scripts/test_second_build.sh --venv-only` makes the venv and runs no test.
 # Torch brings the Triton it was built with; the farm's other dependencies come from
 # pyproject.toml, less its torch and triton pins.

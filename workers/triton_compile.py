@@ -227,7 +227,10 @@ class _jit_function:
         linecache.cache.pop(self.filename, None)
         from triton.runtime import jit
 
-        jit._triton_jit_function_registry.pop(f"{self.module}:{self.checked.name}", None)
+        # Triton 3.7 keeps every JITFunction made in a module-level registry (for its
+        # preload); forget ours. Triton 3.6 has none.
+        registry = getattr(jit, "_triton_jit_function_registry", {})
+        registry.pop(f"{self.module}:{self.checked.name}", None)
 
 
 def _jsonable(value: Any) -> Any:

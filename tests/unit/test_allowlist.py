@@ -205,6 +205,16 @@ def test_qualified_names_are_canonical(target: object, name: str) -> None:
     assert resolve_function(name) is target or name == "torch.arange"
 
 
+@pytest.mark.parametrize("target", [torch._C._functorch._add_batch_dim, torch._C._log_api_usage_metadata])
+def test_a_pybind11_function_is_named_by_its_own_name(target) -> None:
+    """pybind11 3 starts a bound function's __qualname__ with its own record type; the
+    name is the module's attribute, so such a call meets the allow-list by name."""
+    name = qualified_name(target)
+    assert name == f"{target.__module__}.{target.__name__}"
+    with pytest.raises(DisallowedOp, match="not on the farm's allow-list"):
+        resolve_function(name)
+
+
 def test_unnamable_target() -> None:
     with pytest.raises(UnsupportedGraph, match="no importable qualified name"):
         qualified_name(lambda x: x)

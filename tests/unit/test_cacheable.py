@@ -12,7 +12,9 @@ import torch._inductor.inductor_prims  # noqa: F401  registers the prims the all
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_node_safe
 
 from tests.unit.test_collectives import capture
+from torchfarm.fx import internals
 from torchfarm.fx.decode import resolve_function
+from torchfarm.graph import dtensor
 from torchfarm.graph.allowlist import load_allowlist
 from torchfarm.graph.graph_errors import MalformedGraph
 from workers.compiler import cacheable_calls, compile_graph
@@ -43,8 +45,11 @@ def _bypassed(names: list[str]) -> list[str]:
 def test_every_allowed_function_is_cacheable_for_aotautograd():
     names = sorted(load_allowlist().functions)
     assert len(names) > 5000
+    # torch 2.11 bypasses for DTensor.from_local, which its Dynamo records as a closure
+    # that the SDK refuses (torchfarm/fx/encode.py): no graph it would bypass is sent.
+    expected = [dtensor.FROM_LOCAL] if internals.torch_minor() < (2, 12) else []
     with cacheable_calls():
-        assert _bypassed(names) == []
+        assert _bypassed(names) == expected
 
 
 @pytest.mark.skipif(not PINNED, reason="what torch bypasses is the pinned build's")

@@ -30,29 +30,47 @@ def test_every_inductor_setting_of_this_torch_is_classified():
     assert not unknown, f"Inductor settings neither carried nor refused: {unknown}"
 
 
+_NEW_IN_2_13 = {
+    "batch_invariant", "combo_kernel_autotune_grouping", "combo_kernel_max_distance",
+    "combo_kernel_max_num_nodes", "combo_kernel_peak_memory_increase_gb",
+    "combo_kernel_peak_memory_pct_threshold", "dedup_reduce_scatters", "incremental_autotune",
+    "loop_reindexing_after_fusion", "max_autotune_conv_bwd_input_backends",
+    "max_autotune_conv_bwd_weight_backends", "max_complex_pointwise_cat_inputs",
+    "realize_cpu_acc_reads_threshold", "realize_cpu_opcount_threshold",
+    "triton.cudagraph_partition_memory_budget", "triton.dynamic_disable_pipelining",
+    "triton.emit_pointer_range_32", "triton.mix_order_reduction_max_reads",
+    "triton.nested_reduction", "triton.use_two_step_variance_min_numel",
+    "triton.use_two_step_variance_threshold",
+    "aten_distributed_optimizations.allow_comms_decompositions",
+    "aten_distributed_optimizations.enable_low_contention_collectives",
+    "aten_distributed_optimizations.low_contention_min_bytes_per_rank",
+    "aten_distributed_optimizations.low_contention_skip_overlap_check",
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives",
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_bucket_cap_mb",
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb",
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb",
+}
+"""Carried settings new in torch 2.13."""
+
 CARRIED_BUT_MISSING = {
-    # Deprecated in 2.12, gone in 2.13.
-    "2.13": {"force_same_precision"},
-    # New in 2.13.
-    "2.12": {
-        "batch_invariant", "combo_kernel_autotune_grouping", "combo_kernel_max_distance",
-        "combo_kernel_max_num_nodes", "combo_kernel_peak_memory_increase_gb",
-        "combo_kernel_peak_memory_pct_threshold", "dedup_reduce_scatters", "incremental_autotune",
-        "loop_reindexing_after_fusion", "max_autotune_conv_bwd_input_backends",
-        "max_autotune_conv_bwd_weight_backends", "max_complex_pointwise_cat_inputs",
-        "realize_cpu_acc_reads_threshold", "realize_cpu_opcount_threshold",
-        "triton.cudagraph_partition_memory_budget", "triton.dynamic_disable_pipelining",
-        "triton.emit_pointer_range_32", "triton.mix_order_reduction_max_reads",
-        "triton.nested_reduction", "triton.use_two_step_variance_min_numel",
-        "triton.use_two_step_variance_threshold",
-        "aten_distributed_optimizations.allow_comms_decompositions",
-        "aten_distributed_optimizations.enable_low_contention_collectives",
-        "aten_distributed_optimizations.low_contention_min_bytes_per_rank",
-        "aten_distributed_optimizations.low_contention_skip_overlap_check",
-        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives",
-        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_bucket_cap_mb",
-        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb",
-        "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb",
+    # force_same_precision: deprecated in 2.12, gone in 2.13. autoheuristic_use: 2.11's
+    # string, 2.12 and 2.13's autoheuristic_use.mixed_mm and .pad_mm.
+    "2.13": {"force_same_precision", "autoheuristic_use"},
+    "2.12": {*_NEW_IN_2_13, "autoheuristic_use"},
+    # New in 2.12 or 2.13.
+    "2.11": {
+        *_NEW_IN_2_13,
+        "align_random_eager", "aten_distributed_optimizations.bucket_mode",
+        "aten_distributed_optimizations.bucket_only_internode_comms",
+        "aten_distributed_optimizations.compute_estimator",
+        "aten_distributed_optimizations.overlap_scheduling_autofix_cycles",
+        "aten_distributed_optimizations.spmd_mismatch", "autoheuristic_use.mixed_mm",
+        "autoheuristic_use.pad_mm", "bucket_all_gathers_bucket_mode",
+        "bucket_reduce_scatters_bucket_mode", "cache_sdpa_constraint",
+        "cpp.use_two_step_variance_threshold", "delay_realize_cheap_outputs",
+        "do_not_emit_runtime_assertions", "keep_addmm_fused_for_half_dtypes",
+        "min_overlap_ratio", "pre_grad_pass_timing", "triton.cudagraph_min_partition_size",
+        "triton.decompose_sort_ops",
     },
 }
 """Carried settings of one supported build that the other lacks, by the build lacking them:

@@ -513,10 +513,12 @@ class _Decoder:
     def run(self) -> DecodedGraph:
         gm, inputs = self.build()
         with global_state.preserved(), _as_dynamo_propagates():
+            # Bodies first: a higher-order op reads its bodies' fake values when it runs
+            # (torch 2.11's while_loop, for its schema).
+            self.propagate_subgraphs()
             propagate = _Propagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
             propagate.propagate_dont_convert_inputs(*inputs)
-            self.propagate_subgraphs()
         _mark_example_values(gm)
         return DecodedGraph(
             gm=gm,

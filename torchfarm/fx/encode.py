@@ -37,7 +37,7 @@ import torch.fx
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx import torch_library as fx_library
 from torchfarm.fx.internals import resolve
-from torchfarm.fx.noops import droppable_nodes
+from torchfarm.fx.noops import droppable_nodes, own_qualname
 from torchfarm.fx.process_groups import UnresolvedGroup, describe_groups
 from torchfarm.graph import allowlist, customops
 from torchfarm.graph.graph_errors import GraphError
@@ -178,7 +178,7 @@ def qualified_name(target: object) -> str:
         name = f"torch.ops.{target.namespace}.{target.name()}"
     else:
         module = getattr(target, "__module__", None)
-        qualname = getattr(target, "__qualname__", None)
+        qualname = own_qualname(target)
         name = f"{module}.{qualname}" if module and qualname else ""
         if module == "torch" and qualname and qualname.startswith("_VariableFunctionsClass."):
             name = "torch." + qualname.partition(".")[2]
@@ -187,6 +187,11 @@ def qualified_name(target: object) -> str:
     alias = _public_aliases().get(id(target))
     if alias is not None:
         return alias
+    if "handle_from_local.<locals>" in str(getattr(target, "__qualname__", "")):
+        raise UnsupportedGraph(
+            "DTensor.from_local as this torch's Dynamo records it (a closure over the mesh and "
+            "placements) cannot be sent to the farm; torch 2.12 and newer record the call itself"
+        )
     raise UnsupportedGraph(f"call target {target!r} has no importable qualified name")
 
 

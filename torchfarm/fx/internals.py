@@ -16,10 +16,10 @@ gives 2.13's behaviour on every torch (`standalone_compile`, `load_async_args`).
 test pins every entry (it exists, and its leading parameters are as assumed), so a
 torch upgrade that moves one fails there, named, before any compile does.
 
-What is verified: 2.13.0 (the default install) and 2.12.1 (`make test-second-build`,
+What is verified: 2.13.0 (the default install), 2.12.1 (`make test-second-build`,
 scripts/test_second_build.sh: its unit tests, these pins included, and one end-to-end
-compile passed; the 2.12 row was read from its source) and 2.11.0 (its row read from its
-source; these pins and one end-to-end compile passed, not the whole unit suite).
+compile; the 2.12 row was read from its source) and 2.11.0 with Triton 3.6, the GPU
+machine's build (`make test-oldest-build`: the same; its row read from its source).
 """
 
 from __future__ import annotations
@@ -238,8 +238,6 @@ INTERNALS: dict[str, Internal] = {
     "compilation_time_metrics": _i("torch._dynamo.utils", "compilation_time_metrics",
                                    used_by="workers/compiler.py: compile timings"),
     "HigherOrderOperator": _i("torch._ops", "HigherOrderOperator", used_by="torchfarm/fx/encode.py"),
-    "inline_invoke_subgraph": _i("torch._higher_order_ops.passes.inline_invoke_subgraph",
-                                 "inline_invoke_subgraph", ("gm",), "torchfarm/fx/regions.py"),
     "dynamo_config": _i("torch._dynamo.config", used_by="sdk/precompile.py: caching_precompile patched"),
     "trace_structured": _i("torch._logging", "trace_structured", ("name", "metadata_fn"),
                            "sdk/outcomes.py: a graph's farm record in TORCH_TRACE, as an artifact"),
@@ -304,8 +302,8 @@ _BEFORE_2_13: dict[str, Internal | None] = {
     "aot_stage2a_partition": _i("torch._functorch._aot_autograd.graph_compile", "_aot_stage2a_partition",
                                 ("fx_g", "joint_inputs", "maybe_subclass_meta", "fw_metadata", "aot_config"),
                                 "workers/aot_seam.py"),
-    # The vector-range index analysis lived in the C++ code generator (2.12.1's source;
-    # 2.11's, inherited below, was not read).
+    # The vector-range index analysis lived in the C++ code generator (2.12.1's and
+    # 2.11.0's source).
     "stride_at": _i("torch._inductor.codegen.cpp", "stride_at", ("index", "var"),
                     "workers/inductor_fixes.py: replaced in its module"),
     "simplify_index_in_vec_range": _i("torch._inductor.codegen.cpp", "simplify_index_in_vec_range",
@@ -329,7 +327,7 @@ _BEFORE_2_12: dict[str, Internal | None] = {
 SEAM: dict[tuple[int, int], dict[str, Internal | None]] = {
     (2, 13): {},
     (2, 12): _BEFORE_2_13,  # read from 2.12.1's source, and run (VERIFIED)
-    (2, 11): _BEFORE_2_12,  # read from 2.11.0's source; pins and one e2e compile run
+    (2, 11): _BEFORE_2_12,  # read from 2.11.0's source, and run (VERIFIED)
 }
 """Per torch minor version: the entries of `INTERNALS` that differ there (None: absent)."""
 

@@ -43,15 +43,25 @@ PROFILER_EXIT = frozenset(
 )
 
 
+PYBIND11_RECORD = "pybind11_detail_function_record_"
+"""How pybind11 3 starts a bound function's `__qualname__`: its own record type, then
+the name ("pybind11_detail_function_record_v1_..._log_api_usage_once")."""
+
+
+def own_qualname(target: object) -> str | None:
+    """`target.__qualname__`, less the record type pybind11 3 puts before a bound
+    function's name (torch 2.11's CUDA build binds `torch._C._log_api_usage_once` so)."""
+    qualname = getattr(target, "__qualname__", None)
+    if isinstance(qualname, str) and qualname.startswith(PYBIND11_RECORD):
+        return qualname.rpartition(".")[2]
+    return qualname
+
+
 def _target_name(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, (resolve("OpOverload"), resolve("OpOverloadPacket"))):
         return f"torch.ops.{target}"
-    module = getattr(target, "__module__", None)
-    qualname = getattr(target, "__qualname__", None)
-    if module == "torch._C" and qualname:
-        return f"torch._C.{qualname}"
-    return f"{module}.{qualname}"
+    return f"{getattr(target, '__module__', None)}.{own_qualname(target)}"
 
 
 def droppable_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:

@@ -190,6 +190,7 @@ ALLOWED: dict[str, tuple[type, ...]] = {
     "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb": _FLOAT,
     "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb": _FLOAT,
     # Names from a fixed set: CHOICES, or comma-separated from SUBSETS.
+    "autoheuristic_use": _STR,
     "bucket_all_gathers_bucket_mode": _STR,
     "bucket_all_gathers_fx": _STR,
     "bucket_all_reduces_fx": _STR,
@@ -310,6 +311,9 @@ CHOICES: dict[str, frozenset[object]] = {
     "aten_distributed_optimizations.bucket_mode": _BUCKET_MODES | {"coalesced", None},
     "aten_distributed_optimizations.compute_estimator": frozenset({"analytical", "benchmark"}),
     "aten_distributed_optimizations.spmd_mismatch": frozenset({"warn", "error"}),
+    # torch 2.11's form of 2.13's autoheuristic_use.mixed_mm and .pad_mm switches, read
+    # as `name in value.split(",")`: lower case, exactly.
+    "autoheuristic_use": frozenset({"", "mixed_mm", "pad_mm", "mixed_mm,pad_mm", "pad_mm,mixed_mm"}),
 }
 """String options: the values torch documents for each."""
 
