@@ -15,6 +15,12 @@ training step, loss and gradients compared with eager:
   target) with an empty farm cache, then again from an empty local dir;
 - autotuned cold, autotuned hit: the same with mode="max-autotune".
 
+For each case through the farm it sums the SDK's phases per graph (encode, submit and
+wait, fetch, verify and load); the rest is Dynamo and the step itself. With
+`--profile`, the warm and hit cases run once more under cProfile, and their self time by
+area (Dynamo, Inductor, Triton, the SDK, waits on children and sockets...) is printed
+side by side and kept in the JSON: one run on a GPU says where a hit's time goes.
+
 Every case counts the compilers it ran (train_gpt.py --count): C++ builds, Triton
 compiles (bench/counting/, Triton's compilation listener in every process of the case)
 and ptxas runs (a wrapper named by TRITON_PTXAS_PATH). A hit should run none.
@@ -68,6 +74,10 @@ TOLERANCE = {"float32": (1e-3, 1e-2)}
 """Loss and gradient error allowed against eager: Inductor reorders float32 reductions."""
 
 OUTCOME = re.compile(r"torchfarm: graph \d+ of .*?: (hit|miss|joined|compiled locally)")
+PHASES = ("encode", "submit+wait", "fetch", "load")
+PHASE_LINE = re.compile(
+    r"\| encode ([\d.]+)s submit\+wait ([\d.]+)s.*? fetch ([\d.]+)s load ([\d.]+)s \|")
+"""sdk/backend.py's line for a graph from the farm: where its seconds went."""
 
 
 def redis_server_dir(given: str, tmp: Path) -> Path | None:
@@ -110,8 +120,9 @@ class Bench:
         self.runs = 0
 
     def case(self, model: str, backend: str, cache: Path, *, remote: str = "",
-             env: dict[str, str] | None = None, mode: str = "") -> dict:
-        """One fresh process; its report with the farm's outcome per graph."""
+             env: dict[str, str] | None = None, mode: str = "", profile: Path | None = None) -> dict:
+        """One fresh process; its report with the farm's outcome and phases per graph.
+        With `profile`, the process also writes where its first step went there."""
         self.runs += 1
         counts = self.tmp / f"counts-{self.runs}"
         full_env = {
@@ -120,10 +131,13 @@ class Bench:
             "PYTHONPATH": os.pathsep.join(filter(None, (str(COUNTING), os.environ.get("PYTHONPATH")))),
             **(env or {}),
         }
-        extra = [*self.train_args, *(["--mode", mode] if mode else [])]
+        extra = [*self.train_args, *(["--mode", mode] if mode else []),
+                 *(["--profile", str(profile)] if profile else [])]
         report = run_case(model, backend, cache, remote=remote, steps=self.args.steps, check=True,
                           env=full_env, device=self.args.device, args=tuple(extra))
-        report["outcomes"] = [m.group(1) for line in report.pop("log") if (m := OUTCOME.search(line))]
+        log = report.pop("log")
+        report["outcomes"] = [m.group(1) for line in log if (m := OUTCOME.search(line))]
+        report["farm_phases_s"] = farm_phases(log)
         return report
 
 
@@ -134,6 +148,16 @@ def pt_remote_env(port: int) -> dict[str, str]:
         "TORCHINDUCTOR_REDIS_HOST": "127.0.0.1",
         "TORCHINDUCTOR_REDIS_PORT": str(port),
     }
+
+
+def farm_phases(log: list[str]) -> dict[str, float]:
+    """The SDK's per-graph phases (sdk/backend.py's INFO line), summed over the graphs."""
+    total = dict.fromkeys(PHASES, 0.0)
+    for line in log:
+        if m := PHASE_LINE.search(line):
+            for name, seconds in zip(PHASES, m.groups(), strict=True):
+                total[name] += float(seconds)
+    return total
 
 
 def bench_once(bench: Bench, model: str, d: Path, stack: LocalStack | None, pt_port: int) -> dict[str, dict]:
@@ -149,12 +173,37 @@ def bench_once(bench: Bench, model: str, d: Path, stack: LocalStack | None, pt_p
     bench.case(model, "local", d / "pt-fill", env=pt_remote_env(pt_port))
     got["pt-remote hit"] = bench.case(model, "local", d / "pt-hit", env=pt_remote_env(pt_port))
     stack.store().r.flushdb()  # an empty farm cache for the cold cases
-    trusted = {"TORCHFARM_TRUSTED_KEYS_FILE": str(stack.trusted_keys_file)}
     for prefix, mode in (("farm", ""), ("autotuned", "max-autotune")):
         for phase in ("cold", "hit"):
             got[f"{prefix} {phase}"] = bench.case(
-                model, "farm", d / f"{prefix}-{phase}", remote=stack.address, env=trusted, mode=mode)
+                model, "farm", d / f"{prefix}-{phase}", remote=stack.address, env=trusted(stack), mode=mode)
     return got
+
+
+def trusted(stack: LocalStack) -> dict[str, str]:
+    return {"TORCHFARM_TRUSTED_KEYS_FILE": str(stack.trusted_keys_file)}
+
+
+def profile_once(bench: Bench, model: str, d: Path, stack: LocalStack | None, pt_port: int) -> dict[str, dict]:
+    """The warm and hit cases once more, profiled, after `bench_once` filled their caches
+    in `d`: {case: where its first step went (bench/profile_summary.py)}. Not timed: the
+    profiler slows what it sees."""
+    out = d / "profiles"
+    out.mkdir()
+    runs = {"local warm": lambda p: bench.case(model, "local", d / "local", profile=p)}
+    if stack is not None:
+        runs["pt-remote hit"] = lambda p: bench.case(
+            model, "local", d / "pt-hit-profiled", env=pt_remote_env(pt_port), profile=p)
+        for case, mode in (("farm hit", ""), ("autotuned hit", "max-autotune")):
+            runs[case] = lambda p, mode=mode: bench.case(
+                model, "farm", d / f"{p.stem}-profiled", remote=stack.address, env=trusted(stack),
+                mode=mode, profile=p)
+    profiles = {}
+    for case, run_profiled in runs.items():
+        path = out / (case.replace(" ", "-") + ".json")
+        run_profiled(path)
+        profiles[case] = json.loads(path.read_text())
+    return profiles
 
 
 def problems(case: str, report: dict) -> list[str]:
@@ -192,6 +241,9 @@ def summarize(model: str, reports: list[dict[str, dict]]) -> dict:
         "errors_vs_eager": {c: [reports[-1][c]["loss_abs_err"], reports[-1][c]["grad_max_abs_err"]] for c in cases},
         "runs": {c: [r[c]["first_step_s"] for r in reports] for c in cases},
         "problems": {c: p for c in cases if (p := problems(c, reports[-1][c]))},
+        "farm_phases_s": {
+            c: phases for c in cases if any((phases := reports[-1][c]["farm_phases_s"]).values())
+        },
     }
 
 
@@ -205,8 +257,26 @@ def print_model(model: str, res: dict) -> None:
     for t in res["targets"]:
         print(f"  target {t['case']} / {t['against']} <= {t['most']}: {t['ratio']:.2f} "
               f"{'met' if t['met'] else 'MISSED'}")
+    for c, phases in res["farm_phases_s"].items():
+        rest = res["runs"][c][-1] - sum(phases.values())
+        print(f"  {c:15} " + "  ".join(f"{k} {v:.2f}s" for k, v in phases.items()) + f"  rest {rest:.2f}s")
+    if profiles := res.get("profiles"):
+        print_profiles(profiles)
     for c, found in res["problems"].items():
         print(f"  PROBLEM {c}: " + "; ".join(found))
+
+
+def print_profiles(profiles: dict[str, dict], rows: int = 14) -> None:
+    """Self seconds by area, the profiled cases side by side, the largest areas first."""
+    areas = sorted({a for p in profiles.values() for a in p["by_area_s"]},
+                   key=lambda a: -max(p["by_area_s"].get(a, 0.0) for p in profiles.values()))[:rows]
+    cases = list(profiles)
+    print("  profiled (self seconds by area; the profiler slows what it sees):")
+    print("  " + " " * 24 + "".join(f"{c:>15}" for c in cases))
+    for row in ("total", "imports"):
+        print("  " + f"{row:24}" + "".join(f"{profiles[c][row + '_s']:15.2f}" for c in cases))
+    for a in areas:
+        print("  " + f"{a[:24]:24}" + "".join(f"{profiles[c]['by_area_s'].get(a, 0.0):15.2f}" for c in cases))
 
 
 def parse_args() -> argparse.Namespace:
@@ -220,6 +290,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--redis-server", default="", help="path of redis-server (default: the one in PATH)")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--profile", action="store_true",
+                    help="then run the warm and hit cases once more under cProfile (bench/profile_summary.py)")
     return ap.parse_args()
 
 
@@ -252,6 +324,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
                 print(f"gpu_bench: {model} run {r + 1} ...", flush=True)
                 reports.append(bench_once(bench, model, tmp / f"{model}-{r}", stack, pt_port))
             results["models"][model] = summarize(model, reports)
+            if args.profile:
+                print(f"gpu_bench: {model} profiled ...", flush=True)
+                results["models"][model]["profiles"] = profile_once(
+                    bench, model, tmp / f"{model}-{args.repeats - 1}", stack, pt_port)
             print_model(model, results["models"][model])
     finally:
         if stack is not None:

@@ -9,7 +9,8 @@ script prints one JSON line: the time from the compile call to the end of the fi
 training step (Dynamo tracing, compile or fetch, first forward and backward), later
 step times, the loss, and how far loss and gradients are from eager PyTorch. With
 `--count`, also how many compilers ran in this process and its children: C++ builds,
-Triton compiles and ptxas runs (bench/gpu_bench.py and bench/counting/).
+Triton compiles and ptxas runs (bench/gpu_bench.py and bench/counting/). With
+`--profile PATH`, where the first step's time went (bench/profile_summary.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import cProfile
 import dataclasses
 import json
 import logging
@@ -85,6 +87,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="compare loss and grads with eager")
     ap.add_argument("--device", default="cpu", help='"cpu" or "cuda" (scripts/gpu_check.sh)')
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="profile the first step; write where its time went to this JSON file")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -101,6 +105,9 @@ def main() -> None:
         from torchfarm.fx.hooks import count_kernel_builds
 
         builds = counting.enter_context(count_kernel_builds())
+    profile = cProfile.Profile() if args.profile else None
+    if profile is not None:
+        profile.enable()
     t0 = time.perf_counter()
     mode = {"mode": args.mode} if args.mode else {}
     if args.backend == "farm":
@@ -122,6 +129,11 @@ def main() -> None:
         opt.step()
         sync()  # GPU work is asynchronous: time it to its end
         step_times.append(time.perf_counter() - (t0 if step == 0 else s))
+        if step == 0 and profile is not None:
+            profile.disable()
+            from bench.profile_summary import summarize
+
+            args.profile.write_text(json.dumps(summarize(profile)))
         losses.append(loss.item())
     counting.close()
 

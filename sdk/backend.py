@@ -53,6 +53,13 @@ from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
 
+FARM_LINE = (
+    "torchfarm: graph %d of %s: %s%s key=%s | encode %.2fs submit+wait %.2fs%s "
+    "fetch %.2fs load %.2fs | artifact %.1f KB, %d kernels"
+)
+"""The INFO line of a graph from the farm: its outcome and where its seconds went
+(bench/gpu_bench.py reads the phases)."""
+
 
 def build_request(
     graph: graph_pb2.Graph,
@@ -343,9 +350,7 @@ class FarmBackend:
         if not reply.cache_hit and reply.HasField("explanation"):
             why = f" ({reply.explanation.reason}: {reply.explanation.detail})"
         log.info(
-            "torchfarm: graph %d of %s: %s%s key=%s | encode %.2fs submit+wait %.2fs%s "
-            "fetch %.2fs load %.2fs | artifact %.1f KB, %d kernels",
-            index, self.name, outcome, why, reply.key[:12], prepared.encode_s, t3 - t1, remote,
+            FARM_LINE, index, self.name, outcome, why, reply.key[:12], prepared.encode_s, t3 - t1, remote,
             t4 - t3, t5 - t4, manifest.total_bytes() / 1024, len(manifest.kernels),
         )
         target = f"{fp.device}:{fp.isa if fp.device == 'cpu' else fp.arch}"

@@ -6,15 +6,19 @@ it calls a problem, and how it finds redis-server."""
 
 from __future__ import annotations
 
+import cProfile
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.gpu_bench import COUNTING, ROOT, problems, ptxas_env, redis_server_dir
+from bench.gpu_bench import COUNTING, ROOT, farm_phases, problems, ptxas_env, redis_server_dir
+from bench.profile_summary import area, summarize
+from sdk.backend import FARM_LINE
 
 pytest.importorskip("triton")
 
@@ -89,3 +93,50 @@ def test_redis_server_is_found_under_its_name_or_reported_missing(tmp_path):
     assert found is not None
     out = subprocess.run([str(found / "redis-server")], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "carried"
+
+
+def test_the_sdks_phases_are_read_from_its_lines_and_summed():
+    cold = FARM_LINE % (0, "gpt", "miss", "", "abc", 0.01, 9.5, " (farm: lower 4.00s, build 5.00s)",
+                        0.25, 1.5, 12.0, 3)
+    hit = FARM_LINE % (1, "gpt", "hit", "", "def", 0.02, 0.03, "", 0.05, 0.75, 12.0, 3)
+    assert farm_phases([cold, "torchfarm: unrelated", hit]) == pytest.approx(
+        {"encode": 0.03, "submit+wait": 9.53, "fetch": 0.30, "load": 2.25})
+    assert farm_phases([]) == {"encode": 0.0, "submit+wait": 0.0, "fetch": 0.0, "load": 0.0}
+
+
+def test_a_profile_says_where_the_time_went_by_area(tmp_path):
+    module = tmp_path / "site-packages" / "slowpkg" / "__init__.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import time\ndef spin(s):\n    end = time.perf_counter() + s\n"
+                      "    while time.perf_counter() < end:\n        pass\n")
+    sys.path.insert(0, str(module.parent.parent))
+    profile = cProfile.Profile()
+    try:
+        profile.enable()
+        import slowpkg
+
+        slowpkg.spin(0.05)
+        time.sleep(0.05)
+        profile.disable()
+    finally:
+        sys.path.remove(str(module.parent.parent))
+        sys.modules.pop("slowpkg", None)
+    got = summarize(profile, top=5)
+    assert got["by_area_s"]["builtin time.sleep"] >= 0.04
+    assert got["by_area_s"]["slowpkg"] >= 0.02  # the loop's own lines; perf_counter is a builtin
+    assert 0 < got["imports_s"] < got["total_s"]
+    assert len(got["top_self"]) == 5 and got["top_cumulative"][0][3] >= got["top_cumulative"][-1][3]
+
+
+@pytest.mark.parametrize(("filename", "func", "expected"), [
+    ("/v/lib/python3.12/site-packages/torch/_dynamo/symbolic_convert.py", "step", "dynamo"),
+    ("/v/lib/python3.12/site-packages/torch/_inductor/runtime/triton_heuristics.py", "run", "inductor runtime"),
+    ("/v/lib/python3.12/site-packages/triton/backends/nvidia/driver.py", "__init__", "triton"),
+    ("/v/lib/python3.12/site-packages/networkx/utils/backends.py", "__new__", "networkx"),
+    ("/repo/sdk/loader.py", "install_kernels", "torchfarm sdk"),
+    ("/usr/lib/python3.12/subprocess.py", "run", "python stdlib"),
+    ("~", "<built-in method posix.waitpid>", "builtin posix.waitpid"),
+    ("~", "<method 'recv' of '_socket.socket' objects>", "builtin recv"),
+])
+def test_a_functions_area(filename, func, expected):
+    assert area(filename, func) == expected
