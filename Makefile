@@ -61,11 +61,13 @@ test-fast: setup
 test-second-build:
 	./scripts/test_second_build.sh
 
-# The same on the oldest supported build, torch 2.11 with its Triton 3.6: the GPU
-# machine's (docs/targets.md). Its own cached venv; in .ci/run.
+# The same on the oldest supported build, torch 2.11 with its Triton 3.6, on Python 3.12
+# where there is one: the GPU machine's (docs/targets.md). Its own cached venv; in .ci/run.
 test-oldest-build:
 	TORCHFARM_SECOND_BUILD_TORCH="torch==2.11.*" \
 	TORCHFARM_SECOND_BUILD_VENV="$$HOME/.cache/torchfarm/venv-torch-2.11" \
+	PYTHON="$$(for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 python3; do \
+	  "$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)" \
 	  ./scripts/test_second_build.sh
 
 proto: setup

@@ -9,7 +9,8 @@
 #   TORCHFARM_SECOND_BUILD_INDEX   pip --index-url for torch    (default: pip's own, PyPI;
 #                                  https://download.pytorch.org/whl/cpu is far smaller)
 #   PYTHON                         interpreter the venv is made from (3.11 or 3.12)
-# `make test-oldest-build` sets the first two for torch 2.11 (venv-torch-2.11).
+# `make test-oldest-build` sets all three for the GPU machine's build: torch 2.11 on
+# Python 3.12 where a python3.12 is in PATH (venv-torch-2.11).
 # `scripts/test_second_build.sh --venv-only` makes the venv and runs no test.
 # Torch brings the Triton it was built with; the farm's other dependencies come from
 # pyproject.toml, less its torch and triton pins.
@@ -21,12 +22,15 @@ TORCH_SPEC="${TORCHFARM_SECOND_BUILD_TORCH:-torch==2.12.*}"
 INDEX="${TORCHFARM_SECOND_BUILD_INDEX:-}"
 PYTHON="${PYTHON:-python3}"
 WANT_MINOR="$(echo "$TORCH_SPEC" | sed -n 's/^torch[=<>~!]*\([0-9]*\.[0-9]*\).*/\1/p')"
+WANT_PY="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
+# The venv holds the wanted torch minor version on the wanted Python.
 have_build() {
-  [ -f "$VENV/.torchfarm-complete" ] && "$VENV/bin/python" - "$WANT_MINOR" <<'PY'
+  [ -f "$VENV/.torchfarm-complete" ] && "$VENV/bin/python" - "$WANT_MINOR" "$WANT_PY" <<'PY'
 import sys
 import torch
-sys.exit(0 if torch.__version__.startswith(sys.argv[1] + ".") else 1)
+python = "%d.%d" % sys.version_info[:2]
+sys.exit(0 if torch.__version__.startswith(sys.argv[1] + ".") and python == sys.argv[2] else 1)
 PY
 }
 
@@ -59,7 +63,7 @@ if ! have_build; then
   install_deps
   "$VENV/bin/python" -c 'import torch' || { echo "the venv's torch does not import" >&2; exit 1; }
   touch "$VENV/.torchfarm-complete"
-  have_build || { echo "the venv's torch is not $TORCH_SPEC" >&2; exit 1; }
+  have_build || { echo "the venv's torch is not $TORCH_SPEC on Python $WANT_PY" >&2; exit 1; }
   echo "made $VENV in $(( $(date +%s) - start )) s" >&2
 fi
 
