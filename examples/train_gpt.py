@@ -67,11 +67,12 @@ def grads(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def child_counts() -> dict[str, int]:
-    """Triton compiles and ptxas runs in this process and the compile workers it started,
-    as bench/counting/ appended them to the file TORCHFARM_BENCH_COUNTS names."""
+    """Triton compiles, ptxas runs, Triton's C builds and autotune benchmarks in this
+    process and the compile workers it started, as bench/counting/ and
+    bench/gpu_bench.py's wrappers appended them to the file TORCHFARM_BENCH_COUNTS names."""
     path = os.environ.get("TORCHFARM_BENCH_COUNTS", "")
     lines = Path(path).read_text().split() if path and Path(path).exists() else []
-    return {k: lines.count(k) for k in ("triton", "triton-cache-hit", "ptxas")}
+    return {k: lines.count(k) for k in ("triton", "triton-cache-hit", "ptxas", "triton-cc", "autotune")}
 
 
 def main() -> None:
