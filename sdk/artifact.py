@@ -94,9 +94,11 @@ def verify(
 
 
 def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable[..., Any]:
-    """Places the kernel binaries where local Inductor looks for them, then deserializes."""
+    """Places the kernel binaries and the Triton kernels' autotune records where local
+    Inductor looks for them, then deserializes."""
     loader.install_kernels(
         ((blobs[k.source.digest], blobs[k.binary.digest]) for k in manifest.kernels),
         manifest.toolchain,
     )
+    loader.install_autotune_records(manifest.toolchain)
     return loader.load_compiled(blobs[manifest.payload.digest])

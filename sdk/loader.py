@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sdk.errors import ArtifactRejected
+from torchfarm.fx import autotune
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
 from torchfarm.fx.hooks import count_kernel_builds
@@ -59,6 +60,17 @@ def install_kernels(
         if _write_if_different(targets[spec.output], binary):
             installed += 1
     return installed
+
+
+def install_autotune_records(toolchain: dict[str, Any]) -> int:
+    """Writes the worker's Triton autotune records into the local autotune cache, keyed as
+    this Inductor looks them up (torchfarm/fx/autotune.py), so a kernel loaded from the
+    artifact runs its tuned config without benchmarking. Returns how many were written."""
+    try:
+        records = autotune.from_toolchain(toolchain)
+    except autotune.BadRecord as e:
+        raise ArtifactRejected(str(e), code=Rejection.MALFORMED) from e
+    return autotune.install(records) if records else 0
 
 
 def _seed_probes(toolchain: dict[str, Any]) -> None:

@@ -222,6 +222,8 @@ class Plan:
     cache keys]. Those sent before `lowered_after` overlapped the lowering."""
     lowered_after: float = 0.0
     """Seconds from the lowering's start to its end (the barrier's release)."""
+    autotune: list[dict[str, Any]] = field(default_factory=list)
+    """The lowering's Triton autotune records (torchfarm/fx/autotune.py), for the manifest."""
 
     def to_json(self) -> bytes:
         body = asdict(self)
@@ -245,6 +247,7 @@ class Plan:
             timings={k: float(v) for k, v in body["timings"].items()},
             sends=body.get("sends", []),
             lowered_after=float(body.get("lowered_after", 0.0)),
+            autotune=body.get("autotune", []),
         )
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchfarm.fx import internals
+from torchfarm.fx import autotune, internals
 from torchfarm.fx.cpp_kernels import KernelSpec, kernel_name, load_fn_outputs, local_outputs
 from torchfarm.fx.decode import resolve_function
 from torchfarm.fx.encode import NUMPY_PREFIX
@@ -83,6 +83,8 @@ class CompileResult:
     timings: dict[str, float]
     """Seconds: "compile", "collect"; "decompose", "lower", "kernels" when measured."""
     stats: dict[str, int] = field(default_factory=dict)
+    autotune: list[dict[str, Any]] = field(default_factory=list)
+    """The Triton kernels' autotune records (torchfarm/fx/autotune.py), for the manifest."""
 
 
 def inductor_config_patch(
@@ -121,7 +123,7 @@ def compile_graph(
     with _COMPILE_LOCK:
         before = _metric_totals()
         t0 = time.perf_counter()
-        with count_kernel_builds() as builds:
+        with count_kernel_builds() as builds, autotune.noting() as noted:
             try:
                 payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
             except Exception as e:
@@ -150,7 +152,7 @@ def compile_graph(
         stats["kernels"], stats["kernel_bytes"], len(payload), builds.count,
         timings["compile"], timings["collect"],
     )
-    return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats)
+    return CompileResult(payload=payload, kernels=kernels, timings=timings, stats=stats, autotune=_records(noted))
 
 
 def run_compile(
@@ -194,6 +196,8 @@ class LoweredGraph:
     timings: dict[str, float]
     """Seconds: "compile", "collect"; "decompose" and "lower" when measured."""
     stats: dict[str, int] = field(default_factory=dict)
+    autotune: list[dict[str, Any]] = field(default_factory=list)
+    """As `CompileResult.autotune`."""
 
 
 def lower_graph(
@@ -233,6 +237,7 @@ def lower_graph(
             count_kernel_builds() as builds,
             defer_kernel_builds(_streaming(on_kernel)) as deferred,
             aot_seam or contextlib.nullcontext(),
+            autotune.noting() as noted,
         ):
             try:
                 payload = _serialized_compile(gm, example_inputs, shapes, patch, fake_mode)
@@ -264,7 +269,17 @@ def lower_graph(
         "compile %.2fs collect %.2fs",
         len(specs), len(payload), builds.count, timings["compile"], timings["collect"],
     )
-    return LoweredGraph(payload=payload, specs=specs, timings=timings, stats=stats)
+    return LoweredGraph(payload=payload, specs=specs, timings=timings, stats=stats, autotune=_records(noted))
+
+
+def _records(noted: autotune.Noted) -> list[dict[str, Any]]:
+    """The compile's autotune records; none, logged, where torch keeps them otherwise than
+    assumed (a hit then benchmarks on the client, as it did before records travelled)."""
+    try:
+        return noted.results()
+    except Exception:  # noqa: BLE001 - torch internals; the artifact stands without them
+        log.warning("the compile's autotune records are not carried", exc_info=True)
+        return []
 
 
 def cause_of(e: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -38,9 +38,11 @@ LOWERED = {"specs": 1, "guards": [], "timings": {"compile": 1.0, "collect": 0.1}
 
 
 def test_a_lowering_that_keeps_its_word_is_taken():
-    box = _Box(dict(LOWERED), {"payload.bin": b"P", "s0.spec": _spec()})
+    records = [{"kernel": "ab/abcdefghijklmnopqrstuvwxyz234567.py", "best": {"XBLOCK": 64, "configs_hash": "h"}}]
+    box = _Box({**LOWERED, "autotune": records}, {"payload.bin": b"P", "s0.spec": _spec()})
     done = sandbox.lower_graph(box, b"req", {"head": b"{}"}, 1 << 20)
     assert done.graph.payload == b"P" and done.graph.specs == [_spec()] and done.used_decomposition
+    assert done.graph.autotune == records
     assert box.asked[0][0] == "lower" and box.asked[0][1]["decomposition"] == ["head"]
 
 
@@ -50,6 +52,9 @@ def test_a_lowering_that_keeps_its_word_is_taken():
     (LOWERED, {"payload.bin": b"P", "s0.spec": b'{"cls": "os.system"}'}),  # a spec that does not parse
     ({**LOWERED, "timings": {"compile": 1.0}}, {"payload.bin": b"P", "s0.spec": _spec()}),
     ({**LOWERED, "guards": ["not a guard tree"]}, {"payload.bin": b"P", "s0.spec": _spec()}),
+    # An autotune record that would write outside the client's cache dir.
+    ({**LOWERED, "autotune": [{"kernel": "../../x.py", "best": {"configs_hash": "h"}}]},
+     {"payload.bin": b"P", "s0.spec": _spec()}),
 ])
 def test_a_lowering_that_breaks_its_word_is_refused(result, files):
     with pytest.raises(SandboxFailed) as failed:

@@ -103,9 +103,10 @@ class Manifest:
     """A PRECOMPILED package's backends: Dynamo's backend id → the farm's compile
     artifact key whose graph it calls. Empty for every other kind."""
     toolchain: dict[str, Any] = field(default_factory=dict)
-    """What the worker's Inductor probed on its toolchain, so a client need not probe
-    again: `vec_isa`, the vector-ISA probe's record (torchfarm/fx/vecisa.py). Empty from older
-    workers, whose clients probe for themselves."""
+    """What the worker's Inductor probed and tuned, so a client need not probe or tune
+    again: `vec_isa`, the vector-ISA probe's record (torchfarm/fx/vecisa.py); `autotune`,
+    the Triton kernels' autotune records (torchfarm/fx/autotune.py), where any autotuned.
+    Empty from older workers, whose clients probe for themselves."""
     signature: Signature | None = None
 
     def blobs(self) -> list[BlobRef]:

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from torchfarm.fx import autotune
 from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.storage.store import Attempts
 from torchfarm.trust.seal import TamperedRecord
@@ -80,7 +81,7 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     manifest = Manifest(
         key=key, fingerprint=ctx.fingerprint.to_dict(), payload=plan.payload, kernels=kernels,
         worker=ctx.name, created=time.time(), tenant=ctx.store.namespace,
-        guards=tuple(plan.guards), toolchain=probed_toolchain(),
+        guards=tuple(plan.guards), toolchain={**probed_toolchain(), **autotune.in_toolchain(plan.autotune)},
     )
     if manifest.total_bytes() > ctx.settings.max_artifact_bytes:
         raise JobFailed(

@@ -254,7 +254,7 @@ def fan_out(
         payload=put_blob(store, lowered.payload), kernels=kernels, target=target,
         guards=list(guards), stages=stages, timings=t,
         sends=[send for send in sends if not set(send[1]) <= set(strays)],
-        lowered_after=lowered_after,
+        lowered_after=lowered_after, autotune=lowered.autotune,
     )
     ttl = ctx.settings.done_ttl_s
     board.put_plan(key, plan, ttl)

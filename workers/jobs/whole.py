@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from torchfarm.fx import autotune
 from torchfarm.fx.vecisa import probed_toolchain
 from torchfarm.wire.codes import JobError, Stage
 from torchfarm.wire.manifest import KernelRef, Manifest
@@ -60,5 +61,5 @@ def _store(
         worker=ctx.name,
         created=time.time(),
         tenant=ctx.store.namespace,
-        toolchain=probed_toolchain(),
+        toolchain={**probed_toolchain(), **autotune.in_toolchain(result.autotune)},
     )

@@ -168,7 +168,7 @@ def _whole(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
         outputs[f"k{i}.src"], outputs[f"k{i}.bin"] = kernel.source, kernel.binary
     return {
         "files": _write(scratch, outputs), "kernels": len(result.kernels), "guards": guards,
-        "timings": result.timings, "stats": result.stats,
+        "timings": result.timings, "stats": result.stats, "autotune": result.autotune,
     }
 
 
@@ -224,6 +224,7 @@ def _lower(scratch: str, request: dict[str, Any]) -> dict[str, Any]:
     return {
         "files": _write(scratch, outputs), "specs": len(lowered.specs), "guards": guards,
         "timings": lowered.timings, "stats": lowered.stats, "used": bool(used),
+        "autotune": lowered.autotune,
     }
 
 

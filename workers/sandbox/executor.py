@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchfarm.fx import autotune
 from torchfarm.wire.codes import JobError
 from workers.executor import Lowered
 from workers.sandbox.process import Sandbox
@@ -205,7 +206,18 @@ def compile_whole(
         kernels.append(Kernel(name=kernel_name(source), kind=kind, source=source, binary=binary))
     if not all(isinstance(g, list) for g in guards):
         raise SandboxFailed(Failure.CRASH, "the sandboxed compile's guards are malformed")
-    return CompileResult(payload=files["payload.bin"], kernels=kernels, timings=_seconds(timings)), tuple(guards)
+    return CompileResult(
+        payload=files["payload.bin"], kernels=kernels, timings=_seconds(timings),
+        autotune=_autotune_records(result, "compile"),
+    ), tuple(guards)
+
+
+def _autotune_records(result: dict, what: str) -> list[dict[str, Any]]:
+    """The child's autotune records, each checked as a client checks them."""
+    try:
+        return autotune.check_records(result.get("autotune", []))
+    except autotune.BadRecord as e:
+        raise SandboxFailed(Failure.CRASH, f"the sandboxed {what}'s autotune records: {e}") from e
 
 
 def _seconds(timings: dict) -> dict[str, float]:
@@ -351,6 +363,7 @@ def lower_graph(
     graph = LoweredGraph(
         payload=out["payload.bin"], specs=specs, timings=clean,
         stats={str(k): int(v) for k, v in stats.items() if isinstance(v, int)},
+        autotune=_autotune_records(result, "lowering"),
     )
     return Lowered(graph, tuple(guards), result.get("used") is True)
 
