@@ -94,6 +94,35 @@ def test_a_training_graph_is_inlined_and_computes_the_same():
         torch.testing.assert_close(gm(*example_inputs), before)
 
 
+@torch.compiler.nested_compile_region
+def _outer(m, y):
+    return _region(m, y) + _region(m, y * 3)
+
+
+class Nested(nn.Module):
+    """A region that calls a region, each twice: a body inside a body."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (_outer(self, x) + _outer(self, x * 2)).pow(2).mean()
+
+
+def test_nested_regions_are_inlined_and_compute_the_same():
+    graphs = []
+    torch.compile(Nested(), backend=lambda gm, ex: graphs.append((gm, ex)) or gm.forward)(
+        torch.randn(4, 8, requires_grad=True))
+    [(gm, example_inputs)] = graphs
+    with torch.no_grad():
+        before = gm(*example_inputs)
+    assert regions.inline_for_training(gm, example_inputs)
+    assert not regions.has_regions(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(*example_inputs), before)
+
+
 def test_an_inference_graph_keeps_its_regions():
     gm, example_inputs, _ = _captured(grad=False)
     assert regions.has_regions(gm)

@@ -56,9 +56,9 @@ def inline_for_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any])
 def _inline(gm: torch.fx.GraphModule) -> None:
     """Replaces each `invoke_subgraph(body, identifier, *operands)` in `gm`, and in the
     graphs under it (innermost first), by a copy of the body's nodes."""
-    for name, mod in gm.named_modules():
-        if name and isinstance(mod, torch.fx.GraphModule):
-            _inline(mod)
+    for child in list(gm.children()):  # a list: inlining adds the bodies' own children
+        if isinstance(child, torch.fx.GraphModule):
+            _inline(child)
     graph = gm.graph
     for node in list(graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)):
         body_attr, operands = node.args[0], node.args[2:]
