@@ -208,18 +208,18 @@ def profile_once(bench: Bench, model: str, d: Path, stack: LocalStack | None, pt
     profiler slows what it sees."""
     out = d / "profiles"
     out.mkdir()
-    runs = {"local warm": lambda p: bench.case(model, "local", d / "local", profile=p)}
+    # {case: (backend, cache dir, the case's other arguments)}: as bench_once runs it,
+    # from a cache dir that is warm for the warm case and empty for a hit.
+    runs: dict[str, tuple[str, Path, dict]] = {"local warm": ("local", d / "local", {})}
     if stack is not None:
-        runs["pt-remote hit"] = lambda p: bench.case(
-            model, "local", d / "pt-hit-profiled", env=pt_remote_env(pt_port), profile=p)
-        for case, mode in (("farm hit", ""), ("autotuned hit", "max-autotune")):
-            runs[case] = lambda p, mode=mode: bench.case(
-                model, "farm", d / f"{p.stem}-profiled", remote=stack.address, env=trusted(stack),
-                mode=mode, profile=p)
+        runs["pt-remote hit"] = ("local", d / "pt-hit-profiled", {"env": pt_remote_env(pt_port)})
+        farm = {"remote": stack.address, "env": trusted(stack)}
+        runs["farm hit"] = ("farm", d / "farm-hit-profiled", farm)
+        runs["autotuned hit"] = ("farm", d / "autotuned-hit-profiled", {**farm, "mode": "max-autotune"})
     profiles = {}
-    for case, run_profiled in runs.items():
+    for case, (backend, cache, kwargs) in runs.items():
         path = out / (case.replace(" ", "-") + ".json")
-        run_profiled(path)
+        bench.case(model, backend, cache, profile=path, **kwargs)
         profiles[case] = json.loads(path.read_text())
     return profiles
 

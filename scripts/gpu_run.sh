@@ -44,15 +44,15 @@ if [ "${1:-}" = "--rehearse" ]; then
   exit 0
 fi
 
-for what in "${@:-bench tests check}"; do
-  for one in $what; do
-    case "$one" in
-      bench) step bench 300 "$PY" bench/gpu_bench.py --models gpt --profile \
-               --redis-server "$here/bin/redis-server" --out "$RESULTS/gpu_bench.json" ;;
-      tests) step tests 180 "$PY" -m pytest -q -p no:cacheprovider -rs \
-               tests/targets/test_gpu.py tests/targets/test_gpu_features.py ;;
-      check) GPU_CHECK_BUDGET_S=150 PYTHON="$PY" step check 170 scripts/gpu_check.sh ;;
-      *) echo "unknown step $one (bench, tests, check)" >&2; exit 2 ;;
-    esac
-  done
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(bench tests check)
+for one in "${steps[@]}"; do
+  case "$one" in
+    bench) step bench 300 "$PY" bench/gpu_bench.py --models gpt --profile \
+             --redis-server "$here/bin/redis-server" --out "$RESULTS/gpu_bench.json" ;;
+    tests) step tests 180 "$PY" -m pytest -q -p no:cacheprovider -rs \
+             tests/targets/test_gpu.py tests/targets/test_gpu_features.py ;;
+    check) step check 170 env GPU_CHECK_BUDGET_S=150 PYTHON="$PY" scripts/gpu_check.sh ;;
+    *) echo "unknown step $one (bench, tests, check)" >&2; exit 2 ;;
+  esac
 done

@@ -24,7 +24,7 @@ has the same code, and the fix applies there, but 2.12 fails to compile such a g
 earlier (it transposes a tile at an index computed inside the loop), which this leaves
 as it is.
 
-pytorch/pytorch#133734, CPU, torch 2.12 and 2.13 (2.11's source was not read): the
+pytorch/pytorch#133734, CPU, torch 2.11, 2.12 and 2.13 (each one's source read): the
 vector-range index analysis (`simplify_index_in_vec_range`, `stride_at`) runs
 `sympy.simplify` over a whole index expression. A chain of views through reshapes and
 slices (Funnel's relative-position shift) gives backward indices of over a thousand

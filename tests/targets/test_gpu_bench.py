@@ -38,23 +38,24 @@ COMPILE_TWICE = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, counts: Path) -> list[str]:
-    env = {
-        **os.environ,
-        **ptxas_env(tmp_path),
-        "PYTHONPATH": str(COUNTING),
-        "TORCHFARM_BENCH_COUNTS": str(counts),
-        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+def _counted(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """`script` in a fresh interpreter as a benchmarked case runs (bench/counting/ first on
+    its path, a counts file named); what it counted, and what it printed."""
+    counts = tmp_path / "counts"
+    full_env = {
+        **os.environ, **(env or {}), "PYTHONPATH": str(COUNTING), "TORCHFARM_BENCH_COUNTS": str(counts),
     }
-    proc = subprocess.run([sys.executable, "-c", COMPILE_TWICE], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return counts.read_text().split()
+    return counts.read_text().split(), proc.stdout
 
 
 def test_a_triton_compile_its_ptxas_run_and_a_cache_hit_are_counted(tmp_path):
     assert "TRITON_PTXAS_PATH" in ptxas_env(tmp_path)
-    assert sorted(_run(tmp_path, tmp_path / "counts")) == ["ptxas", "triton", "triton-cache-hit"]
+    env = {**ptxas_env(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    counted, _ = _counted(tmp_path, COMPILE_TWICE, env=env)
+    assert sorted(counted) == ["ptxas", "triton", "triton-cache-hit"]
 
 
 BUILD_WITH_TRITON = textwrap.dedent(
@@ -70,13 +71,10 @@ BUILD_WITH_TRITON = textwrap.dedent(
 
 def test_tritons_own_c_builds_are_counted(tmp_path):
     """The C builds of Triton's launchers go through `_build`, which takes CC."""
-    counts = tmp_path / "counts"
-    env = {**os.environ, **triton_cc_env(tmp_path), "TORCHFARM_BENCH_COUNTS": str(counts)}
-    proc = subprocess.run([sys.executable, "-c", BUILD_WITH_TRITON, str(tmp_path / "answer.c"), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert Path(proc.stdout.strip()).is_file()  # the wrapper ran the real compiler
-    assert counts.read_text().split() == ["triton-cc"]
+    counted, printed = _counted(tmp_path, BUILD_WITH_TRITON, str(tmp_path / "answer.c"), str(tmp_path),
+                                env=triton_cc_env(tmp_path))
+    assert Path(printed.strip()).is_file()  # the wrapper ran the real compiler
+    assert counted == ["triton-cc"]
     assert problems("farm hit", _report(["hit"], **{"triton-cc": 2})) == []  # shown, not failed
 
 
@@ -119,12 +117,7 @@ COUNT_BENCHMARKS = textwrap.dedent(
 
 
 def test_a_kernel_benchmarking_its_configs_is_counted(tmp_path):
-    counts = tmp_path / "counts"
-    env = {**os.environ, "PYTHONPATH": str(COUNTING), "TORCHFARM_BENCH_COUNTS": str(counts)}
-    proc = subprocess.run([sys.executable, "-c", COUNT_BENCHMARKS], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert counts.read_text().split() == ["autotune"]
+    assert _counted(tmp_path, COUNT_BENCHMARKS)[0] == ["autotune"]
 
 
 def test_numbers_off_eager_are_a_problem():

@@ -60,6 +60,8 @@ class Noted:
     def results(self) -> list[dict[str, Any]]:
         """{"kernel": its path under the cache dir, "best": its record} for each noted
         kernel that has an autotune record, by path."""
+        if not self.kernels:  # a CPU compile: no Triton kernel
+            return []
         read = resolve("AutotuneCache._read")
         root = resolve("inductor_cache_dir")()
         found: dict[str, dict[str, Any]] = {}
