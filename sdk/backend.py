@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from sdk import artifact, changed_settings, outcomes, report
+from sdk import artifact, changed_settings, outcomes, report, split
 from sdk.client import CompileClient, FarmClient
 from sdk.errors import (
     ArtifactRejected,
@@ -201,6 +201,12 @@ class FarmBackend:
             return self._prewarm(gm, example_inputs, index)
         if self.client is None:
             return self._local(gm, example_inputs, index, "no farm configured")
+        return self._farm_or_local(gm, example_inputs, index)
+
+    def _farm_or_local(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
+    ) -> Callable[..., Any]:
+        """The graph from the farm, or with fallback "local", compiled here when the farm cannot."""
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
         try:
@@ -208,9 +214,53 @@ class FarmBackend:
         except FarmError as e:
             if self.settings.fallback != "local" or not e.fallback:
                 raise
+            pieces = self._split(gm, example_inputs, index, e)
+            if pieces is not None:
+                return pieces
             self._warn_fallback(index, e)
             self._publish(index, report.LOCAL, error=f"{type(e).__name__}: {e}")
             return self._local(gm, example_inputs, index, _reason(e))
+
+    def _split(
+        self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int, error: FarmError
+    ) -> Callable[..., Any] | None:
+        """The graph as pieces around the calls the farm refuses, each piece from the farm
+        (sdk/split.py), when `error` is the format's refusal of it; None when it refuses
+        no call of it (the graph as a whole, say) or the graph cannot be split.
+
+        Asked only once encoding failed, so a graph the farm takes pays no second pass."""
+        if not (self.settings.split_refused and isinstance(error.__cause__, UnsupportedGraph)):
+            return None
+        try:
+            found = split.split_refused(gm, example_inputs)
+        except split.NotSplit as e:
+            log.info("torchfarm: graph %d of %s cannot be split at its refused calls: %s", index, self.name, e)
+            return None
+        if found is None:
+            return None
+        indices = []
+        for _ in found.pieces:
+            with self._lock:
+                self._graphs += 1
+                indices.append(self._graphs)
+        first, why = next(iter(found.refused.items()))
+        log.info(
+            "torchfarm: graph %d of %s: %d call(s) the farm refuses run eagerly (%s: %s); "
+            "the rest is graph(s) %s", index, self.name, len(found.refused), first, why,
+            ", ".join(map(str, indices)) or "none",
+        )
+        if "split" not in self._warned:
+            self._warned.add("split")
+            log.warning(
+                "torchfarm: %s: graph %d is split at calls the farm refuses, which run eagerly "
+                "(%s: %s); TORCHFARM_SPLIT_REFUSED=0 compiles such graphs whole, locally",
+                self.name, index, first, why,
+            )
+        outcomes.trace({"model": self.name, "graph": index, "where": "split", "eager": found.refused,
+                        "pieces": indices})
+        for piece, piece_index in zip(found.pieces, indices, strict=True):
+            found.install(piece, self._farm_or_local(piece.gm, piece.example_inputs, piece_index))
+        return found.root
 
     def _local(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int, why: str
@@ -259,7 +309,8 @@ class FarmBackend:
         try:
             prepared = self._prepare(gm, example_inputs, index)
         except FarmError as e:
-            return self.swapper.failed(index, gm.forward, e)
+            pieces = self._split(gm, example_inputs, index, e) if self.settings.fallback == "local" else None
+            return pieces if pieces is not None else self.swapper.failed(index, gm.forward, e)
         return self._keyed(self.swapper.defer(
             index, prepared.key, gm.forward, lambda: self._complete(prepared)
         ), prepared.key)

@@ -11,6 +11,10 @@ class SDKSettings:
     """The farm's address, "grpc://host:port"; empty means compile locally."""
     fallback: str = "local"
     """"local": compile a graph locally when the farm cannot; "error": raise instead."""
+    split_refused: bool = True
+    """With fallback "local", a graph with calls the farm refuses is split at them: they
+    run eagerly and the rest compiles on the farm (sdk/split.py). False compiles such a
+    graph whole, locally, keeping the fusions across those calls."""
     connect_timeout_s: float = 3.0
     """How long to wait for the farm's channel to connect before falling back."""
     rpc_timeout_s: float = 30.0

@@ -139,7 +139,8 @@ def test_farm_down_with_fallback_error_raises(client_cache_dir, monkeypatch):
 
 
 # A custom op that writes into its argument: the farm refuses mutating custom ops by name
-# (torchfarm/graph/customops.py), so its graph compiles locally and the other goes to the farm.
+# (torchfarm/graph/customops.py). Its graph is split there: the op runs eagerly and the
+# rest goes to the farm (sdk/split.py); unsplit, that graph compiles locally.
 @torch.library.custom_op("torchfarm_test::scale_into", mutates_args=("out",))
 def _scale_into(x: torch.Tensor, out: torch.Tensor, factor: float) -> None:
     out.copy_(x * factor)
@@ -150,7 +151,9 @@ def _(x, out, factor):
     return None
 
 
-def test_disallowed_op_falls_back_for_that_graph_only(stack, client_cache_dir, caplog):
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+def test_disallowed_op_falls_back_for_that_graph_only(split, stack, client_cache_dir, caplog, monkeypatch):
+    monkeypatch.setenv("TORCHFARM_SPLIT_REFUSED", "1" if split else "0")
     caplog.set_level(logging.INFO, logger="sdk")
 
     def fn(x):
@@ -165,12 +168,19 @@ def test_disallowed_op_falls_back_for_that_graph_only(stack, client_cache_dir, c
     out = sdk.compile(fn, remote=stack.address, fallback="local")(x)
     torch.testing.assert_close(out, fn(x))
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
-    fallbacks = [m for m in msgs if "compiles locally" in m]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sdk.backend" and r.levelno == logging.WARNING]
     local = [m for m in msgs if "compiled locally in" in m]
     remote = [m for m in msgs if " key=" in m]
-    assert len(fallbacks) == 1 and "torchfarm_test" in fallbacks[0], msgs
-    assert len(local) == 1 and "graph 2" in local[0] and "GraphRejected" in local[0], msgs
-    assert len(remote) == 1 and "graph 1" in remote[0], msgs
+    assert len(warnings) == 1 and "torchfarm_test" in warnings[0], msgs
+    if split:
+        # Graph 2 is empty_like, the op, and the add: two pieces on the farm around the op.
+        assert [m for m in msgs if "graph 2 of" in m and "run eagerly" in m], msgs
+        assert not local, msgs
+        assert [m.split(" of ")[0] for m in remote] == ["torchfarm: graph 1", "torchfarm: graph 3",
+                                                         "torchfarm: graph 4"], msgs
+    else:
+        assert len(local) == 1 and "graph 2" in local[0] and "GraphRejected" in local[0], msgs
+        assert len(remote) == 1 and "graph 1" in remote[0], msgs
 
 
 def test_several_models_in_one_process(any_stack, client_cache_dir):

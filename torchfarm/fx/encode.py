@@ -563,6 +563,30 @@ class _Encoder:
             self.graph.format = graph_pb2.GRAPH_FORMAT_V2
 
 
+def refused_calls(gm: torch.fx.GraphModule, *, limits: GraphLimits = GraphLimits()) -> dict[torch.fx.Node, str]:
+    """The call nodes of `gm` the format refuses on their own (an op the farm does not
+    take, an argument it cannot hold), each with the refusal `encode_graph` would raise.
+
+    A refused subgraph (a get_attr) refuses the calls that take it. What refuses the
+    graph as a whole (a placeholder, its size) is not here: `encode_graph` still raises
+    it. The SDK runs these calls eagerly and sends the rest (sdk/split.py)."""
+    encoder = _Encoder(gm, limits)
+    dropped = droppable_nodes(gm)
+    refused: dict[torch.fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output") or node in dropped:
+            continue
+        try:
+            encoder.node(node, None)
+        except UnsupportedGraph as e:
+            refused[node] = str(e)
+    for node in [n for n in refused if n.op == "get_attr"]:
+        for user in node.users:
+            refused.setdefault(user, refused[node])
+        del refused[node]
+    return refused
+
+
 def _torch_constant(value: object, a: graph_pb2.Argument) -> bool:
     """Sets `a` to a dtype, device, layout, memory format or DTensor placement; False
     for any other value."""

@@ -1,0 +1,154 @@
+"""A graph split at the calls the farm refuses, so that the rest still compiles there.
+
+One refused call (Reformer's `torch.seed()`, a user's `@triton.jit` kernel, a custom op
+that mutates its argument) used to send its whole graph to the local Inductor: a
+machine meant to compile nothing compiled an entire forward. With `fallback="local"`
+the backend now splits such a graph at those calls, as Dynamo splits a frame at a graph
+break (torch.fx's `split_module`, which DDPOptimizer uses too): each refused call runs
+eagerly, where it stood, and each run of calls between them is a graph of its own,
+sent to the farm like any other (its own key, line and fallback). The pieces lose the
+fusions across a refused call; `TORCHFARM_SPLIT_REFUSED=0` compiles such a graph whole,
+locally, instead.
+
+A piece's inputs are the graph's own (the example inputs Dynamo gave) and values
+computed before it, described by Dynamo's fake `example_value` of the node that made
+them: their sizes, strides and `requires_grad` as eager computes them. A compiled
+piece checks its inputs' sizes and strides when it runs, so a mismatch raises, never
+computes wrongly.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.split_module import split_module
+
+from torchfarm.fx.encode import refused_calls
+
+
+class NotSplit(Exception):
+    """The graph cannot be split here; it is compiled whole, as before splitting existed."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of calls the farm takes: a graph of its own, with its example inputs."""
+
+    name: str
+    """Its submodule in the split graph, which the compiled piece replaces."""
+    gm: torch.fx.GraphModule
+    example_inputs: list[Any]
+    single: bool
+    """Whether it returns one value: a compiled graph returns a tuple, unwrapped here."""
+
+
+@dataclass(frozen=True)
+class Split:
+    root: torch.fx.GraphModule
+    """The graph as pieces: it calls each piece and each refused call in order."""
+    pieces: list[Piece]
+    refused: dict[str, str]
+    """Each refused call's node name and why the farm refuses it."""
+
+    def install(self, piece: Piece, compiled: Callable[..., Any]) -> None:
+        """Runs `compiled` where `piece`'s calls ran."""
+        setattr(self.root, piece.name, _Compiled(compiled, piece.single))
+
+
+class _Compiled(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any], single: bool) -> None:
+        super().__init__()
+        self.fn = fn
+        self.single = single
+
+    def forward(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        return out[0] if self.single else out
+
+
+_CHEAP = frozenset({operator.getitem})
+"""Calls not worth a farm round trip on their own: a piece of only these runs eagerly."""
+
+
+def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Split | None:
+    """`gm` as pieces around the calls the farm refuses; None when it refuses none.
+    Raises NotSplit when such a graph cannot be split."""
+    refused = refused_calls(gm)
+    if not refused:
+        return None
+    partition: dict[torch.fx.Node, int] = {}
+    eager: set[int] = set()
+    current, was_refused = 0, None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        is_refused = node in refused
+        if is_refused != was_refused:
+            current += 1
+            was_refused = is_refused
+            if is_refused:
+                eager.add(current)
+        partition[node] = current
+    try:
+        root = split_module(gm, gm, partition.__getitem__, keep_original_order=True)
+    except Exception as e:  # split_module raises what its passes meet, untyped
+        raise NotSplit(f"{type(e).__name__}: {e}") from e
+    inputs = _graph_inputs(gm, example_inputs)
+    pieces = [
+        _piece(root, node, inputs)
+        for node in root.graph.find_nodes(op="call_module")
+        if int(str(node.target).rpartition("_")[2]) not in eager and _worth_sending(root, node)
+    ]
+    return Split(root, pieces, {n.name: why for n, why in refused.items()})
+
+
+def _graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
+    """Each placeholder's name → its example input and Dynamo's source for it."""
+    return {
+        node.name: (value, getattr(node, "_dynamo_source", None))
+        for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, strict=True)
+    }
+
+
+def _worth_sending(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    sub = root.get_submodule(str(node.target))
+    assert isinstance(sub, torch.fx.GraphModule)
+    return any(
+        n.op in ("call_function", "call_method", "call_module") and n.target not in _CHEAP
+        for n in sub.graph.nodes
+    )
+
+
+def _piece(root: torch.fx.GraphModule, node: torch.fx.Node, inputs: dict[str, tuple[Any, Any]]) -> Piece:
+    name = str(node.target)
+    sub = root.get_submodule(name)
+    assert isinstance(sub, torch.fx.GraphModule)
+    placeholders = list(sub.graph.find_nodes(op="placeholder"))
+    first = next(iter(sub.graph.nodes))
+    if first.op != "placeholder":
+        # split_module re-enters an autocast region at a piece's very start, before its
+        # placeholders; a graph takes its inputs first.
+        for placeholder in placeholders:
+            first.prepend(placeholder)
+    example_inputs = []
+    for placeholder in placeholders:
+        if placeholder.name in inputs:
+            value, source = inputs[placeholder.name]
+            if source is not None:
+                placeholder._dynamo_source = source  # a buffer stays a buffer
+        elif "example_value" in placeholder.meta:
+            value = placeholder.meta["example_value"]
+        else:
+            raise NotSplit(f"{name}'s input {placeholder.name} has no example value")
+        example_inputs.append(value)
+    (output,) = sub.graph.find_nodes(op="output")
+    single = not isinstance(output.args[0], tuple)
+    if single:
+        output.args = ((output.args[0],),)
+    sub.recompile()
+    return Piece(name, sub, example_inputs, single)

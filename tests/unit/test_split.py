@@ -1,0 +1,201 @@
+"""A graph split at the calls the farm refuses (sdk/split.py), on graphs Dynamo
+captures: which calls are refused, which pieces are sent, what each piece's inputs
+are, and that the pieces in order compute what the graph did, gradients included."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint as checkpoint
+from torch import nn
+
+from sdk.split import split_refused
+from torchfarm.fx.encode import encode_graph, refused_calls
+from torchfarm.v1 import graph_pb2
+
+
+class _Reseeds(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+        self.register_buffer("shift", torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        torch.seed()
+        return self.b(h) + self.shift
+
+
+class _SeedsInCheckpoint(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        torch.seed()
+        return torch.relu(self.a(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint.checkpoint(self.body, x, use_reentrant=False).sum()
+
+
+def capture(model: nn.Module, x: torch.Tensor, **kwargs) -> tuple[torch.fx.GraphModule, list]:
+    seen: list = []
+
+    def backend(gm, example_inputs):
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True, **kwargs)(x)
+    torch._dynamo.reset()
+    assert len(seen) == 1
+    return seen[0]
+
+
+def _run_pieces_uncompiled(split) -> None:
+    """Each piece's own graph in its place: what a compiled piece returns (a tuple)."""
+    for piece in split.pieces:
+        split.install(piece, piece.gm.forward)
+
+
+def _outputs_and_grads(fn, model: nn.Module, inputs: list) -> tuple[list, list]:
+    model.zero_grad()
+    out = [o for o in fn(*inputs) if isinstance(o, torch.Tensor)]
+    sum(o.sum() for o in out).backward()
+    return [o.detach() for o in out], [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_graph_the_farm_takes_whole_is_not_split():
+    gm, inputs = capture(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.randn(2, 8))
+    assert refused_calls(gm) == {}
+    assert split_refused(gm, inputs) is None
+
+
+def test_pieces_around_a_refused_call_compute_what_the_graph_did():
+    model = _Reseeds()
+    gm, inputs = capture(model, torch.randn(3, 8))
+    split = split_refused(gm, inputs)
+    assert split is not None
+    assert list(split.refused) == ["seed"]
+    assert "torch.random.seed" in split.refused["seed"] and "random number generator" in split.refused["seed"]
+    assert len(split.pieces) == 2
+    for piece in split.pieces:
+        encode_graph(piece.gm, piece.example_inputs)  # each piece is a graph the farm takes
+        assert refused_calls(piece.gm) == {}
+    _run_pieces_uncompiled(split)
+    want = _outputs_and_grads(gm, model, inputs)
+    got = _outputs_and_grads(split.root, model, inputs)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_piece_takes_the_graphs_own_inputs_and_the_values_made_before_it():
+    model = _Reseeds()
+    gm, inputs = capture(model, torch.randn(3, 8))
+    split = split_refused(gm, inputs)
+    assert split is not None
+    second = split.pieces[1]
+    by_name = {p.name: v for p, v in zip(gm.graph.find_nodes(op="placeholder"), inputs, strict=True)}
+    for node, value in zip(second.gm.graph.find_nodes(op="placeholder"), second.example_inputs, strict=True):
+        if node.name in by_name:
+            assert value is by_name[node.name]  # the real input Dynamo gave, a Parameter stays one
+        else:
+            assert node.name == "h" and value.shape == (3, 16) and value.requires_grad
+    kinds = {n.name: n.tensor.kind for n in encode_graph(second.gm, second.example_inputs).nodes
+             if n.op == graph_pb2.Node.PLACEHOLDER}
+    assert kinds["l_self_buffers_shift_"] == graph_pb2.TensorMeta.BUFFER, kinds
+    assert kinds["h"] == graph_pb2.TensorMeta.INPUT, kinds
+
+
+def test_a_refused_call_inside_a_body_refuses_the_call_that_takes_the_body():
+    model = _SeedsInCheckpoint()
+    gm, inputs = capture(model, torch.randn(4, 8, requires_grad=True))
+    refused = refused_calls(gm)
+    assert [n.name for n in refused] == ["tag_activation_checkpoint"]
+    assert "torch.random.seed" in next(iter(refused.values()))
+    split = split_refused(gm, inputs)
+    assert split is not None
+    assert len(split.pieces) == 1  # the sum; the getitem alone is not worth a round trip
+    _run_pieces_uncompiled(split)
+    torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
+                               _outputs_and_grads(gm, model, inputs))
+
+
+def test_dynamic_sizes_reach_the_pieces_that_need_them():
+    model = _Reseeds()
+    gm, inputs = capture(model, torch.randn(5, 8), dynamic=True)
+    split = split_refused(gm, inputs)
+    assert split is not None
+    for piece in split.pieces:
+        graph = encode_graph(piece.gm, piece.example_inputs)
+        assert [s.hint for s in graph.symbols] == [5], graph.symbols
+    _run_pieces_uncompiled(split)
+    torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
+                               _outputs_and_grads(gm, model, inputs))
+
+
+class _ReseedsUnderAutocast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.relu(self.a(x))
+            torch.seed()
+            y = self.b(h)
+        return y.float().sum()
+
+
+def test_an_autocast_region_is_entered_again_in_each_piece():
+    """split_module enters the region again at a later piece's start, before its
+    placeholders: the piece takes its inputs first, so the format (and FX) take it."""
+    model = _ReseedsUnderAutocast()
+    gm, inputs = capture(model, torch.randn(4, 8))
+    split = split_refused(gm, inputs)
+    assert split is not None and len(split.pieces) == 2
+    for piece in split.pieces:
+        ops = [n.op for n in piece.gm.graph.nodes]
+        assert ops[: ops.count("placeholder")] == ["placeholder"] * ops.count("placeholder")
+        encoded = encode_graph(piece.gm, piece.example_inputs)
+        assert any(n.target.endswith("_enter_autocast") for n in encoded.nodes)
+    _run_pieces_uncompiled(split)
+    torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
+                               _outputs_and_grads(gm, model, inputs))
+
+
+def test_pieces_compiled_by_inductor_in_the_backend_match_eager():
+    """What a piece's local fallback does: Inductor compiles it inside Dynamo's backend
+    call, from the real inputs and the fake values of what ran before it."""
+    from torchfarm.fx.internals import resolve
+
+    def backend(gm, example_inputs):
+        split = split_refused(gm, example_inputs)
+        assert split is not None
+        for piece in split.pieces:
+            split.install(piece, resolve("TorchCompileInductorWrapper")(None, None, None)(piece.gm, piece.example_inputs))
+        return split.root
+
+    model = _Reseeds()
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    got = _outputs_and_grads(lambda x: (torch.compile(model, backend=backend)(x),), model, [x])
+    torch._dynamo.reset()
+    want = _outputs_and_grads(lambda x: (model(x),), model, [x])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bare_triton_kernel_call_runs_between_the_pieces():
+    """The graph Dynamo captures on a GPU for a @triton.jit call: the call is refused
+    (a user's kernel source), the empty_like before it is the one piece sent."""
+    from tests.integration.test_gpu_features import _bare_triton_call_graph
+
+    gm, inputs = _bare_triton_call_graph()
+    split = split_refused(gm, inputs)
+    assert split is not None
+    (why,) = split.refused.values()
+    assert "runs a user's Triton kernel source" in why
+    (piece,) = split.pieces
+    calls = [n.target for n in piece.gm.graph.nodes if n.op == "call_function"]
+    assert calls == [torch.empty_like]
