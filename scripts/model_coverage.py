@@ -68,18 +68,21 @@ def render(results: list[Row], command: str) -> str:
         "once more in a fresh process against the same farm. The error columns are the",
         "largest absolute difference from eager (the loss and every output tensor; any",
         "gradient), over both steps; a fresh hit is an on-farm graph the second process",
-        "loaded from the farm's cache.",
+        "loaded from the farm's cache. A graph split at calls the farm refuses (docs/sdk.md)",
+        "counts as its pieces, which run on the farm; the calls between them ran eagerly.",
         "",
         f"**{farm} of {total} graphs on the farm ({farm / total:.0%}); {whole} of "
         f"{len(results)} models wholly on it; {hits} of {farm} on-farm graphs hit from a "
         f"fresh process; largest output error {worst_out:.1e}, gradient error "
         f"{worst_grad:.1e}.**" if total else "**no graphs**",
         "",
-        "| architecture | family | graphs | on the farm | fresh hits | fell back (reason) | output error | gradient error | step s |",
+        "| architecture | family | graphs | on the farm | fresh hits | fell back or split (reason) | output error | gradient error | step s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r, f, seconds in results:
-        fell = "; ".join(_reason(x) for x in r.fell_back) or ("step failed: " + _reason(r.error) if r.error else "none")
+        fell = "; ".join([*(_reason(x) for x in r.fell_back), *(f"split: {_reason(x)}" for x in r.split)]) or (
+            "step failed: " + _reason(r.error) if r.error else "none"
+        )
         fresh = f"{f.hits}" if not f.error else "failed: " + _reason(f.error)
         lines.append(
             f"| {r.arch} | {r.family} | {r.graphs} | {r.on_farm} | {fresh} | {fell} | "

@@ -33,7 +33,8 @@ def compile(
 
     `fallback="local"` (the default, or `TORCHFARM_FALLBACK`) compiles a graph locally
     when the farm cannot, with a warning; `fallback="error"` raises `sdk.errors.FarmError`
-    instead.
+    instead. Under "local", a graph with calls the farm refuses by name is split at them:
+    they run eagerly and the rest compiles on the farm (sdk/split.py).
 
     `target` is what to compile for (docs/targets.md): None, or an inexact kind such as
     "cpu" or "cuda", means this machine's own (detected: CPU ISA, CUDA capability, HIP

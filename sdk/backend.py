@@ -165,6 +165,8 @@ class FarmBackend:
         self.progress = Progress(name, settings, lambda: self._graphs)
         self.swapper: Swapper | None = None if wait else Swapper(name, settings.fallback)
         """Set with wait=False: the graphs handed out, and their switch to compiled code."""
+        self._pieces: dict[int, int] = {}
+        """A split graph's piece's index → the graph's index."""
         self.farm_keys: dict[int, tuple[Callable[..., Any], str]] = {}
         """id of each callable this backend returned for a farm artifact → (it, its key):
         what a precompiled package names for each of its frames' backends."""
@@ -238,12 +240,16 @@ class FarmBackend:
             return None
         if found is None:
             return None
+        first, why = next(iter(found.refused.items()))
         indices = []
         for _ in found.pieces:
             with self._lock:
                 self._graphs += 1
                 indices.append(self._graphs)
-        first, why = next(iter(found.refused.items()))
+                self._pieces[self._graphs] = index
+        self._publish(index, report.SPLIT, error=(
+            f"ran eagerly: {', '.join(found.refused)} ({'; '.join(dict.fromkeys(found.refused.values()))})"
+        ))
         log.info(
             "torchfarm: graph %d of %s: %d call(s) the farm refuses run eagerly (%s: %s); "
             "the rest is graph(s) %s", index, self.name, len(found.refused), first, why,
@@ -275,6 +281,8 @@ class FarmBackend:
         return compiled
 
     def _publish(self, index: int, outcome: str, **fields: Any) -> None:
+        if index in self._pieces:
+            fields["split_from"] = self._pieces[index]
         if self.reports:
             report.publish(self.reports, report.GraphReport(self.name, index, outcome, **fields))
 

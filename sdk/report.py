@@ -30,6 +30,9 @@ LOCAL = "local"
 """The farm could not; the graph was compiled locally (fallback="local")."""
 FAILED = "failed"
 """The farm could not compile it for another target; it ran eagerly here."""
+SPLIT = "split"
+"""Split at calls the farm refuses (sdk/split.py): those ran eagerly here (`error` names
+them); its pieces are graphs of their own, each with its report (`split_from`)."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,18 @@ class GraphReport:
     kernels: int = 0
     bytes: int = 0
     error: str = ""
+    split_from: int = 0
+    """Set on a piece of a SPLIT graph: that graph's index."""
 
 
 @dataclass
 class WarmReport:
     graphs: list[GraphReport] = field(default_factory=list)
+
+    @property
+    def compiles(self) -> list[GraphReport]:
+        """The graphs something compiled: a SPLIT graph's pieces, not the graph."""
+        return [g for g in self.graphs if g.outcome != SPLIT]
 
     @property
     def hits(self) -> int:
@@ -68,12 +78,14 @@ class WarmReport:
     @property
     def all_hits(self) -> bool:
         """True when there were graphs and the farm's cache held every one."""
-        return bool(self.graphs) and self.hits == len(self.graphs)
+        return bool(self.compiles) and self.hits == len(self.compiles)
 
     def summary(self) -> str:
+        split = len(self.graphs) - len(self.compiles)
         return (
-            f"{len(self.graphs)} graphs: {self.hits} already cached, {self.compiled} compiled "
+            f"{len(self.compiles)} graphs: {self.hits} already cached, {self.compiled} compiled "
             f"by the farm, {self.failed} not on the farm"
+            + (f"; {split} split at calls the farm refuses, which ran eagerly" if split else "")
         )
 
     def __str__(self) -> str:

@@ -71,8 +71,6 @@ class _Compiled(torch.nn.Module):
         return out[0] if self.single else out
 
 
-_CHEAP = frozenset({operator.getitem})
-"""Calls not worth a farm round trip on their own: a piece of only these runs eagerly."""
 
 
 def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Split | None:
@@ -99,29 +97,43 @@ def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Sp
     except Exception as e:  # split_module raises what its passes meet, untyped
         raise NotSplit(f"{type(e).__name__}: {e}") from e
     inputs = _graph_inputs(gm, example_inputs)
+    eager_names = {f"submod_{p}" for p in eager}  # split_module's names for partitions
     pieces = [
         _piece(root, node, inputs)
         for node in root.graph.find_nodes(op="call_module")
-        if int(str(node.target).rpartition("_")[2]) not in eager and _worth_sending(root, node)
+        if node.target not in eager_names and _worth_sending(root, node)
     ]
     return Split(root, pieces, {n.name: why for n, why in refused.items()})
 
 
 def _graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
     """Each placeholder's name → its example input and Dynamo's source for it."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(example_inputs):
+        raise NotSplit(f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders")
     return {
         node.name: (value, getattr(node, "_dynamo_source", None))
-        for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs, strict=True)
+        for node, value in zip(placeholders, example_inputs, strict=True)
     }
 
 
 def _worth_sending(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether the piece computes a tensor: one that only unpacks a tuple or does size
+    arithmetic runs eagerly, cheaper than a farm round trip."""
     sub = root.get_submodule(str(node.target))
     assert isinstance(sub, torch.fx.GraphModule)
     return any(
-        n.op in ("call_function", "call_method", "call_module") and n.target not in _CHEAP
+        n.op in ("call_function", "call_method") and n.target is not operator.getitem
+        and _holds_tensors(n.meta.get("example_value"))
         for n in sub.graph.nodes
     )
+
+
+def _holds_tensors(value: object) -> bool:
+    """A tensor, or a higher-order op's tuple of them."""
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(_holds_tensors(v) for v in value)
 
 
 def _piece(root: torch.fx.GraphModule, node: torch.fx.Node, inputs: dict[str, tuple[Any, Any]]) -> Piece:

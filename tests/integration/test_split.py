@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import sdk
+from sdk import report
 from tests.integration.test_end_to_end import assert_matches_eager, train_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,8 +41,17 @@ def _lines(caplog) -> list[str]:
 def test_training_through_a_split_graph_matches_eager(stack, client_cache_dir, caplog):
     caplog.set_level(logging.INFO, logger="sdk")
     x = torch.randn(4, 16)
-    got, ref = train_step(_Reseeds(), (x,), remote=stack.address, fallback="local")
+    with report.collect() as graphs:
+        got, ref = train_step(_Reseeds(), (x,), remote=stack.address, fallback="local")
     assert_matches_eager(got, ref)
+    # `sdk.warm`'s report: the graph, split, naming what ran eagerly; its two pieces, each
+    # from the farm.
+    assert [(g.graph, g.outcome, g.split_from) for g in graphs] == [
+        (1, report.SPLIT, 0), (2, report.COMPILED, 1), (3, report.COMPILED, 1)]
+    assert graphs[0].error.startswith("ran eagerly: seed (op 'torch.random.seed'"), graphs[0]
+    assert str(report.WarmReport(graphs)).splitlines()[-1] == (
+        "2 graphs: 0 already cached, 2 compiled by the farm, 0 not on the farm; "
+        "1 split at calls the farm refuses, which ran eagerly")
     lines = _lines(caplog)
     split = [m for m in lines if "the farm refuses run eagerly" in m]
     assert len(split) == 1 and "torch.random.seed" in split[0] and "graph(s) 2, 3" in split[0], lines

@@ -41,6 +41,9 @@ class StepResult:
     """Graphs the farm answered from its cache."""
     fell_back: list[str] = field(default_factory=list)
     """One line per graph compiled locally: its index and the farm's reason."""
+    split: list[str] = field(default_factory=list)
+    """One line per graph split at calls the farm refuses (sdk/split.py): its index and
+    the calls that ran eagerly. Its pieces count among the graphs; it does not."""
     loss_error: float = 0.0
     """The loss's and every other output tensor's largest difference from eager."""
     grad_error: float = 0.0
@@ -56,6 +59,7 @@ class StepResult:
             f"{self.arch}: {self.on_farm}/{self.graphs} graphs on the farm ({self.share:.0%}), "
             f"loss error {self.loss_error:.1e}, gradient error {self.grad_error:.1e}"
             + (f"; fell back: {'; '.join(self.fell_back)}" if self.fell_back else "")
+            + (f"; split: {'; '.join(self.split)}" if self.split else "")
             + (f"; step failed: {self.error}" if self.error else "")
         )
 
@@ -104,10 +108,12 @@ def train_step(arch: Arch, remote: str, **compile_kwargs: Any) -> StepResult:
         return result
     finally:
         torch._dynamo.reset()
-    result.graphs = len(graphs)
-    result.on_farm = sum(g.outcome in (report.HIT, report.COMPILED, report.JOINED) for g in graphs)
-    result.hits = sum(g.outcome == report.HIT for g in graphs)
-    result.fell_back = [f"graph {g.graph}: {g.error}" for g in graphs if g.outcome == report.LOCAL]
+    compiles = report.WarmReport(graphs).compiles
+    result.graphs = len(compiles)
+    result.on_farm = sum(g.outcome in (report.HIT, report.COMPILED, report.JOINED) for g in compiles)
+    result.hits = sum(g.outcome == report.HIT for g in compiles)
+    result.fell_back = [f"graph {g.graph}: {g.error}" for g in compiles if g.outcome == report.LOCAL]
+    result.split = [f"graph {g.graph}: {g.error}" for g in graphs if g.outcome == report.SPLIT]
     result.loss_error = _max_error(_outputs(out), want_outputs)
     result.grad_error = _max_error([p.grad for p in model.parameters()], want_grads)
     return result

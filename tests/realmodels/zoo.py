@@ -477,11 +477,11 @@ def arch_named(name: str) -> Arch:
 
 KNOWN_GAPS: dict[str, str] = {
     # Its reversible layers reseed the global generator in training
-    # (`torch.seed()`, so the backward replays the forward's randomness): a graph that
-    # touches the client's RNG state is refused and compiles locally.
+    # (`torch.seed()`, so the backward replays the forward's randomness): the farm refuses
+    # the call, so the SDK splits its graph there (sdk/split.py) and the call runs eagerly.
     "reformer": "touches the global random number generator state",
 }
-"""Architectures with a graph the farm cannot take yet, and the text its reason holds.
+"""Architectures with a graph the farm cannot take whole, and the text its reason holds.
 Mixtral, Qwen3-MoE, gpt-oss and Jamba call `torch.ops.transformers.grouped_mm_fallback`,
 a custom op: a worker with `transformers` installed loads it with no setting
 (DEFAULT_INSTALLED_OP_MODULES in torchfarm/graph/customops.py), as the test stacks' do."""

@@ -159,7 +159,6 @@ def test_a_graph_lowered_from_its_stored_decomposition_is_the_same_compile(make,
     assert used == ["capture", "partition"], "the lowering traced its own graphs"
     # Byte-identical kernel sources (a kernel's name is its source's digest).
     assert [kernel_name(s) for s in split.specs] == [kernel_name(s) for s in inline.specs]
-    assert split.timings["decompose"] < inline.timings["decompose"]
     with fresh("run"):
         _run_artifact(split.payload, model, inputs)
 

@@ -186,6 +186,36 @@ def test_pieces_compiled_by_inductor_in_the_backend_match_eager():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_size_arithmetic_alone_is_no_piece_and_its_result_reaches_the_next():
+    """`n = x.shape[0] * 2` before the refused call: that piece computes no tensor, so
+    it runs eagerly; the piece after it takes `n` as a size and serves every size."""
+    from torchfarm.fx.internals import resolve
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0] * 2
+        torch.seed()
+        return x.new_zeros(n) + x.sum()
+
+    sent = []
+
+    def backend(gm, example_inputs):
+        split = split_refused(gm, example_inputs)
+        assert split is not None
+        for piece in split.pieces:
+            sent.append(encode_graph(piece.gm, piece.example_inputs))
+            split.install(piece, resolve("TorchCompileInductorWrapper")(None, None, None)(piece.gm, piece.example_inputs))
+        return split.root
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for rows in (3, 5):
+        x = torch.randn(rows)
+        torch.testing.assert_close(compiled(x), fn(x))
+    torch._dynamo.reset()
+    (piece,) = sent  # compiled once, dynamic: one size symbol
+    assert len(piece.symbols) == 1, piece.symbols
+
+
 def test_a_bare_triton_kernel_call_runs_between_the_pieces():
     """The graph Dynamo captures on a GPU for a @triton.jit call: the call is refused
     (a user's kernel source), the empty_like before it is the one piece sent."""

@@ -31,6 +31,22 @@ def test_report_counts_prints_a_table_and_round_trips_json():
     assert WarmReport([_graphs()[0]]).all_hits and not WarmReport().all_hits
 
 
+def test_a_split_graph_counts_as_its_pieces():
+    """A graph split at calls the farm refuses is warm when its pieces hit."""
+    graphs = [
+        GraphReport("MLP", 1, report.SPLIT, error="ran eagerly: seed (touches the RNG)"),
+        GraphReport("MLP", 2, HIT, key="a" * 64, split_from=1),
+        GraphReport("MLP", 3, HIT, key="b" * 64, split_from=1),
+    ]
+    r = WarmReport(graphs)
+    assert (len(r.compiles), r.hits, r.compiled, r.failed, r.all_hits) == (2, 2, 0, 0, True)
+    assert str(r).splitlines()[-1] == (
+        "2 graphs: 2 already cached, 0 compiled by the farm, 0 not on the farm; "
+        "1 split at calls the farm refuses, which ran eagerly")
+    assert not WarmReport(graphs[:1]).all_hits
+    assert WarmReport.from_json(r.to_json()) == r
+
+
 def test_collect_gets_only_what_backends_made_inside_it_publish():
     outer_graph = _graphs()[0]
     with report.collect() as outer:
