@@ -12,9 +12,9 @@ locally, instead.
 
 A piece's inputs are the graph's own (the example inputs Dynamo gave) and values
 computed before it, described by Dynamo's fake `example_value` of the node that made
-them: their sizes, strides and `requires_grad` as eager computes them. A compiled
-piece checks its inputs' sizes and strides when it runs, so a mismatch raises, never
-computes wrongly.
+them: their sizes, strides and `requires_grad` as eager computes them. Inductor's code
+for a piece asserts its inputs' sizes and strides (`size_asserts`, on by default), so a
+value that differs at run time raises rather than computes wrongly.
 """
 
 from __future__ import annotations
@@ -69,8 +69,6 @@ class _Compiled(torch.nn.Module):
     def forward(self, *args: Any) -> Any:
         out = self.fn(*args)
         return out[0] if self.single else out
-
-
 
 
 def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Split | None:
