@@ -44,6 +44,7 @@ from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
 from torchfarm.fx.guards import CaptureShapes, GuardError
 from torchfarm.fx.internals import resolve
+from torchfarm.graph.customops import refused_op
 from torchfarm.tables import stage_timings
 from torchfarm.v1 import farm_pb2, graph_pb2
 from torchfarm.wire import keys
@@ -227,14 +228,21 @@ class FarmBackend:
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int, error: FarmError
     ) -> Callable[..., Any] | None:
         """The graph as pieces around the calls the farm refuses, each piece from the farm
-        (sdk/split.py), when `error` is the format's refusal of it; None when it refuses
-        no call of it (the graph as a whole, say) or the graph cannot be split.
+        (sdk/split.py), when `error` is a refusal of calls: the format's, or the farm's
+        of a custom op it named. None when it refuses no call (the graph as a whole, say)
+        or the graph cannot be split.
 
-        Asked only once encoding failed, so a graph the farm takes pays no second pass."""
-        if not (self.settings.split_refused and isinstance(error.__cause__, UnsupportedGraph)):
+        Asked only once the graph was refused, so a graph the farm takes pays nothing."""
+        if not self.settings.split_refused:
             return None
+        ops: dict[str, str] | None = None  # the format's refusals, found again by split
+        if not isinstance(error.__cause__, UnsupportedGraph):
+            named = refused_op(str(error)) if isinstance(error, RemoteCompileError) else None
+            if named is None:
+                return None
+            ops = dict([named])
         try:
-            found = split.split_refused(gm, example_inputs)
+            found = split.split_refused(gm, example_inputs, ops)
         except split.NotSplit as e:
             log.info("torchfarm: graph %d of %s cannot be split at its refused calls: %s", index, self.name, e)
             return None

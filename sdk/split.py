@@ -20,7 +20,7 @@ value that differs at run time raises rather than computes wrongly.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from torchfarm.fx.encode import refused_calls
+from torchfarm.fx.encode import UnsupportedGraph, qualified_name, refused_calls
 
 
 class NotSplit(Exception):
@@ -71,10 +71,15 @@ class _Compiled(torch.nn.Module):
         return out[0] if self.single else out
 
 
-def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Split | None:
+def split_refused(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], ops: Mapping[str, str] | None = None
+) -> Split | None:
     """`gm` as pieces around the calls the farm refuses; None when it refuses none.
-    Raises NotSplit when such a graph cannot be split."""
-    refused = refused_calls(gm)
+    Raises NotSplit when such a graph cannot be split.
+
+    The format's refusals are found here; `ops` adds ops the farm refused once it had the
+    graph (a custom op whose backward is the client's Python), by qualified name, with why."""
+    refused = refused_calls(gm) if ops is None else _calls_of(gm, ops)
     if not refused:
         return None
     partition: dict[torch.fx.Node, int] = {}
@@ -102,6 +107,22 @@ def split_refused(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Sp
         if node.target not in eager_names and _worth_sending(root, node)
     ]
     return Split(root, pieces, {n.name: why for n, why in refused.items()})
+
+
+def _calls_of(gm: torch.fx.GraphModule, ops: Mapping[str, str]) -> dict[torch.fx.Node, str]:
+    """The calls of `ops` in `gm`, each with why it is refused."""
+    calls = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        try:
+            name = qualified_name(node.target)
+        except UnsupportedGraph:
+            continue
+        why = ops.get(name) or ops.get(f"{name}.default")  # a packet calls its default overload
+        if why is not None:
+            calls[node] = why
+    return calls
 
 
 def _graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:

@@ -213,6 +213,30 @@ def test_training_through_a_triton_op_is_refused_by_name(triton_add_op, stack, c
     assert isinstance(e.value.__cause__ or e.value.inner_exception, sdk.RemoteCompileError)
 
 
+def test_training_through_a_triton_op_runs_the_op_eagerly_and_the_rest_on_the_farm(
+    triton_add_op, stack, client_cache_dir, caplog,
+):
+    """With fallback="local" the farm's refusal names the op, and the SDK splits the
+    graph at its call (sdk/split.py): the op runs here with its own autograd, the linear
+    before it and the loss after it compile on the farm, and the step matches eager."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    model, twin, x = _UsesOp(triton_add_op), _UsesOp(triton_add_op), torch.randn(4, 8)  # seeded alike
+    torch._dynamo.reset()
+    loss = sdk.compile(model, remote=stack.address, fallback="local")(x)
+    loss.backward()
+    want = twin(x)
+    want.backward()
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+    for got, ref in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, ref.grad, atol=1e-4, rtol=1e-4)
+    lines = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+    split = [l for l in lines if "call(s) the farm refuses run eagerly" in l]
+    assert len(split) == 1, lines
+    assert "(add_default: custom op torch.ops.tf_gpu_features.add.default needs its backward" in split[0], lines
+    assert len(_farm_lines(caplog)) == 2, lines
+    assert not [l for l in lines if "compiled locally" in l], lines
+
+
 def _bare_triton_call_graph():
     """The graph Dynamo captures on a GPU for `add_kernel[grid](x, y, out, n, BLOCK=64)`
     in a model: a triton_kernel_wrapper_mutation node. A CPU's Dynamo does not capture

@@ -216,6 +216,47 @@ def test_size_arithmetic_alone_is_no_piece_and_its_result_reaches_the_next():
     assert len(piece.symbols) == 1, piece.symbols
 
 
+@torch.library.custom_op("tf_split_test::scaled", mutates_args=())
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+_scaled.register_fake(lambda x: torch.empty_like(x))
+_scaled.register_autograd(lambda ctx, grad: grad * 3)
+
+
+class _CallsOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.ops.tf_split_test.scaled(self.a(x))).sum()
+
+
+def test_an_op_the_farm_refused_by_name_is_split_at():
+    """The farm's refusal of a custom op (its backward is the client's Python) names it;
+    the graph is split at its calls alone, the format's refusals not asked again."""
+    from torchfarm.graph.customops import RefusedCustomOp, refused_op
+
+    model = _CallsOp()
+    gm, inputs = capture(model, torch.randn(4, 8))
+    assert refused_calls(gm) == {}  # the format takes it
+    message = "RuntimeError: " + str(RefusedCustomOp("torch.ops.tf_split_test.scaled.default", "needs its backward"))
+    named = refused_op(message + "\n\nSet TORCHDYNAMO_VERBOSE=1")
+    assert named == ("torch.ops.tf_split_test.scaled.default",
+                     "custom op torch.ops.tf_split_test.scaled.default needs its backward")
+    assert refused_op("custom ops are fine") is None
+    split = split_refused(gm, inputs, dict([named]))
+    assert split is not None
+    assert list(split.refused.values()) == [named[1]]
+    assert len(split.pieces) == 2
+    _run_pieces_uncompiled(split)
+    torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
+                               _outputs_and_grads(gm, model, inputs))
+    assert split_refused(gm, inputs, {"torch.ops.tf_split_test.other.default": "no"}) is None
+
+
 def test_a_bare_triton_kernel_call_runs_between_the_pieces():
     """The graph Dynamo captures on a GPU for a @triton.jit call: the call is refused
     (a user's kernel source), the empty_like before it is the one piece sent."""

@@ -83,6 +83,17 @@ class RefusedCustomOp(DisallowedOp):
         GraphError.__init__(self, f"custom op {op} {why}")
 
 
+_REFUSED_OP = re.compile(r"custom op (torch\.ops\.[A-Za-z_][A-Za-z0-9_.]*[A-Za-z0-9_]) [^\n]*")
+
+
+def refused_op(message: str) -> tuple[str, str] | None:
+    """The op a `RefusedCustomOp` named and its refusal, found in a job error's message
+    that carries it (the SDK splits the graph at that op's calls: sdk/split.py); None if
+    it names none."""
+    found = _REFUSED_OP.search(message)
+    return (found.group(1), found.group(0)) if found else None
+
+
 @dataclass(frozen=True)
 class Schema:
     namespace: str
