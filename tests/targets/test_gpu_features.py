@@ -230,3 +230,14 @@ def test_a_triton_op_runs_on_the_farm_or_is_refused_by_name(triton_add_op, gpu_s
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"tf_gpu_targets\.add.*needs its backward"):  # noqa: PT011
         _farm(f, gpu_stack)(x).sum().backward()
+    # With fallback="local" the graph is split at the op (sdk/split.py): it trains, the
+    # op's Triton kernel launched here, the linear and the tanh on the farm.
+    torch._dynamo.reset()
+    x.requires_grad_(True)
+    got = sdk.compile(f, remote=gpu_stack.address, fallback="local")(x)
+    got.sum().backward()
+    grad, x.grad = x.grad, None
+    want = f(x)
+    want.sum().backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, x.grad, atol=1e-4, rtol=1e-4)
