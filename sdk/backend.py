@@ -270,6 +270,7 @@ class FarmBackend:
                 "(%s: %s); TORCHFARM_SPLIT_REFUSED=0 compiles such graphs whole, locally",
                 self.name, index, first, why,
             )
+        outcomes.record(report.SPLIT)
         outcomes.trace({"model": self.name, "graph": index, "where": "split", "eager": found.refused,
                         "pieces": indices})
         for piece, piece_index in zip(found.pieces, indices, strict=True):

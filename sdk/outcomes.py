@@ -13,6 +13,9 @@ a failure, a target this process is not). At exit it is logged once, at INFO on 
 module's logger:
 
     torchfarm: 5 graphs in this process: 3 from the farm (2 hits, 1 compiled), 1 compiled locally, 1 eager
+
+A graph split at calls the farm refuses (sdk/split.py) counts as its pieces; the line
+then ends with how many were split ("; 1 split at calls the farm refuses").
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def summary() -> str:
     """This process's graphs so far, by where they were compiled; "" when none."""
     with _lock:
         t = Counter(_tally)
+    split = t.pop(report.SPLIT, 0)
     total = sum(t.values())
-    if not total:
+    if not total and not split:
         return ""
     farm = sum(t[o] for o in FARM)
     parts = [f"{t[report.HIT]} hits", f"{t[report.COMPILED]} compiled"]
@@ -66,6 +70,7 @@ def summary() -> str:
     return (
         f"torchfarm: {total} graphs in this process: {farm} from the farm ({', '.join(parts)}), "
         f"{t[report.LOCAL]} compiled locally, {eager} eager"
+        + (f"; {split} split at calls the farm refuses" if split else "")
     )
 
 

@@ -47,6 +47,21 @@ def test_a_split_graph_counts_as_its_pieces():
     assert WarmReport.from_json(r.to_json()) == r
 
 
+def test_the_exit_tally_counts_a_split_graph_as_its_pieces(monkeypatch):
+    from collections import Counter
+
+    from sdk import outcomes
+
+    monkeypatch.setattr(outcomes, "_tally", Counter())
+    monkeypatch.setattr(outcomes, "_registered", True)  # no atexit line from a test
+    assert outcomes.summary() == ""
+    for outcome in (report.SPLIT, HIT, COMPILED, LOCAL):
+        outcomes.record(outcome)
+    assert outcomes.summary() == (
+        "torchfarm: 3 graphs in this process: 2 from the farm (1 hits, 1 compiled), 1 compiled "
+        "locally, 0 eager; 1 split at calls the farm refuses")
+
+
 def test_collect_gets_only_what_backends_made_inside_it_publish():
     outer_graph = _graphs()[0]
     with report.collect() as outer:
