@@ -58,6 +58,10 @@ def test_training_through_a_split_graph_matches_eager(stack, client_cache_dir, c
     farm = [m for m in lines if " key=" in m]
     assert [m.split(":")[1].split(" of ")[0].strip() for m in farm] == ["graph 2", "graph 3"], lines
     assert not [m for m in lines if "compiled locally" in m], lines
+    # Captured again, the pieces are the same graphs: the farm's cache serves both.
+    with report.collect() as again:
+        assert_matches_eager(*train_step(_Reseeds(), (x,), remote=stack.address, fallback="local"))
+    assert [g.outcome for g in again] == [report.SPLIT, report.HIT, report.HIT], again
 
 
 def test_a_split_graph_with_dynamic_sizes(stack, client_cache_dir, caplog):
