@@ -246,6 +246,10 @@ class FarmBackend:
         except split.NotSplit as e:
             log.info("torchfarm: graph %d of %s cannot be split at its refused calls: %s", index, self.name, e)
             return None
+        except Exception:  # noqa: BLE001 - a failed split costs only the split: the graph compiles whole
+            log.warning("torchfarm: graph %d of %s: splitting it at its refused calls failed; it "
+                        "compiles whole", index, self.name, exc_info=True)
+            return None
         if found is None:
             return None
         first, why = next(iter(found.refused.items()))

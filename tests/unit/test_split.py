@@ -270,3 +270,30 @@ def test_a_bare_triton_kernel_call_runs_between_the_pieces():
     (piece,) = split.pieces
     calls = [n.target for n in piece.gm.graph.nodes if n.op == "call_function"]
     assert calls == [torch.empty_like]
+
+
+def test_a_split_that_fails_leaves_the_graph_to_compile_whole(monkeypatch, caplog, tmp_path):
+    """A split is an optimization: a bug in it costs the split, never the compile."""
+    import logging
+
+    from localfarm.fakes import InProcessFarm
+    from sdk import split as split_module
+    from sdk.backend import FarmBackend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the split")
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(split_module, "split_refused", broken)
+    caplog.set_level(logging.INFO, logger="sdk")
+    farm = InProcessFarm()
+    model, x = _Reseeds(), torch.randn(3, 8)
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(model, backend=FarmBackend(farm.sdk_settings(), client=farm.client()))(x)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, model(x))
+    lines = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
+    assert any("splitting it at its refused calls failed" in line for line in lines), lines
+    assert any("compiled locally in" in line and "torch.random.seed" in line for line in lines), lines
