@@ -33,7 +33,7 @@ from sdk.errors import (
     GraphRejected,
     RemoteCompileError,
 )
-from sdk.metrics import FALLBACKS
+from sdk.metrics import FALLBACKS, SPLITS
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
 from sdk.scalars import specialize_float_inputs
@@ -275,6 +275,7 @@ class FarmBackend:
                 self.name, index, first, why,
             )
         outcomes.record(report.SPLIT)
+        SPLITS.labels(refused_by="format" if ops is None else "farm").inc()
         outcomes.trace({"model": self.name, "graph": index, "where": "split", "eager": found.refused,
                         "pieces": indices})
         for piece, piece_index in zip(found.pieces, indices, strict=True):

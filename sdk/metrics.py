@@ -43,3 +43,9 @@ FALLBACKS = _counter(
     "with wait=False.",
     ["error"],
 )
+SPLITS = _counter(
+    "torchfarm_sdk_graphs_split_total",
+    "Graphs split at calls the farm refuses (the calls run eagerly, the pieces between "
+    "them compile on the farm), by where the refusal came from: the format or the farm.",
+    ["refused_by"],
+)

@@ -40,9 +40,16 @@ def _lines(caplog) -> list[str]:
 
 def test_training_through_a_split_graph_matches_eager(stack, client_cache_dir, caplog):
     caplog.set_level(logging.INFO, logger="sdk")
+    from prometheus_client import REGISTRY
+
+    def splits() -> float:
+        return REGISTRY.get_sample_value("torchfarm_sdk_graphs_split_total", {"refused_by": "format"}) or 0.0
+
     x = torch.randn(4, 16)
+    before = splits()
     with report.collect() as graphs:
         got, ref = train_step(_Reseeds(), (x,), remote=stack.address, fallback="local")
+    assert splits() == before + 1
     assert_matches_eager(got, ref)
     # `sdk.warm`'s report: the graph, split, naming what ran eagerly; its two pieces, each
     # from the farm.
