@@ -6,7 +6,7 @@ PY := .venv/bin/python
 # of its processes (collection took 13 s instead of 7).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-oldest-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox bench-gpu fuzz coverage-report clean
+.PHONY: setup demo lint test test-fast test-higher-order test-models test-distributed bench-ranks test-failover test-precompiled test-deploy test-second-build test-oldest-build test-faults proto proto-check bench bench-scaling bench-steps bench-load bench-sandbox bench-split bench-gpu fuzz coverage-report clean
 
 setup:
 	@./scripts/setup.sh
@@ -95,6 +95,10 @@ bench-steps: setup
 # (bench/gpu_bench.py; docs/gpu.md). GPU_BENCH_ARGS="--device cpu ..." runs it here.
 bench-gpu: setup
 	$(PY) bench/gpu_bench.py $(GPU_BENCH_ARGS)
+
+# A graph split at a call the farm refuses, against compiling it whole here (bench/split_bench.py).
+bench-split: setup
+	$(PY) bench/split_bench.py $(SPLIT_ARGS)
 
 # A cold compile with the compile sandbox off and on, side by side (bench/sandbox_cost.py).
 bench-sandbox: setup
