@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from sdk import report
@@ -54,10 +55,10 @@ def record(outcome: str) -> None:
             atexit.register(log_summary)
 
 
-def summary() -> str:
-    """This process's graphs so far, by where they were compiled; "" when none."""
+def summary(tally: Mapping[str, int] | None = None) -> str:
+    """This process's graphs so far (or `tally`'s), by where they were compiled; "" when none."""
     with _lock:
-        t = Counter(_tally)
+        t = Counter(_tally if tally is None else tally)
     split = t.pop(report.SPLIT, 0)
     total = sum(t.values())
     if not total and not split:

@@ -7,8 +7,8 @@ the artifact's generated code calls `torch.ops.tfuser.*`, which here is the real
 - forward with `fallback="error"` (no input needs gradients), at two batch sizes under
   `dynamic=True`, and inside an activation checkpoint's subgraph;
 - an op with `register_autograd`: its backward is this process's Python, which the
-  worker cannot run, so the graph that needs it compiles locally, with the reason
-  naming the op, and still matches eager;
+  worker cannot run, so the farm refuses it by name and the graph is split at its call
+  (sdk/split.py): the op runs here, the rest on the farm, and the step matches eager;
 - Mixtral's `torch.ops.transformers.grouped_mm_fallback` trains on the farm in the
   real-model suite (tests/integration/test_real_models.py, `make test-models`): the
   session stack's worker has `transformers` installed (TORCHFARM_INSTALLED_OP_MODULES,
@@ -88,7 +88,9 @@ def test_custom_ops_forward_on_the_farm_match_eager(stack, client_cache_dir, cap
     assert len(farm) == 1, farm  # one dynamic graph, compiled on the farm
 
 
-def test_a_custom_backward_falls_back_naming_the_op(stack, client_cache_dir, caplog):
+def test_a_custom_backward_runs_here_naming_the_op(stack, client_cache_dir, caplog):
+    """The farm refuses an op whose backward is the client's Python, naming it: the
+    graph is split at the op (sdk/split.py), which runs here with its autograd."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
     eager = copy.deepcopy(lin)
@@ -105,8 +107,9 @@ def test_a_custom_backward_falls_back_naming_the_op(stack, client_cache_dir, cap
     ref.backward()
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(lin.weight.grad, eager.weight.grad)
-    warnings = [r.getMessage() for r in caplog.records if "compiles locally" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "is split at calls the farm refuses" in r.getMessage()]
     assert warnings and "tfuser.double" in warnings[0] and "backward" in warnings[0], warnings
+    assert not [r for r in caplog.records if "compiles locally" in r.getMessage()]
 
 
 

@@ -47,17 +47,13 @@ def test_a_split_graph_counts_as_its_pieces():
     assert WarmReport.from_json(r.to_json()) == r
 
 
-def test_the_exit_tally_counts_a_split_graph_as_its_pieces(monkeypatch):
+def test_the_exit_tally_counts_a_split_graph_as_its_pieces():
     from collections import Counter
 
     from sdk import outcomes
 
-    monkeypatch.setattr(outcomes, "_tally", Counter())
-    monkeypatch.setattr(outcomes, "_registered", True)  # no atexit line from a test
-    assert outcomes.summary() == ""
-    for outcome in (report.SPLIT, HIT, COMPILED, LOCAL):
-        outcomes.record(outcome)
-    assert outcomes.summary() == (
+    assert outcomes.summary(Counter()) == ""
+    assert outcomes.summary(Counter([report.SPLIT, HIT, COMPILED, LOCAL])) == (
         "torchfarm: 3 graphs in this process: 2 from the farm (1 hits, 1 compiled), 1 compiled "
         "locally, 0 eager; 1 split at calls the farm refuses")
 
