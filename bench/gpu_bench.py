@@ -103,14 +103,10 @@ def ptxas_env(tmp: Path) -> dict[str, str]:
         real = knobs.nvidia.ptxas.path
     except (ImportError, RuntimeError, AttributeError):
         return {}
-    wrapper = tmp / "ptxas"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in --version) ;; *) echo ptxas >> "$TORCHFARM_BENCH_COUNTS" ;; esac\n'
-        f'exec "{real}" "$@"\n'
+    wrapper = _counting_wrapper(
+        tmp / "ptxas", real, 'case "$1" in --version) ;; *) echo ptxas >> "$TORCHFARM_BENCH_COUNTS" ;; esac'
     )
-    wrapper.chmod(0o755)
-    return {"TRITON_PTXAS_PATH": str(wrapper), "TRITON_PTXAS_BLACKWELL_PATH": str(wrapper)}
+    return {"TRITON_PTXAS_PATH": wrapper, "TRITON_PTXAS_BLACKWELL_PATH": wrapper}
 
 
 def triton_cc_env(tmp: Path) -> dict[str, str]:
@@ -122,10 +118,15 @@ def triton_cc_env(tmp: Path) -> dict[str, str]:
     real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
     if not real:
         return {}
-    wrapper = tmp / "cc"
-    wrapper.write_text(f'#!/bin/sh\necho triton-cc >> "$TORCHFARM_BENCH_COUNTS"\nexec "{real}" "$@"\n')
-    wrapper.chmod(0o755)
-    return {"CC": str(wrapper)}
+    return {"CC": _counting_wrapper(tmp / "cc", real, 'echo triton-cc >> "$TORCHFARM_BENCH_COUNTS"')}
+
+
+def _counting_wrapper(path: Path, real: str, count: str) -> str:
+    """A shell script at `path` that runs `count` (a line appended to the counts file)
+    and then `real` with its arguments; its path."""
+    path.write_text(f'#!/bin/sh\n{count}\nexec "{real}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
 
 
 class Bench:

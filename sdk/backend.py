@@ -232,8 +232,9 @@ class FarmBackend:
         of a custom op it named. None when it refuses no call (the graph as a whole, say)
         or the graph cannot be split.
 
-        Asked only once the graph was refused, so a graph the farm takes pays nothing."""
-        if not self.settings.split_refused:
+        Asked only once the graph was refused, so a graph the farm takes pays nothing;
+        only with fallback "local": "error" raises the refusal."""
+        if not (self.settings.split_refused and self.settings.fallback == "local"):
             return None
         ops: dict[str, str] | None = None  # the format's refusals, found again by split
         if not isinstance(error.__cause__, UnsupportedGraph):
@@ -253,12 +254,10 @@ class FarmBackend:
         if found is None:
             return None
         first, why = next(iter(found.refused.items()))
-        indices = []
-        for _ in found.pieces:
-            with self._lock:
-                self._graphs += 1
-                indices.append(self._graphs)
-                self._pieces[self._graphs] = index
+        with self._lock:
+            indices = list(range(self._graphs + 1, self._graphs + 1 + len(found.pieces)))
+            self._graphs += len(indices)
+            self._pieces.update(dict.fromkeys(indices, index))
         self._publish(index, report.SPLIT, error=(
             f"ran eagerly: {', '.join(found.refused)} ({'; '.join(dict.fromkeys(found.refused.values()))})"
         ))
@@ -331,7 +330,7 @@ class FarmBackend:
         try:
             prepared = self._prepare(gm, example_inputs, index)
         except FarmError as e:
-            pieces = self._split(gm, example_inputs, index, e) if self.settings.fallback == "local" else None
+            pieces = self._split(gm, example_inputs, index, e)
             return pieces if pieces is not None else self.swapper.failed(index, gm.forward, e)
         return self._keyed(self.swapper.defer(
             index, prepared.key, gm.forward, lambda: self._complete(prepared)

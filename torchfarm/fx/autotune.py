@@ -159,6 +159,6 @@ def install(records: list[dict[str, Any]]) -> int:
         if cache is None or cache.local_cache is None:
             continue  # the local autotune cache is off here
         local, key = cache.local_cache
-        local.put(key, dict(best))
+        local.put(key, best)  # checked records are copies already (_checked_best)
         written += 1
     return written
