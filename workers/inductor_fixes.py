@@ -37,6 +37,18 @@ untransposed) path for that access, as it does for any index whose stride it can
 prove. Funnel's backward then lowered in under a minute, its gradients within 1e-7 of
 eager.
 
+pytorch/pytorch#185509, CPU, torch 2.13 (2.12 has the same code): when the scheduler
+recomputes a node's loop body while it prepares a fusion
+(`SchedulerNode.recompute_size_and_body`), it extracts the node's reads again but
+renames them to the buffers that mutations wrote (`mutation_renames`) only if the node
+also has fake dependencies. A node that reads a buffer a scatter mutated (the zeros an
+`index_put` accumulates the backward of a bilinear upsample into) then reads the zeros:
+it is fused into the kernel that writes them, before the scatter. A convolution whose
+output is upsampled and also sampled (`grid_sample`) got a bias gradient of the two
+channels' mean, 0.3 % off. The fix renames the recomputed reads whenever the node has
+renames, as upstream's does (pull request #185873). 2.11's recompute keeps no renames
+at all and compiled that graph right; the fix leaves it alone.
+
 tests/unit/test_inductor_fixes.py compiles each bug's graph against eager.
 """
 
@@ -139,9 +151,34 @@ def _bound_index_analysis() -> None:
     setattr(module, "stride_at", bounded_stride_at)  # noqa: B010
 
 
+def _recompute_renames_needed() -> bool:
+    try:
+        source = inspect.getsource(resolve("SchedulerNode.recompute_size_and_body"))
+    except (OSError, TypeError):
+        return False
+    return "if fake_deps:" in source and ".rename(self.mutation_renames)" in source
+
+
+def _rename_recomputed_reads() -> None:
+    node_class = resolve("SchedulerNode")
+    recompute = node_class.recompute_size_and_body
+    dependencies = resolve("inductor_dependencies")
+    fake = (dependencies.WeakDep, dependencies.StarDep)
+
+    @functools.wraps(recompute)
+    def recompute_size_and_body(self: Any, *args: Any, **kwargs: Any) -> None:
+        fake_deps = any(isinstance(dep, fake) for dep in self.read_writes.reads)
+        recompute(self, *args, **kwargs)
+        if not fake_deps and self.mutation_renames:  # with fake deps, torch renamed them
+            self.set_read_writes(self.read_writes.rename(self.mutation_renames))
+
+    node_class.recompute_size_and_body = recompute_size_and_body
+
+
 FIXES = (
     Fix("pytorch/pytorch#191837", _tile2d_atomic_add_needed, _fix_tile2d_atomic_add),
     Fix("pytorch/pytorch#133734", _index_analysis_needed, _bound_index_analysis),
+    Fix("pytorch/pytorch#185509", _recompute_renames_needed, _rename_recomputed_reads),
 )
 
 

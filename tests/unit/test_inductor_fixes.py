@@ -108,6 +108,54 @@ def test_with_every_index_past_the_bound_a_compile_still_matches_eager(tmp_path)
         assert json.loads(run.stdout.splitlines()[-1])["error"] <= 1e-5, (bound, run.stdout)
 
 
+SCATTERED_TWICE_GRADIENTS = textwrap.dedent("""
+    import json, torch
+    import torch.nn.functional as F
+    if ARG == "fixed":
+        from workers import inductor_fixes
+        inductor_fixes.apply()
+    g = torch.Generator().manual_seed(0)
+    x, grid = torch.randn(2, 2, 8, 8, generator=g), torch.rand(2, 8, 8, 2, generator=g) * 2 - 1
+    params = [torch.randn(*s, generator=g).mul(0.3).requires_grad_() for s in ((2, 2, 3, 3), (2,), (2, 2, 2, 2), (2,))]
+
+    def loss(weight, bias, up_weight, up_bias):
+        # A convolution's output upsampled and sampled: both backwards scatter into zeros.
+        features = F.conv2d(x, weight, bias, padding=1)
+        resized = F.interpolate(features, scale_factor=2, mode="bilinear", align_corners=False)
+        target = F.conv_transpose2d(x, up_weight, up_bias, stride=2)
+        return (resized - target).pow(2).mean() + F.grid_sample(features, grid, align_corners=False).sum()
+
+    eager = torch.autograd.grad(loss(*params), params)
+    compiled = torch.autograd.grad(torch.compile(loss)(*params), params)
+    print(json.dumps({
+        "error": max((a - b).abs().max().item() for a, b in zip(eager, compiled)),
+        "size": max(a.abs().max().item() for a in eager),
+    }))
+""")
+
+renames_needed = pytest.mark.skipif(
+    not inductor_fixes._recompute_renames_needed(), reason="this torch has upstream's fix"
+)
+
+
+def _scattered_twice_error(tmp_path, variant: str) -> dict:
+    run = _run(SCATTERED_TWICE_GRADIENTS, variant, tmp_path / variant)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+@renames_needed
+@pytest.mark.skipif(torch_minor() < (2, 13), reason="2.12 has the code but compiles this graph right")
+def test_without_the_fix_a_gradient_scattered_twice_is_wrong(tmp_path):
+    result = _scattered_twice_error(tmp_path, "unfixed")
+    assert result["error"] > 1e-3 * result["size"], result
+
+
+def test_with_the_fix_a_gradient_scattered_twice_matches_eager(tmp_path):
+    result = _scattered_twice_error(tmp_path, "fixed")
+    assert result["error"] <= 1e-5 * max(result["size"], 1.0), result
+
+
 def _deep_index(depth: int):
     """An index as a chain of views through reshapes gives: nested modular indexing."""
     from torch._inductor.utils import sympy_index_symbol
@@ -155,6 +203,8 @@ def test_apply_names_what_it_fixed_once():
     assert set(applied) <= set(keys.INDUCTOR_FIXES)
     store = torch._inductor.codegen.cpp.CppTile2DKernel.store
     assert ("pytorch/pytorch#191837" in applied) == hasattr(store, "__wrapped__")
+    recompute = torch._inductor.scheduler.SchedulerNode.recompute_size_and_body
+    assert ("pytorch/pytorch#185509" in applied) == hasattr(recompute, "__wrapped__")
 
 
 def test_the_key_names_every_fix_the_workers_carry():

@@ -133,6 +133,15 @@ INTERNALS: dict[str, Internal] = {
     "simplify_index_in_vec_range": _i("torch._inductor.sizevars", "simplify_index_in_vec_range",
                                       ("index", "var", "vec_length"),
                                       "workers/inductor_fixes.py: replaced in its module"),
+    # The scheduler's recompute of a node's loop body, fixed by workers/inductor_fixes.py.
+    "SchedulerNode": _i("torch._inductor.scheduler", "SchedulerNode",
+                        used_by="workers/inductor_fixes.py: its recompute_size_and_body wrapped"),
+    "inductor_dependencies": _i("torch._inductor.dependencies", used_by="workers/inductor_fixes.py: "
+                                "WeakDep, StarDep (a scheduler node's fake dependencies)"),
+    "SchedulerNode.recompute_size_and_body": _i(
+        "torch._inductor.scheduler", "SchedulerNode.recompute_size_and_body",
+        ("self", "extra_indexing_constraints", "recompute_sizes_body_func"),
+        "workers/inductor_fixes.py: wrapped"),
     "get_cpp_compiler": _i("torch._inductor.cpp_builder", "get_cpp_compiler", (),
                            "torchfarm/fx/fingerprint.py: the compiler in the build"),
     "cpu_arch_cflags": _i("torch._inductor.cpp_builder", "_get_cpu_arch_cflags", ("cpp_compiler",),

@@ -40,7 +40,7 @@ from torchfarm.v1 import farm_pb2, graph_pb2
 KEY_VERSION = "torchfarm.key/3"
 """Changes whenever the key's inputs change, so old and new keys never collide."""
 
-INDUCTOR_FIXES = ("pytorch/pytorch#191837", "pytorch/pytorch#133734")
+INDUCTOR_FIXES = ("pytorch/pytorch#191837", "pytorch/pytorch#133734", "pytorch/pytorch#185509")
 """The upstream Inductor bugs the workers fix before they compile (workers/inductor_fixes.py),
 by their issues. They are in the key: a farm that carries a fix never serves an artifact
 compiled without it, from its cache or from an older farm's."""
