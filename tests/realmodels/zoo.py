@@ -314,6 +314,67 @@ def _distilbert():
     }
 
 
+_TINY = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=64, d_model=64, d_ff=128,
+    d_kv=16, num_layers=2, num_heads=4, num_decoder_layers=2, encoder_layers=2,
+    decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=128, decoder_ffn_dim=128, num_experts=4, num_local_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)
+"""Tiny sizes under the names configs give them; `_tiny_config` passes a config those
+its defaults have."""
+
+
+def _tiny_config(model_type: str, **overrides: Any) -> Any:
+    """`model_type`'s config at `_TINY`'s sizes (those it has), then `overrides`, dropout off."""
+    from transformers import AutoConfig
+
+    defaults = AutoConfig.for_model(model_type).to_dict()
+    sizes = {k: v for k, v in _TINY.items() if k in defaults}
+    return _no_dropout(AutoConfig.for_model(model_type, vocab_size=VOCAB, **{**sizes, **overrides}))
+
+
+def _causal_lm(model_type: str, **overrides: Any) -> Callable[[], tuple[Any, dict]]:
+    def build() -> tuple[Any, dict]:
+        from transformers import AutoModelForCausalLM
+
+        ids = _tokens()
+        return AutoModelForCausalLM.from_config(_tiny_config(model_type, **overrides)), {"input_ids": ids, "labels": ids}
+
+    return build
+
+
+def _seq2seq_lm(model_type: str, **overrides: Any) -> Callable[[], tuple[Any, dict]]:
+    def build() -> tuple[Any, dict]:
+        from transformers import AutoModelForSeq2SeqLM
+
+        config = _tiny_config(model_type, decoder_start_token_id=2, pad_token_id=1, **overrides)
+        return AutoModelForSeq2SeqLM.from_config(config), {"input_ids": _tokens(), "labels": _tokens()}
+
+    return build
+
+
+def _image_classifier(model_type: str, **overrides: Any) -> Callable[[], tuple[Any, dict]]:
+    def build() -> tuple[Any, dict]:
+        from transformers import AutoModelForImageClassification
+
+        config = _tiny_config(model_type, image_size=32, patch_size=8, num_labels=3, **overrides)
+        return AutoModelForImageClassification.from_config(config), {
+            "pixel_values": _image(), "labels": torch.tensor([0, 2]),
+        }
+
+    return build
+
+
+_LINEAR_ATTENTION = dict(
+    layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+)
+"""A gated-DeltaNet layer, then an attention layer (Qwen3-Next, Qwen3.5)."""
+
+
 @dataclass(frozen=True)
 class Arch:
     name: str
@@ -431,6 +492,36 @@ ARCHITECTURES: tuple[Arch, ...] = (
     Arch("opt", "decoder", _decoder("OPTConfig", "OPTForCausalLM", ffn_dim=128, word_embed_proj_dim=64)),
     Arch("bloom", "decoder (ALiBi)", _bloom),
     Arch("distilbert", "encoder", _distilbert),
+    # Swept from outside the suite, all wholly on the farm first time (none needed a change).
+    Arch("phi3", "decoder (fused projections)", _causal_lm("phi3")),
+    Arch("olmo2", "decoder (QK norm, norm after)", _causal_lm("olmo2")),
+    Arch("llama4", "decoder (MoE, chunked attention)", _causal_lm("llama4_text")),
+    Arch("qwen2-moe", "decoder (MoE, shared expert)", _causal_lm("qwen2_moe")),
+    Arch("qwen3-next", "hybrid (gated DeltaNet, MoE)", _causal_lm("qwen3_next", **_LINEAR_ATTENTION)),
+    Arch("qwen3.5", "hybrid (gated DeltaNet)", _causal_lm("qwen3_5_text", **_LINEAR_ATTENTION)),
+    Arch("falcon-h1", "hybrid (Mamba2 beside attention)", _causal_lm("falcon_h1")),
+    Arch(
+        "granite-moe-hybrid", "hybrid (Mamba2, MoE)",
+        _causal_lm(
+            "granitemoehybrid", layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32,
+            mamba_d_state=16, mamba_n_groups=1,
+        ),
+    ),
+    Arch("mamba2", "state space (SSD)", _causal_lm("mamba2", num_heads=8, head_dim=16, n_groups=1, expand=2, state_size=16)),
+    Arch(
+        "recurrent-gemma", "hybrid (RG-LRU)",
+        _causal_lm("recurrent_gemma", block_types=["recurrent", "attention"], lru_width=64, attention_window_size=8),
+    ),
+    # Its WKV recurrence's gradient differs from eager by 1.5e-4 in a local Inductor
+    # compile too (the same figure).
+    Arch("rwkv", "recurrent (WKV)", _causal_lm("rwkv"), tolerance=2e-4),
+    Arch("switch-transformers", "encoder-decoder (MoE)", _seq2seq_lm(
+        "switch_transformers", num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+    )),
+    Arch("longt5", "encoder-decoder (transient-global attention)", _seq2seq_lm(
+        "longt5", encoder_attention_type="transient-global", local_radius=2, global_block_size=2,
+    )),
+    Arch("beit", "vision (relative position bias)", _image_classifier("beit")),
 )
 
 
