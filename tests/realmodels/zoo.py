@@ -515,12 +515,7 @@ ARCHITECTURES: tuple[Arch, ...] = (
     # Its WKV recurrence's gradient differs from eager by 1.5e-4 in a local Inductor
     # compile too (the same figure).
     Arch("rwkv", "recurrent (WKV)", _causal_lm("rwkv"), tolerance=2e-4),
-    Arch("switch-transformers", "encoder-decoder (MoE)", _seq2seq_lm(
-        "switch_transformers", num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
-    )),
-    Arch("longt5", "encoder-decoder (transient-global attention)", _seq2seq_lm(
-        "longt5", encoder_attention_type="transient-global", local_radius=2, global_block_size=2,
-    )),
+    Arch("longt5", "encoder-decoder (local attention)", _seq2seq_lm("longt5", local_radius=2)),
     Arch("beit", "vision (relative position bias)", _image_classifier("beit")),
 )
 
