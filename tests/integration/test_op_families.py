@@ -2,7 +2,8 @@
 a real stack (redis-server, coordinator, Celery worker): complex numbers, FFTs,
 scatters and sorts, distributions, channels-last convolutions with batch and group
 norm, embedding bags, the CTC loss, resampling, linear algebra, masked arithmetic, a
-buffer updated in place, bf16 parameters, flex attention, and `generate()`'s decode.
+buffer updated in place, an activation written in place after a graph break, bf16
+parameters, flex attention, and `generate()`'s decode.
 
 Each module trains one step through `sdk.compile(..., fallback="error")`, so a refusal
 fails the test rather than compiling here, and its loss and gradients are compared
@@ -178,6 +179,22 @@ class RunningMean(nn.Module):
         return (y * self.ema).sum()
 
 
+class InPlaceAfterBreak(nn.Module):
+    """After a graph break, the activation is the next graph's input, written in place:
+    the worker once made it a leaf, which no in-place write may touch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        torch._dynamo.graph_break()
+        y *= 2.0
+        y += x
+        return y.pow(2).mean()
+
+
 FAMILIES = {
     "complex-rotary": ComplexRotary,
     "fft": SpectralFilter,
@@ -190,6 +207,7 @@ FAMILIES = {
     "linalg": LinearAlgebra,
     "masked": Masked,
     "in-place-buffer": RunningMean,
+    "in-place-after-break": InPlaceAfterBreak,
 }
 
 

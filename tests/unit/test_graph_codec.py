@@ -215,6 +215,14 @@ def f_offset_input(x: torch.Tensor) -> Any:
     return x * 2, x.t()
 
 
+def f_inplace_after_break(x: torch.Tensor, w: torch.Tensor) -> Any:
+    y = x @ w
+    torch._dynamo.graph_break()
+    y *= 2  # the second graph's input, an activation, written in place
+    y += 1
+    return y
+
+
 def _randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
 
@@ -240,6 +248,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] =
     "vmap": (f_vmap, lambda: (_randn(3, 4),)),
     "matmul": (f_matmul, lambda: (_randn(3, 4), _randn(4, 2))),
     "input with storage offset": (f_offset_input, lambda: (_randn(5, 4)[1:, 1:],)),
+    "activation written in place": (f_inplace_after_break, lambda: (_randn(3, 4), _randn(4, 4).requires_grad_())),
 }
 
 
@@ -249,6 +258,10 @@ def test_roundtrip_functions(name: str) -> None:
     capture = roundtrip(fn, *make_args())
     if name == "graph break":
         assert len(capture.graphs) == 2
+    if name == "activation written in place":
+        # A leaf could not be written in place; the activation it stands for is none.
+        (activation,) = capture.decoded[1].example_inputs
+        assert activation.requires_grad and not activation.is_leaf
     if name == "input with storage offset":
         (meta,) = [n.tensor for n in capture.graphs[0].nodes if n.HasField("tensor")]
         assert meta.storage_offset == 5 and [s.expr for s in meta.stride] == ["4", "1"]

@@ -393,6 +393,8 @@ class _Decoder:
         t.requires_grad_(meta.requires_grad)
         if meta.kind == TensorMeta.PARAMETER:
             t = torch.nn.Parameter(t, requires_grad=meta.requires_grad)
+        elif meta.requires_grad:
+            t = _computed(t)
         return t
 
     def placeholder(self, pb: graph_pb2.Node) -> Any:
@@ -576,6 +578,15 @@ def decode_graph_into(
             for node, value in zip(gm.graph.find_nodes(op="placeholder"), values, strict=True):
                 node.meta["val"] = value
         return gm
+
+
+def _computed(t: torch.Tensor) -> torch.Tensor:
+    """`t` with autograd history, as Dynamo's fake of an activation has: an input that
+    requires grad and is no parameter is, after a graph break, the last graph's output,
+    which the graph may write in place (`hidden *= scale`), as eager may. A leaf could
+    not be, and a graph that writes one in place outside no_grad fails in eager too. The
+    history is the one Dynamo's fakes get (meta_utils), which keeps every size and stride."""
+    return cast("torch.Tensor", resolve("DelayedError")("an example input has no backward", 1)(t))
 
 
 @contextlib.contextmanager

@@ -133,6 +133,9 @@ INTERNALS: dict[str, Internal] = {
     "simplify_index_in_vec_range": _i("torch._inductor.sizevars", "simplify_index_in_vec_range",
                                       ("index", "var", "vec_length"),
                                       "workers/inductor_fixes.py: replaced in its module"),
+    # What Dynamo's fake inputs use for an activation's autograd history (meta_utils).
+    "DelayedError": _i("torch._C", "_functions.DelayedError", ("msg", "num_inputs"),
+                       "torchfarm/fx/decode.py: an input that requires grad is not a leaf"),
     # The scheduler's recompute of a node's loop body, fixed by workers/inductor_fixes.py.
     "SchedulerNode": _i("torch._inductor.scheduler", "SchedulerNode",
                         used_by="workers/inductor_fixes.py: its recompute_size_and_body wrapped"),
