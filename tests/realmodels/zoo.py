@@ -515,6 +515,10 @@ ARCHITECTURES: tuple[Arch, ...] = (
     # Its WKV recurrence's gradient differs from eager by 1.5e-4 in a local Inductor
     # compile too (the same figure).
     Arch("rwkv", "recurrent (WKV)", _causal_lm("rwkv"), tolerance=2e-4),
+    # Its router's jitter noise multiplies by a fresh uniform_ sample in training: off.
+    Arch("switch-transformers", "encoder-decoder (MoE)", _seq2seq_lm(
+        "switch_transformers", num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, router_jitter_noise=0.0,
+    )),
     Arch("longt5", "encoder-decoder (local attention)", _seq2seq_lm("longt5", local_radius=2)),
     Arch("beit", "vision (relative position bias)", _image_classifier("beit")),
 )
@@ -566,6 +570,11 @@ KNOWN_GAPS: dict[str, str] = {
     # (`torch.seed()`, so the backward replays the forward's randomness): the farm refuses
     # the call, so the SDK splits its graph there (sdk/split.py) and the call runs eagerly.
     "reformer": "touches the global random number generator state",
+    # Its router casts its classifier to the router's dtype on every call
+    # (`self.classifier = self.classifier.to(self.dtype)`), which Dynamo captures as
+    # `Tensor.set_` on the weight: the format refuses `set_` (it swaps a tensor's
+    # storage), so the SDK splits the graph there and the call runs eagerly.
+    "switch-transformers": "'set_' is not on the farm's allow-list",
 }
 """Architectures with a graph the farm cannot take whole, and the text its reason holds.
 Mixtral, Qwen3-MoE, gpt-oss and Jamba call `torch.ops.transformers.grouped_mm_fallback`,
