@@ -35,12 +35,19 @@ def _rotary(dim: int, positions: int) -> torch.Tensor:
     return torch.polar(torch.ones_like(angles), angles)
 
 
-class ComplexRotary(nn.Module):
-    """Rotary embeddings as Meta's Llama reference writes them: complex multiplication."""
+class _Projected(nn.Module):
+    """A family's module with its one projection, 16 to 16 features."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(16, 16)
+
+
+class ComplexRotary(_Projected):
+    """Rotary embeddings as Meta's Llama reference writes them: complex multiplication."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.register_buffer("freqs", _rotary(16, 8), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,11 +66,7 @@ class SpectralFilter(nn.Module):
         return torch.fft.irfft(torch.fft.rfft(x, dim=-1) * self.weight, n=16, dim=-1).pow(2).sum()
 
 
-class ScatterSort(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
-
+class ScatterSort(_Projected):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.proj(x).reshape(-1, 16)
         group = torch.arange(y.shape[0]) % 3
@@ -139,11 +142,7 @@ class Resampling(nn.Module):
         return (resized - self.up(image)).pow(2).mean() + warped.sum() + F.pixel_unshuffle(resized, 2).mean()
 
 
-class LinearAlgebra(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
-
+class LinearAlgebra(_Projected):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.proj(x[0])[:, :8]
         spd = a @ a.T + 8 * torch.eye(8)
@@ -151,23 +150,18 @@ class LinearAlgebra(nn.Module):
         return torch.linalg.solve(spd, a).sum() + log_det + torch.linalg.vector_norm(a, dim=-1).sum()
 
 
-class Masked(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
-
+class Masked(_Projected):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.proj(x)
         leaky = torch.where(y > 0, y, 0.1 * y).masked_fill(y.abs() < 0.01, 0)
         return leaky.sum() + y.clamp(-1, 1).nan_to_num().sum() + torch.nanmean(y) + math.pi
 
 
-class RunningMean(nn.Module):
+class RunningMean(_Projected):
     """A buffer updated in place under no_grad, as EMA statistics are."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.proj = nn.Linear(16, 16)
         self.register_buffer("ema", torch.zeros(16))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
@@ -179,13 +173,9 @@ class RunningMean(nn.Module):
         return (y * self.ema).sum()
 
 
-class InPlaceAfterBreak(nn.Module):
+class InPlaceAfterBreak(_Projected):
     """After a graph break, the activation is the next graph's input, written in place:
     the worker once made it a leaf, which no in-place write may touch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = nn.Linear(16, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.proj(x)
