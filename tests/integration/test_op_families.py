@@ -2,8 +2,9 @@
 a real stack (redis-server, coordinator, Celery worker): complex numbers, FFTs,
 scatters and sorts, distributions, channels-last convolutions with batch and group
 norm, embedding bags, the CTC loss, resampling, linear algebra, masked arithmetic, a
-buffer updated in place, an activation written in place after a graph break, bf16
-parameters, flex attention, and `generate()`'s decode.
+buffer updated in place, an activation written in place after a graph break, a
+hand-written SGD step on leaf tensors, bf16 parameters, flex attention, and
+`generate()`'s decode.
 
 Each module trains one step through `sdk.compile(..., fallback="error")`, so a refusal
 fails the test rather than compiling here, and its loss and gradients are compared
@@ -229,6 +230,40 @@ def test_family_trains_on_the_farm_as_eager(family, stack, client_cache_dir):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for got, want in zip(model.buffers(), eager.buffers(), strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def _sgd_step(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    loss = torch.tanh(x @ w + b).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+        b.sub_(0.1 * b.grad)
+    return loss.detach()
+
+
+def test_a_hand_written_sgd_step_updates_leaf_tensors_on_the_farm_as_eager(stack, client_cache_dir):
+    """Leaf tensors that require grad and are no parameters, written in place under
+    no_grad after the backward's graph break: the worker's fakes of such inputs carry
+    autograd history, and the update must still land in the caller's leaves."""
+
+    def leaves() -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        return torch.randn(16, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+
+    x = torch.randn(4, 16)
+    w, b = leaves()
+    want_loss = _sgd_step(w, b, x)
+    want_w, want_b = w.detach().clone(), b.detach().clone()
+    w, b = leaves()
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        loss = sdk.compile(_sgd_step, remote=stack.address, fallback="error")(w, b, x)
+    _on_farm(graphs)
+    assert len(report.WarmReport(graphs).compiles) == 2  # the loss's graph and the update's
+    assert w.is_leaf and b.is_leaf
+    torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(w.detach(), want_w, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(b.detach(), want_b, atol=1e-6, rtol=1e-6)
 
 
 class Bf16Block(nn.Module):
