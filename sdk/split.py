@@ -82,13 +82,14 @@ def split_refused(
     refused = refused_calls(gm) if ops is None else _calls_of(gm, ops)
     if not refused:
         return None
+    unpacking = _unpack_beside(gm, refused)
     partition: dict[torch.fx.Node, int] = {}
     eager: set[int] = set()
     current, was_refused = 0, None
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
             continue
-        is_refused = node in refused
+        is_refused = node in refused or node in unpacking
         if is_refused != was_refused:
             current += 1
             was_refused = is_refused
@@ -107,6 +108,30 @@ def split_refused(
         if node.target not in eager_names and _worth_sending(root, node)
     ]
     return Split(root, pieces, {n.name: why for n, why in refused.items()})
+
+
+def _unpack_beside(gm: torch.fx.GraphModule, refused: Mapping[torch.fx.Node, str]) -> set[torch.fx.Node]:
+    """The getitems that unpack a refused call's tuple (a higher-order op's outputs, a
+    custom op's pair), each moved to just after what it unpacks: they run eagerly with
+    the call, so a piece takes the tensors. Left in a piece, the piece would take the
+    tuple itself as an input, which the format refuses, and compile locally. Moving them
+    is sound: a getitem reads only the tuple and a constant index."""
+    unpacking: set[torch.fx.Node] = set()
+    moved = False
+    for call in refused:
+        last, sources = call, [call]
+        while sources:
+            source = sources.pop(0)
+            for user in list(source.users):
+                if user.op == "call_function" and user.target is operator.getitem and user.args[0] is source:
+                    moved |= last.next is not user
+                    last.append(user)
+                    last = user
+                    unpacking.add(user)
+                    sources.append(user)
+    if moved:
+        gm.recompile()
+    return unpacking
 
 
 def _calls_of(gm: torch.fx.GraphModule, ops: Mapping[str, str]) -> dict[torch.fx.Node, str]:

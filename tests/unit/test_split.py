@@ -257,6 +257,47 @@ def test_an_op_the_farm_refused_by_name_is_split_at():
     assert split_refused(gm, inputs, {"torch.ops.tf_split_test.other.default": "no"}) is None
 
 
+@torch.library.custom_op("tf_split_test::halves", mutates_args=())
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * 0.5, x * 2
+
+
+_halves.register_fake(lambda x: (torch.empty_like(x), torch.empty_like(x)))
+_halves.register_autograd(lambda ctx, low, high: low * 0.5 + high * 2)
+
+
+class _UnpacksAPair(nn.Module):
+    """Uses a refused call's two outputs apart, a call between: Dynamo's getitems of its
+    tuple stand among the nodes that use them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pair = torch.ops.tf_split_test.halves(self.a(x))
+        h = torch.relu(self.b(pair[1]))
+        return (h * pair[0]).sum()
+
+
+def test_a_refused_calls_tuple_is_unpacked_beside_it_so_each_piece_takes_tensors():
+    """Found on torch.scan (a refused higher-order op returning a carry and its outputs):
+    the piece after it took the tuple as an input, which the format refuses, and the
+    piece compiled locally."""
+    model = _UnpacksAPair()
+    gm, inputs = capture(model, torch.randn(4, 8))
+    split = split_refused(gm, inputs, {"torch.ops.tf_split_test.halves.default": "refused here"})
+    assert split is not None
+    assert len(split.pieces) == 2
+    for piece in split.pieces:
+        assert all(isinstance(v, torch.Tensor) for v in piece.example_inputs), piece.example_inputs
+        encode_graph(piece.gm, piece.example_inputs)  # the farm takes each piece
+    _run_pieces_uncompiled(split)
+    torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
+                               _outputs_and_grads(gm, model, inputs))
+
+
 def test_a_bare_triton_kernel_call_runs_between_the_pieces():
     """The graph Dynamo captures on a GPU for a @triton.jit call: the call is refused
     (a user's kernel source), the empty_like before it is the one piece sent."""
