@@ -117,6 +117,12 @@ HELPERS = (
     # and that the second takes only nodes of the first.
     graphcheck.SDPA_BACKEND,
     graphcheck.SET_SDPA_KERNEL,
+    # A jagged nested tensor made in the graph from a dense tensor and its offsets
+    # (`torch.nested.nested_tensor_from_jagged`, `nested_from_padded`): Dynamo records
+    # these constructors by name. AOTAutograd takes the nested tensor apart on the worker.
+    "torch.nested._internal.nested_tensor.nested_from_padded",
+    "torch.nested._internal.nested_tensor.nested_view_from_values_offsets",
+    "torch.nested._internal.nested_tensor.nested_view_from_values_offsets_lengths",
     # Reads a Tensor attribute (`logits.T` in CLIP); graphcheck allows it only with a
     # node and a constant name from ATTRIBUTES, so it never reaches dunders or methods.
     "builtins.getattr",

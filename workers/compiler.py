@@ -385,10 +385,12 @@ UNMARKED_CACHEABLE_CALLS = (
     graphcheck.SDPA_BACKEND, graphcheck.SET_SDPA_KERNEL,
     "torch._check", "torch._check_index", "torch._check_value", "torch.nn.functional._threshold",
     *(f"torch._sym_{f}" for f in "acos asin atan cos cosh log2 sin sinh tan tanh".split()),
+    "torch.nested._internal.nested_tensor.nested_from_padded",
 )
 """Allow-listed functions AOTAutograd bypasses its cache for, by their private names:
 `torch.autocast` and `sdpa_kernel` inside the compiled code (a float32 island under
-autocast, `torch.autocast(..., enabled=False)`), checks, and symbolic math on sizes.
+autocast, `torch.autocast(..., enabled=False)`), checks, symbolic math on sizes, and a
+jagged nested tensor made from a padded one.
 Sound for the same reason: each is a function of its arguments, which are in the
 graph; the two switches set what their constant arguments say, and what runs outside
 them is under the state the request's options key (`global_state.applied`).

@@ -2,9 +2,9 @@
 a real stack (redis-server, coordinator, Celery worker): complex numbers, FFTs,
 scatters and sorts, distributions, channels-last convolutions with batch and group
 norm, embedding bags, the CTC loss, resampling, linear algebra, masked arithmetic, a
-buffer updated in place, an activation written in place after a graph break, a
-hand-written SGD step on leaf tensors, bf16 parameters, flex attention, and
-`generate()`'s decode.
+buffer updated in place, an activation written in place after a graph break, jagged
+nested tensors made inside the graph, a hand-written SGD step on leaf tensors, bf16
+parameters, flex attention, and `generate()`'s decode.
 
 Each module trains one step through `sdk.compile(..., fallback="error")`, so a refusal
 fails the test rather than compiling here, and its loss and gradients are compared
@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nested._internal.nested_tensor import nested_from_padded
 
 import sdk
 from sdk import report
@@ -186,6 +187,17 @@ class InPlaceAfterBreak(_Projected):
         return y.pow(2).mean()
 
 
+class Jagged(_Projected):
+    """Rows of several lengths as a jagged nested tensor made inside the graph: from the
+    rows and their offsets, and from a padded batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        rows = torch.nested.nested_tensor_from_jagged(y.flatten(0, 1), torch.tensor([0, 5, 16]))
+        padded = nested_from_padded(y, torch.tensor([0, 3, 11]), ragged_idx=1, sum_S=11)
+        return (torch.relu(rows) * rows.sigmoid()).values().pow(2).mean() + padded.sin().values().sum()
+
+
 FAMILIES = {
     "complex-rotary": ComplexRotary,
     "fft": SpectralFilter,
@@ -199,6 +211,7 @@ FAMILIES = {
     "masked": Masked,
     "in-place-buffer": RunningMean,
     "in-place-after-break": InPlaceAfterBreak,
+    "jagged": Jagged,
 }
 
 

@@ -361,6 +361,45 @@ def test_dynamic_mlp() -> None:
     roundtrip(model, x)
 
 
+def f_jagged(values: torch.Tensor, offsets: torch.Tensor) -> Any:
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+    return (torch.relu(nt) * 2).values().sum(-1)
+
+
+def f_jagged_across_a_break(values: torch.Tensor, offsets: torch.Tensor) -> Any:
+    nt = torch.nested.nested_tensor_from_jagged(values, offsets).relu()
+    torch._dynamo.graph_break()
+    return (nt * 3).values()
+
+
+def test_a_jagged_nested_tensor_made_inside_the_graph_roundtrips() -> None:
+    """Made from a dense tensor and its offsets, used and taken apart in the same graph:
+    the graph's inputs and outputs are strided; the constructor Dynamo records is allowed."""
+    capture = roundtrip(f_jagged, _randn(7, 4), torch.tensor([0, 2, 7]))
+    targets = {n.target for n in capture.graphs[0].nodes}
+    assert "torch.nested._internal.nested_tensor.nested_view_from_values_offsets_lengths" in targets
+
+
+def test_a_nested_tensor_input_is_unsupported_not_a_crash() -> None:
+    """After a graph break the next graph takes the nested tensor and its ragged size, a
+    symbol with no integer value: refused, so the SDK compiles the graph locally. It
+    raised TypeError from the encoder, which failed the user's call."""
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    values, offsets = _randn(7, 4), torch.tensor([0, 2, 7])
+    torch._dynamo.reset()
+    torch.compile(f_jagged_across_a_break, backend=backend)(values, offsets)
+    torch._dynamo.reset()
+    assert len(seen) == 2
+    encode_graph(*seen[0])  # the first returns the nested tensor
+    with pytest.raises(UnsupportedGraph, match="nested|layout"):
+        encode_graph(*seen[1])
+
+
 # ---------------------------------------------------------------------------
 # Inline constants and what the format cannot hold
 # ---------------------------------------------------------------------------

@@ -314,6 +314,9 @@ class _Encoder:
         hint = shape_env.backed_var_to_val.get(symbol)
         if hint is None:
             raise UnsupportedGraph(f"symbol {name} is unbacked")
+        if not getattr(hint, "is_Integer", isinstance(hint, int)):
+            # A jagged nested tensor's ragged size: its value is a nested int, j1.
+            raise UnsupportedGraph(f"symbol {name} stands for {hint}, not an integer (a nested tensor's size)")
         vr = shape_env.var_to_range.get(symbol)
         low = _bound(vr.lower) if vr is not None else None
         high = _bound(vr.upper) if vr is not None else None
