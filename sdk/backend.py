@@ -342,10 +342,7 @@ class FarmBackend:
             raise self._untrusted()
         t0 = time.perf_counter()
         inductor_config = self.carried_settings()
-        try:
-            graph = encode_graph(gm, example_inputs)
-        except UnsupportedGraph as e:
-            raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
+        graph = self._encode(gm, example_inputs, index)
         fp = local_fingerprint(device_kind(example_inputs))
         label = f"{self.name} graph {index} from {socket.gethostname()}"
         request = build_request(graph, fp, self.mode, inductor_config, label)
@@ -355,6 +352,24 @@ class FarmBackend:
         return _Prepared(
             index, request, expected_key, fp, time.perf_counter() - t0, shapes, outcomes.compile_id()
         )
+
+    def _encode(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> graph_pb2.Graph:
+        """The graph in the farm's format. GraphRejected when the format cannot hold it, and
+        when the encoder itself fails on it: a bug of this SDK's must not fail a call that a
+        local compile serves (with fallback "local" the graph compiles here)."""
+        try:
+            return encode_graph(gm, example_inputs)
+        except UnsupportedGraph as e:
+            raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
+        except Exception as e:  # noqa: BLE001 - any other failure is the encoder's bug
+            log.warning(
+                "torchfarm: graph %d of %s: encoding it failed, a bug in torchfarm's SDK; please "
+                "report it with this traceback", index, self.name, exc_info=True,
+            )
+            raise GraphRejected(
+                f"graph cannot be sent to the farm: encoding it failed ({type(e).__name__}: {e}), "
+                "a bug in torchfarm's SDK"
+            ) from e
 
     def carried_settings(self) -> dict[str, Any]:
         """The Inductor settings this graph's request carries: the mode's and `options=`
@@ -502,11 +517,7 @@ class FarmBackend:
             if self.client is None:
                 raise ConfigError(f"compiling for {target} needs a farm: pass remote=")
             inductor_config = self.carried_settings()
-            try:
-                graph = encode_graph(gm, example_inputs)
-            except UnsupportedGraph as e:
-                raise GraphRejected(f"graph cannot be sent to the farm: {e}") from e
-            graph = fleet.retarget_graph(graph, target)
+            graph = fleet.retarget_graph(self._encode(gm, example_inputs, index), target)
             workers = fleet.fleet_fingerprints(self.client, target)
             builds = fleet.usable_builds(workers, torch.__version__, target)
             label = f"{self.name} graph {index} from {socket.gethostname()} (prewarm {target})"
