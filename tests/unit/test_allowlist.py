@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import operator
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -48,6 +50,29 @@ def test_regenerating_gives_the_committed_file() -> None:
     assert (
         gen.render(gen.build()) == committed
     ), "run scripts/gen_allowlist.py and commit the result"
+
+
+def test_a_fresh_process_resolves_every_allowed_function() -> None:
+    """As a worker's decode does, first thing in its process: Inductor's own prims
+    (prims.fma, which a compiled optimizer step's graph held) exist only once Inductor's
+    module is imported, and the job failed with INVALID_GRAPH."""
+    if load_allowlist().torch_version != torch.__version__:
+        pytest.skip("another torch lacks some of the names; resolve_function refuses those")
+    script = (
+        "from torchfarm.fx.decode import resolve_function\n"
+        "from torchfarm.graph.allowlist import load_allowlist\n"
+        "bad = []\n"
+        "for name in load_allowlist().functions:\n"
+        "    try:\n"
+        "        resolve_function(name)\n"
+        "    except Exception as e:\n"
+        "        bad.append(f'{name}: {e}')\n"
+        "print(len(bad), bad[:5])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1] == "0 []", proc.stdout[-2000:]
 
 
 def test_pinned_torch() -> None:

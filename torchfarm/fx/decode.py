@@ -96,6 +96,10 @@ def resolve_qualified_name(qualname: str) -> Any:
     root, *path = qualname.split(".")
     if root not in _ROOT_MODULES:
         raise DisallowedOp(qualname)
+    if qualname.startswith("torch.ops.prims."):
+        # Inductor's own prims (prims.fma, which a graph captured after Inductor ran can
+        # hold) exist once its module is imported: a fresh worker has not yet.
+        resolve("inductor_prims")
     obj: Any = importlib.import_module(root)
     prefix = root
     for part in path:

@@ -212,7 +212,8 @@ INTERNALS: dict[str, Internal] = {
                              used_by="torchfarm/fx/surface.py: the builtins Dynamo puts in graphs"),
     "torch_numpy": _i("torch._numpy", used_by="torchfarm/fx/encode.py, surface.py: numpy as Dynamo traces it"),
     "inductor_prims": _i("torch._inductor.inductor_prims",
-                         used_by="torchfarm/fx/surface.py: registers the prims Inductor's decompositions emit"),
+                         used_by="torchfarm/fx/surface.py, decode.py: registers the prims Inductor's "
+                         "decompositions emit"),
     "inductor_passes": _i("torch._inductor.fx_passes.control_dependencies",
                           used_by="torchfarm/fx/surface.py: registers the higher-order ops Inductor's "
                           "passes make (control_deps), so the walk does not depend on what was imported"),
