@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from sdk import artifact, changed_settings, outcomes, report, split
+from sdk import artifact, changed_settings, lifting, outcomes, report, split
 from sdk.client import CompileClient, FarmClient
 from sdk.errors import (
     ArtifactRejected,
@@ -210,6 +210,9 @@ class FarmBackend:
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
     ) -> Callable[..., Any]:
         """The graph from the farm, or with fallback "local", compiled here when the farm cannot."""
+        lifted = lifting.lift_attribute_tensors(gm, example_inputs)
+        if lifted is not None:  # an optimizer's parameters and state: read and written in place
+            return lifted.bind(self._farm_or_local(lifted.gm, lifted.example_inputs, index))
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
         try:
@@ -504,6 +507,9 @@ class FarmBackend:
         and runs it eagerly here (sdk/fleet.py; docs/targets.md)."""
         from sdk import fleet
 
+        lifted = lifting.lift_attribute_tensors(gm, example_inputs)  # as the fleet's processes send it
+        if lifted is not None:
+            return lifted.bind(self._prewarm(lifted.gm, lifted.example_inputs, index))
         target = self.target
         assert target is not None
         if "prewarm" not in self._warned:

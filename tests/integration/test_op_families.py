@@ -3,8 +3,8 @@ a real stack (redis-server, coordinator, Celery worker): complex numbers, FFTs,
 scatters and sorts, distributions, channels-last convolutions with batch and group
 norm, embedding bags, the CTC loss, resampling, linear algebra, masked arithmetic, a
 buffer updated in place, an activation written in place after a graph break, jagged
-nested tensors made inside the graph, a hand-written SGD step on leaf tensors, bf16
-parameters, flex attention, and `generate()`'s decode.
+nested tensors made inside the graph, a hand-written SGD step on leaf tensors, compiled
+optimizer steps, bf16 parameters, flex attention, and `generate()`'s decode.
 
 Each module trains one step through `sdk.compile(..., fallback="error")`, so a refusal
 fails the test rather than compiling here, and its loss and gradients are compared
@@ -277,6 +277,65 @@ def test_a_hand_written_sgd_step_updates_leaf_tensors_on_the_farm_as_eager(stack
     torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(w.detach(), want_w, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(b.detach(), want_b, atol=1e-6, rtol=1e-6)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+OPTIMIZERS = {
+    "adamw-foreach": lambda params: torch.optim.AdamW(params, lr=1e-2, foreach=True),
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_compiled_optimizer_step_updates_parameters_and_state_as_eager(optimizer, stack, client_cache_dir):
+    """`torch.compile(optimizer.step)`: Dynamo reads the parameters and the state (Adam's
+    step count and moments, momentum buffers) as attributes, which the farm once carried
+    by value: the step failed, or would have written copies and read the first step's
+    count for ever (sdk/lifting.py)."""
+    x = torch.randn(8, 16)
+    want, got = _mlp(), _mlp()
+    want_opt, got_opt = OPTIMIZERS[optimizer](want.parameters()), OPTIMIZERS[optimizer](got.parameters())
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        step = sdk.compile(got_opt.step, remote=stack.address, fallback="error")
+        for _ in range(3):
+            for model, opt, run in ((want, want_opt, want_opt.step), (got, got_opt, step)):
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                run()
+    _on_farm(graphs)
+    for a, b in zip(got.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-6, rtol=1e-6)
+    for a, b in zip(got_opt.state.values(), want_opt.state.values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_a_compiled_train_step_with_its_optimizer_trains_as_eager(stack, client_cache_dir):
+    """Forward, backward and AdamW's step in one compiled function: the step's graph
+    holds Inductor's `prims.fma`, which a fresh worker once could not resolve."""
+    x = torch.randn(8, 16)
+    want, got = _mlp(), _mlp()
+    want_opt, got_opt = torch.optim.AdamW(want.parameters(), lr=1e-2), torch.optim.AdamW(got.parameters(), lr=1e-2)
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        compiled = sdk.compile(train, remote=stack.address, fallback="error")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(got, got_opt), train(want, want_opt), atol=1e-6, rtol=1e-6)
+    _on_farm(graphs)
+    for a, b in zip(got.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-6, rtol=1e-6)
 
 
 class Bf16Block(nn.Module):
