@@ -82,6 +82,12 @@ def split_refused(
     refused = refused_calls(gm) if ops is None else _calls_of(gm, ops)
     if not refused:
         return None
+    transform = _functorch_call(gm)
+    if transform is not None:
+        raise NotSplit(
+            f"a functorch transform (torch.func.grad, vmap, ...) runs in the graph ({transform}): "
+            "a piece would run inside its level, as no compiled graph can"
+        )
     unpacking = _unpack_beside(gm, refused)
     partition: dict[torch.fx.Node, int] = {}
     eager: set[int] = set()
@@ -108,6 +114,27 @@ def split_refused(
         if node.target not in eager_names and _worth_sending(root, node)
     ]
     return Split(root, pieces, {n.name: why for n, why in refused.items()})
+
+
+_FUNCTORCH = ("torch._C._functorch.", "torch._functorch.")
+
+
+def _functorch_call(gm: torch.fx.GraphModule) -> str | None:
+    """The first call that enters, leaves or works in a functorch transform's level
+    (`_grad_increment_nesting`, `_wrap_for_grad`, `_add_batch_dim`), by name; None if
+    the graph makes none. Split there, the transform's calls run eagerly and the pieces
+    between them, compiled for plain tensors, inside its level: AOTAutograd's compiled
+    function refuses to run under `grad`, and a batched tensor has no storage to compile."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        try:
+            name = qualified_name(node.target)
+        except UnsupportedGraph:
+            continue
+        if name.startswith(_FUNCTORCH):
+            return name
+    return None
 
 
 def _unpack_beside(gm: torch.fx.GraphModule, refused: Mapping[torch.fx.Node, str]) -> set[torch.fx.Node]:

@@ -4,11 +4,12 @@ are, and that the pieces in order compute what the graph did, gradients included
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.utils.checkpoint as checkpoint
 from torch import nn
 
-from sdk.split import split_refused
+from sdk.split import NotSplit, split_refused
 from torchfarm.fx.encode import encode_graph, refused_calls
 from torchfarm.v1 import graph_pb2
 
@@ -296,6 +297,28 @@ def test_a_refused_calls_tuple_is_unpacked_beside_it_so_each_piece_takes_tensors
     _run_pieces_uncompiled(split)
     torch.testing.assert_close(_outputs_and_grads(split.root, model, inputs),
                                _outputs_and_grads(gm, model, inputs))
+
+
+def test_a_graph_inside_a_functorch_transform_is_not_split():
+    """`torch.func.grad` in the graph: its saved-tensor-hooks switch is refused, and split
+    there the pieces ran inside the transform's level, where AOTAutograd's compiled
+    function raised (vmap's batched tensors failed to compile). Whole, it compiles
+    locally, as torch.compile would."""
+    model = nn.Linear(8, 2)
+    params = dict(model.named_parameters())
+
+    def loss(p: dict, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, p, (x,)).pow(2).mean()
+
+    seen: list = []
+    torch._dynamo.reset()
+    torch.compile(torch.func.grad(loss), backend=lambda gm, ex: (seen.append((gm, ex)), gm.forward)[1])(
+        params, torch.randn(4, 8))
+    torch._dynamo.reset()
+    ((gm, inputs),) = seen
+    assert refused_calls(gm)  # the hooks switch
+    with pytest.raises(NotSplit, match="functorch transform.*_grad_increment_nesting"):
+        split_refused(gm, inputs)
 
 
 def test_a_bare_triton_kernel_call_runs_between_the_pieces():
