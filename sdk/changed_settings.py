@@ -28,7 +28,9 @@ def changed_global() -> dict[str, Any]:
 
 def split(per_call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The settings to carry (global changes, then `options=` over them), and the refused
-    ones the user changed, each with why."""
+    ones the user changed, each with why. A refused setting passed in `options=` at its
+    default (`freezing=False`) changes nothing and refuses nothing."""
+    config = resolve("inductor_config")
     changed = {**changed_global(), **per_call}
     carried: dict[str, Any] = {}
     refused: dict[str, str] = {}
@@ -36,9 +38,20 @@ def split(per_call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         kind = inductor_settings.classify(name)
         if kind == "carried":
             carried[name] = value
-        elif kind != "client-only":
+        elif kind != "client-only" and not _at_default(config, name, value):
             refused[name] = inductor_settings.why_refused(name)
     return carried, refused
+
+
+def _at_default(config: Any, name: str, value: Any) -> bool:
+    """Whether `value` is torch's default for `name`, which a worker compiles with."""
+    entry = config._config.get(name)
+    if entry is None:
+        return False
+    try:
+        return bool(entry.default == value)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared is taken as a change
+        return False
 
 
 def carried(per_call: dict[str, Any]) -> dict[str, Any]:

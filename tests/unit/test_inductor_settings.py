@@ -139,6 +139,15 @@ def test_a_changed_refused_setting_is_named_with_why(name, value):
     assert name in changed_settings.split({name: value})[1]
 
 
+@pytest.mark.parametrize("name,value", [("freezing", False), ("trace.enabled", False)])
+def test_a_refused_setting_passed_at_its_default_refuses_nothing(name, value):
+    """`options={"freezing": False}` kept every graph off the farm, "changed"."""
+    assert changed_settings.split({name: value}) == ({}, {})
+    with inductor_config.patch({name: not value}):  # changed globally, set back per call
+        assert changed_settings.split({name: value}) == ({}, {})
+        assert name in changed_settings.split({})[1]
+
+
 def test_client_only_settings_neither_travel_nor_refuse():
     with inductor_config.patch(compile_threads=1, fx_graph_cache=False):
         assert changed_settings.split({}) == ({}, {})
