@@ -400,6 +400,40 @@ def test_a_nested_tensor_input_is_unsupported_not_a_crash() -> None:
         encode_graph(*seen[1])
 
 
+def f_writes_an_aliased_input(a: torch.Tensor, b: torch.Tensor) -> Any:
+    a.mul_(2)
+    return b + 1
+
+
+def f_reads_aliased_inputs(a: torch.Tensor, b: torch.Tensor) -> Any:
+    return a.sum() + b
+
+
+def _row_and_its_matrix() -> tuple[torch.Tensor, torch.Tensor]:
+    base = torch.arange(12.0).reshape(3, 4)
+    return base, base[1]
+
+
+def test_inputs_sharing_memory_that_the_graph_writes_are_unsupported() -> None:
+    """The format describes each input apart: compiled so, `a.mul_(2)` left `b`, a view
+    of `a`, as it was, and the farm's result differed from eager by 7.0."""
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    for fn in (f_writes_an_aliased_input, f_reads_aliased_inputs):
+        torch._dynamo.reset()
+        torch.compile(fn, backend=backend)(*_row_and_its_matrix())
+    torch._dynamo.reset()
+    (writes, write_inputs), (reads, read_inputs) = seen
+    with pytest.raises(UnsupportedGraph, match="inputs l_a_ and l_b_ share memory"):
+        encode_graph(writes, write_inputs)
+    encode_graph(reads, read_inputs)  # read only, their sharing changes no result
+    roundtrip(f_writes_an_aliased_input, torch.arange(12.0).reshape(3, 4), torch.arange(4.0))  # apart
+
+
 # ---------------------------------------------------------------------------
 # Inline constants and what the format cannot hold
 # ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx import torch_library as fx_library
@@ -622,6 +623,22 @@ def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMe
     return TensorMeta.INPUT
 
 
+def _written_aliases(gm: torch.fx.GraphModule) -> list[str]:
+    """Placeholders that share memory (views of one tensor) where the graph writes one
+    of them in place, by name; empty if none. Dynamo's fake inputs keep the real ones'
+    sharing, and an in-place write while it traced bumped their shared version counter."""
+    groups: dict[object, list[tuple[str, torch.Tensor]]] = {}
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value")
+        if type(value) is not resolve("FakeTensor") or value.layout != torch.strided:
+            continue
+        groups.setdefault(StorageWeakRef(value.untyped_storage()), []).append((node.name, value))
+    for members in groups.values():
+        if len(members) > 1 and any(value._version > 0 for _, value in members):
+            return [name for name, _ in members]
+    return []
+
+
 def encode_graph(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[object],
@@ -634,6 +651,13 @@ def encode_graph(
     metadata is read from each placeholder's `meta["example_value"]` when present. The
     result has passed `validate_graph`, so the coordinator will not reject it.
     """
+    written = _written_aliases(gm)
+    if written:
+        raise UnsupportedGraph(
+            f"inputs {' and '.join(written)} share memory and the graph writes them in place: "
+            "the format describes each input apart, and a compile that took them as apart "
+            "would compute wrongly"
+        )
     encoder = _Encoder(gm, limits)
     encoder.encode_nodes(example_inputs)
     graph = encoder.graph
