@@ -40,7 +40,9 @@ def add_warm_parser(sub: argparse._SubParsersAction) -> None:
 def _warm(args: argparse.Namespace) -> int:
     remote = args.remote or os.environ.get("TORCHFARM_REMOTE", "")
     if not remote:
-        print("torchfarm warm: give --remote or set TORCHFARM_REMOTE", file=sys.stderr)
+        late = [a for a in args.args if a == "--remote" or a.startswith("--remote=")]
+        hint = f" ({late[0]} after the script is the script's own argument: put it before)" if late else ""
+        print(f"torchfarm warm: give --remote or set TORCHFARM_REMOTE{hint}", file=sys.stderr)
         return 2
     if not Path(args.script).is_file():
         print(f"torchfarm warm: no such script: {args.script}", file=sys.stderr)

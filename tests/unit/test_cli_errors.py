@@ -94,6 +94,14 @@ def test_a_farm_that_is_unreachable():
     assert "UNAVAILABLE" in one_line_error(out, "torchfarm cache ls")
 
 
+def test_warm_says_where_a_remote_given_after_the_script_went():
+    env = {k: v for k, v in os.environ.items() if k != "TORCHFARM_REMOTE"}
+    out = run("warm", "train.py", "--remote", "grpc://127.0.0.1:1", env=env)
+    line = one_line_error(out, "torchfarm warm")
+    assert "--remote after the script is the script's own argument: put it before" in line
+    assert out.returncode == 2
+
+
 @pytest.mark.parametrize("key", ["abc", "zz12345678", "0123456789abcdefg"])
 def test_explain_refuses_what_cannot_be_a_key_prefix(key):
     out = run("explain", key, "--remote", f"grpc://127.0.0.1:{closed_port()}")
