@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from torchfarm.fx.encode import UnsupportedGraph, qualified_name, refused_calls
+from torchfarm.fx.encode import UnsupportedGraph, qualified_name, refused_calls, written_aliases
 
 
 class NotSplit(Exception):
@@ -113,6 +113,12 @@ def split_refused(
         for node in root.graph.find_nodes(op="call_module")
         if node.target not in eager_names and _worth_sending(root, node)
     ]
+    for piece in pieces:
+        written = written_aliases(piece.gm)
+        if written:
+            # `x.data.clamp_()` with `x` beside it: compiled apart, the piece read `x`
+            # as it was before its own write (locally too: its inputs mix real and fake).
+            raise NotSplit(f"{piece.name} writes its inputs {' and '.join(written)}, which share memory")
     return Split(root, pieces, {n.name: why for n, why in refused.items()})
 
 

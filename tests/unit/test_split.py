@@ -321,6 +321,28 @@ def test_a_graph_inside_a_functorch_transform_is_not_split():
         split_refused(gm, inputs)
 
 
+class _ClampsThroughData(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.a.weight.data.clamp_(-0.2, 0.2)
+        return self.a(x)
+
+
+def test_a_piece_writing_inputs_that_share_memory_is_not_split():
+    """`w.data.clamp_()` then `linear(x, w)`: `.data` is refused and runs eagerly, so the
+    piece after takes the data tensor and the weight, one memory, and writes the first.
+    Compiled as apart, locally too, its linear read the weight unclamped: the first
+    step's output was off by 0.46. Whole, the graph compiles locally and is right."""
+    model = _ClampsThroughData()
+    gm, inputs = capture(model, torch.randn(3, 8))
+    assert "_get_data_attr" in {n.name for n in refused_calls(gm)}
+    with pytest.raises(NotSplit, match="share memory"):
+        split_refused(gm, inputs)
+
+
 def test_a_bare_triton_kernel_call_runs_between_the_pieces():
     """The graph Dynamo captures on a GPU for a @triton.jit call: the call is refused
     (a user's kernel source), the empty_like before it is the one piece sent."""

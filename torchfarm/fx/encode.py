@@ -623,7 +623,7 @@ def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMe
     return TensorMeta.INPUT
 
 
-def _written_aliases(gm: torch.fx.GraphModule) -> list[str]:
+def written_aliases(gm: torch.fx.GraphModule) -> list[str]:
     """Placeholders that share memory (views of one tensor) where the graph writes one
     of them in place, by name; empty if none. Dynamo's fake inputs keep the real ones'
     sharing, and an in-place write while it traced bumped their shared version counter."""
@@ -651,7 +651,7 @@ def encode_graph(
     metadata is read from each placeholder's `meta["example_value"]` when present. The
     result has passed `validate_graph`, so the coordinator will not reject it.
     """
-    written = _written_aliases(gm)
+    written = written_aliases(gm)
     if written:
         raise UnsupportedGraph(
             f"inputs {' and '.join(written)} share memory and the graph writes them in place: "
