@@ -19,7 +19,7 @@ import torch.utils.checkpoint as checkpoint
 from torch import nn
 
 from torchfarm.fx.decode import decode_graph
-from torchfarm.fx.encode import encode_graph
+from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.graph.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.graph.graphcheck import GraphLimits, validate_graph
 from torchfarm.v1 import graph_pb2
@@ -113,6 +113,26 @@ def test_round_trip(name):
         want = gm(*inputs)
         got = decoded.gm(*[i.detach() for i in inputs])
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_selective_activation_checkpointing_is_unsupported_by_name():
+    """Its policy (`context_fn`) is the client's Python, in the body's meta: encoded, the
+    body lost it, and the worker saved what plain checkpointing saves."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def save_matmuls(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    policy = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
+    gm, inputs = capture(
+        lambda x: checkpoint.checkpoint(lambda y: _lin(y).relu(), x, use_reentrant=False, context_fn=policy),
+        4, True,
+    )
+    with pytest.raises(UnsupportedGraph, match="selective activation checkpointing: its policy "
+                       r"\(create_selective_checkpoint_contexts\(.*save_matmuls\)\)"):
+        encode_graph(gm, inputs)
 
 
 def test_a_graph_without_subgraphs_stays_v1():

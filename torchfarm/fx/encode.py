@@ -623,6 +623,26 @@ def _kind(node: torch.fx.Node, value: torch.Tensor, example: object) -> TensorMe
     return TensorMeta.INPUT
 
 
+def _checkpoint_policy(gm: torch.fx.GraphModule) -> str:
+    """The `context_fn` a checkpointed body carries (Dynamo keeps it in the body's meta,
+    where AOTAutograd's partitioner reads it), by name; empty if none does."""
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            policy = module.meta.get("_checkpoint_context_fn")
+            if policy is not None:
+                return _callable_name(policy)
+    return ""
+
+
+def _callable_name(fn: object) -> str:
+    """`f`, or `f(g)` for a functools.partial of `f` over a function `g` (the policy
+    `create_selective_checkpoint_contexts` is given)."""
+    if isinstance(fn, functools.partial):
+        inner = [_callable_name(a) for a in fn.args if callable(a)]
+        return f"{_callable_name(fn.func)}({', '.join(inner)})"
+    return str(getattr(fn, "__qualname__", type(fn).__name__))
+
+
 def written_aliases(gm: torch.fx.GraphModule) -> list[str]:
     """Placeholders that share memory (views of one tensor) where the graph writes one
     of them in place, by name; empty if none. Dynamo's fake inputs keep the real ones'
@@ -651,6 +671,12 @@ def encode_graph(
     metadata is read from each placeholder's `meta["example_value"]` when present. The
     result has passed `validate_graph`, so the coordinator will not reject it.
     """
+    policy = _checkpoint_policy(gm)
+    if policy:
+        raise UnsupportedGraph(
+            f"selective activation checkpointing: its policy ({policy}) is this process's Python, "
+            "which the farm does not run; sent without it, the farm would save other activations"
+        )
     written = written_aliases(gm)
     if written:
         raise UnsupportedGraph(
