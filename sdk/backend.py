@@ -201,18 +201,27 @@ class FarmBackend:
             self._graphs += 1
             index = self._graphs
         if self.target is not None and self.target != local_target(device_kind(example_inputs)):
-            return self._prewarm(gm, example_inputs, index)
+            return self._lifted(self._prewarm, gm, example_inputs, index)
         if self.client is None:
             return self._local(gm, example_inputs, index, "no farm configured")
-        return self._farm_or_local(gm, example_inputs, index)
+        return self._lifted(self._farm_or_local, gm, example_inputs, index)
+
+    def _lifted(
+        self, via: Callable[[torch.fx.GraphModule, list[Any], int], Callable[..., Any]],
+        gm: torch.fx.GraphModule, example_inputs: list[Any], index: int,
+    ) -> Callable[..., Any]:
+        """The graph through `via` as the farm takes it: the tensors it reads by get_attr
+        (an optimizer's parameters and state) made inputs, passed by reference at each
+        call (sdk/lifting.py). A split's pieces read none, so lifting is done once, here."""
+        lifted = lifting.lift_attribute_tensors(gm, example_inputs)
+        if lifted is None:
+            return via(gm, example_inputs, index)
+        return lifted.bind(via(lifted.gm, lifted.example_inputs, index))
 
     def _farm_or_local(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
     ) -> Callable[..., Any]:
         """The graph from the farm, or with fallback "local", compiled here when the farm cannot."""
-        lifted = lifting.lift_attribute_tensors(gm, example_inputs)
-        if lifted is not None:  # an optimizer's parameters and state: read and written in place
-            return lifted.bind(self._farm_or_local(lifted.gm, lifted.example_inputs, index))
         if self.swapper is not None:
             return self._remote_nonblocking(gm, example_inputs, index)
         try:
@@ -507,9 +516,6 @@ class FarmBackend:
         and runs it eagerly here (sdk/fleet.py; docs/targets.md)."""
         from sdk import fleet
 
-        lifted = lifting.lift_attribute_tensors(gm, example_inputs)  # as the fleet's processes send it
-        if lifted is not None:
-            return lifted.bind(self._prewarm(lifted.gm, lifted.example_inputs, index))
         target = self.target
         assert target is not None
         if "prewarm" not in self._warned:

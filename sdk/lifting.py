@@ -14,6 +14,7 @@ the compiled graph is called with the tensors themselves, read and written in pl
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,7 @@ def lift_attribute_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) 
     reads: dict[int, list[torch.fx.Node]] = {}
     tensors: dict[int, torch.Tensor] = {}
     for node in gm.graph.find_nodes(op="get_attr"):
-        value = _attribute(gm, str(node.target))
+        value = operator.attrgetter(str(node.target))(gm)
         if isinstance(value, torch.Tensor):
             reads.setdefault(id(value), []).append(node)
             tensors[id(value)] = value
@@ -65,12 +66,8 @@ def lift_attribute_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) 
     sources = getattr(gm, "_param_name_to_source", None) or {}
     at = copies[placeholders[-1]] if placeholders else None
     for nodes in reads.values():
-        if at is None:
-            with graph.inserting_before(next(iter(graph.nodes))):
-                placeholder = graph.placeholder(f"attr_{nodes[0].name}")
-        else:
-            with graph.inserting_after(at):
-                placeholder = graph.placeholder(f"attr_{nodes[0].name}")
+        with graph.inserting_after(at) if at is not None else graph.inserting_before(next(iter(graph.nodes))):
+            placeholder = graph.placeholder(f"attr_{nodes[0].name}")
         placeholder.meta.update(nodes[0].meta)
         placeholder._dynamo_source = sources.get(str(nodes[0].target))
         for node in nodes:
@@ -79,17 +76,8 @@ def lift_attribute_tensors(gm: torch.fx.GraphModule, example_inputs: list[Any]) 
         at = placeholder
     lifted_gm = torch.fx.GraphModule(gm, graph)
     lifted_gm.meta.update(gm.meta)
-    if sources:
-        kept = {name for name, _ in lifted_gm.named_parameters()} | {name for name, _ in lifted_gm.named_buffers()}
-        lifted_gm._param_name_to_source = {  # type: ignore[assignment]
-            name: source for name, source in sources.items() if name in kept
-        }
+    if sources:  # AOTAutograd looks up only the parameters the copy still holds
+        lifted_gm._param_name_to_source = dict(sources)  # type: ignore[assignment]
     lifted = tuple(tensors[ident] for ident in reads)
     return Lifted(lifted_gm, [*example_inputs, *lifted], lifted)
 
-
-def _attribute(gm: torch.fx.GraphModule, target: str) -> object:
-    value: object = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value

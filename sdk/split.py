@@ -20,7 +20,7 @@ value that differs at run time raises rather than computes wrongly.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,16 +131,7 @@ def _functorch_call(gm: torch.fx.GraphModule) -> str | None:
     the graph makes none. Split there, the transform's calls run eagerly and the pieces
     between them, compiled for plain tensors, inside its level: AOTAutograd's compiled
     function refuses to run under `grad`, and a batched tensor has no storage to compile."""
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        try:
-            name = qualified_name(node.target)
-        except UnsupportedGraph:
-            continue
-        if name.startswith(_FUNCTORCH):
-            return name
-    return None
+    return next((name for _, name in _named_calls(gm) if name.startswith(_FUNCTORCH)), None)
 
 
 def _unpack_beside(gm: torch.fx.GraphModule, refused: Mapping[torch.fx.Node, str]) -> set[torch.fx.Node]:
@@ -170,17 +161,23 @@ def _unpack_beside(gm: torch.fx.GraphModule, refused: Mapping[torch.fx.Node, str
 def _calls_of(gm: torch.fx.GraphModule, ops: Mapping[str, str]) -> dict[torch.fx.Node, str]:
     """The calls of `ops` in `gm`, each with why it is refused."""
     calls = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        try:
-            name = qualified_name(node.target)
-        except UnsupportedGraph:
-            continue
+    for node, name in _named_calls(gm):
         why = ops.get(name) or ops.get(f"{name}.default")  # a packet calls its default overload
         if why is not None:
             calls[node] = why
     return calls
+
+
+def _named_calls(gm: torch.fx.GraphModule) -> Iterator[tuple[torch.fx.Node, str]]:
+    """Each call_function node of `gm` with its target's qualified name; those the
+    format cannot name are left out."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        try:
+            yield node, qualified_name(node.target)
+        except UnsupportedGraph:
+            continue
 
 
 def _graph_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:

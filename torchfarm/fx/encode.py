@@ -647,10 +647,11 @@ def written_aliases(gm: torch.fx.GraphModule) -> list[str]:
     """Placeholders that share memory (views of one tensor) where the graph writes one
     of them in place, by name; empty if none. Dynamo's fake inputs keep the real ones'
     sharing, and an in-place write while it traced bumped their shared version counter."""
+    fake = resolve("FakeTensor")
     groups: dict[object, list[tuple[str, torch.Tensor]]] = {}
     for node in gm.graph.find_nodes(op="placeholder"):
         value = node.meta.get("example_value")
-        if type(value) is not resolve("FakeTensor") or value.layout != torch.strided:
+        if type(value) is not fake or value.layout != torch.strided:
             continue
         groups.setdefault(StorageWeakRef(value.untyped_storage()), []).append((node.name, value))
     for members in groups.values():
