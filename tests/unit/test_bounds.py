@@ -188,3 +188,68 @@ def test_a_reflected_power_bounds_its_exponent_not_its_base():
     rpow = Node(name="p", op=Node.CALL_METHOD, target="__rpow__", args=[Arg(node="n"), Arg(int_value=10000)])
     g = graph(Node(name="n", op=Node.CALL_METHOD, target="size", args=[Arg(node="x"), Arg(int_value=0)]), rpow)
     validate_graph(g)  # 10000 ** n: the exponent is the node, the worker checks it
+
+
+# Python's own operators on values the graph builds: `%` formats a string, and
+# math.prod/lcm multiply a whole sequence, each for real on the worker.
+
+
+def _dim() -> graph_pb2.Node:
+    return Node(name="n", op=Node.CALL_METHOD, target="dim", args=[Arg(node="x")])
+
+
+@pytest.mark.parametrize("target", ["_operator.mod", "_operator.imod"])
+def test_a_literal_format_string_is_refused_by_the_coordinator(target):
+    # "%0400000000d" % x.dim(): 20 bytes on the wire, 400 MB on the worker.
+    g = graph(_dim(), Node(name="s", op=Node.CALL_FUNCTION, target=target,
+                           args=[Arg(str_value="%0400000000d"), Arg(node="n")]))
+    with pytest.raises(GraphError, match="string formatting"):
+        validate_graph(g)
+
+
+@pytest.mark.parametrize(("target", "reflected"), [("_operator.mod", False), ("__mod__", False), ("__rmod__", True)])
+def test_the_worker_refuses_string_formatting_before_it_runs(target, reflected):
+    from torchfarm.fx.decode import decode_graph
+
+    # The format string comes out of a node, so only the worker sees that it is a string.
+    held = Node(name="held", op=Node.CALL_FUNCTION, target="_operator.mul", args=[
+        Arg(tuple=graph_pb2.ArgumentList(items=[Arg(str_value="%010000000d")])), Arg(node="n")])
+    pick = Node(name="f", op=Node.CALL_FUNCTION, target="_operator.getitem", args=[Arg(node="held"), Arg(int_value=0)])
+    operands = [Arg(node="n"), Arg(node="f")] if reflected else [Arg(node="f"), Arg(node="n")]
+    op = Node.CALL_METHOD if target.startswith("__") else Node.CALL_FUNCTION
+    g = graph(_dim(), held, pick, Node(name="s", op=op, target=target, args=operands))
+    validate_graph(g)
+    with pytest.raises(GraphError, match="string formatting"):
+        decode_graph(g)
+
+
+@pytest.mark.parametrize("target", ["math.prod", "math.lcm"])
+def test_the_worker_bounds_integer_products_before_computing(target):
+    from torchfarm.fx.decode import decode_graph
+
+    # (n << 61,) * 2000, then their product: a 124,000-bit integer, built one
+    # multiplication at a time (a 65,536-long one takes 19 s) before any result check.
+    nodes = [
+        _dim(),
+        Node(name="big", op=Node.CALL_FUNCTION, target="_operator.lshift", args=[Arg(node="n"), Arg(int_value=61)]),
+        Node(name="k", op=Node.CALL_FUNCTION, target="_operator.mul", args=[Arg(node="n"), Arg(int_value=1000)]),
+        Node(name="one", op=Node.CALL_FUNCTION, target="_operator.mul", args=[
+            Arg(tuple=graph_pb2.ArgumentList(items=[Arg(node="big")])), Arg(node="k")]),
+    ]
+    if target == "math.prod":
+        nodes.append(Node(name="p", op=Node.CALL_FUNCTION, target=target, args=[Arg(node="one")]))
+    else:  # lcm takes its integers as arguments: coprime ones grow as a product does
+        nodes += [Node(name=f"c{i}", op=Node.CALL_FUNCTION, target="_operator.add", args=[Arg(node="big"), Arg(int_value=i)])
+                  for i in range(1, 6)]
+        nodes.append(Node(name="p", op=Node.CALL_FUNCTION, target=target, args=[Arg(node=f"c{i}") for i in range(1, 6)]))
+    g = graph(*nodes)
+    validate_graph(g)
+    with pytest.raises(GraphError, match=f"{target} of .* integers needs more than 64 bits"):
+        decode_graph(g)
+
+
+def test_small_integer_products_still_decode():
+    from torchfarm.fx.decode import decode_graph
+
+    g = graph(size_node(), Node(name="p", op=Node.CALL_FUNCTION, target="math.prod", args=[Arg(node="size")]))
+    decode_graph(g)

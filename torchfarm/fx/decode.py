@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import importlib
 import logging
+import math
 import operator
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -173,6 +174,7 @@ _BY_NAME = {
 def _check_python_method(name: str, args: Sequence[object], limits: GraphLimits) -> None:
     """The same bounds for `x.__pow__(n)`, `n.__rpow__(x)`, `t.__mul__(n)`, ...: a dunder
     method is the operator under another name (graphbounds.python_operator)."""
+    _check_formatting(name, args)
     applied = graphbounds.python_operator(name)
     if applied is None or len(args) != 2:
         return
@@ -187,6 +189,10 @@ def _check_python_op(target: object, args: Sequence[object], limits: GraphLimits
     for real, so `[0] * 10**12` or `s0 ** 10**9` must be stopped before it starts.
     """
     longest = (limits or GraphLimits()).max_sequence_length
+    if target in (operator.mod, operator.imod):
+        _check_formatting(f"_operator.{target.__name__}", args)
+    if target in _PRODUCTS:
+        _check_product(target, args[0] if target is math.prod and len(args) == 1 else args)
     if target in (operator.add, operator.iadd, operator.concat, operator.iconcat) and len(args) == 2:
         a, b = args
         if isinstance(a, (tuple, list, str, bytes)) and isinstance(b, (tuple, list, str, bytes)) \
@@ -205,6 +211,33 @@ def _check_python_op(target: object, args: Sequence[object], limits: GraphLimits
         base, exponent = (_int_value(a) for a in args)
         if base is not None and exponent is not None and abs(exponent) > MAX_INT_BITS:
             raise MalformedGraph(f"integer {getattr(target, '__name__', target)} by {exponent}")
+
+
+def _check_formatting(name: str, args: Sequence[object]) -> None:
+    """Refuses `%` on a string, whatever node made the string (graphbounds.FORMATTING)."""
+    formatted = graphbounds.FORMATTING.get(name)
+    if formatted is not None and len(args) == 2 and isinstance(args[formatted], (str, bytes)):
+        raise MalformedGraph(f"string formatting ({name} of a string) is not a graph operation")
+
+
+_PRODUCTS: dict[object, str] = {math.prod: "math.prod", math.lcm: "math.lcm"}
+
+
+def _check_product(target: object, values: object) -> None:
+    """Refuses math.prod or math.lcm of integers whose result would pass MAX_INT_BITS,
+    before Python builds it: over 65,536 integers the running product takes seconds per
+    node. The result is checked anyway; this bounds every step on the way to it."""
+    if not isinstance(values, (list, tuple)):
+        return
+    ints = [_int_value(v) for v in values]
+    if any(n is None for n in ints):
+        return  # floats and unbacked symbols: no integer to grow
+    step = math.lcm if target is math.lcm else operator.mul
+    running = 1
+    for n in cast(list[int], ints):
+        running = step(running, n)
+        if running.bit_length() > MAX_INT_BITS:
+            raise MalformedGraph(f"{_PRODUCTS[target]} of {len(ints)} integers needs more than {MAX_INT_BITS} bits")
 
 
 def _check_outputs(name: str, args: Sequence[object], kwargs: dict[str, Any], limits: GraphLimits) -> None:

@@ -50,6 +50,12 @@ _OPERATORS: dict[str, tuple[str, bool]] = {
 """Python operators that can grow a value, under every name a graph can call them by."""
 
 
+FORMATTING: dict[str, int] = {"_operator.mod": 0, "_operator.imod": 0, "__mod__": 0, "__rmod__": 1}
+"""`%` under every name a graph can call it by → which operand it formats when that one is
+a string: printf formatting runs for real, and `"%0400000000d" % n` is 400 MB made from 20
+bytes. Dynamo folds the formatting user code does, so no graph of its needs it."""
+
+
 def python_operator(target: str) -> tuple[str, bool] | None:
     """("add" | "mul" | "pow" | "lshift" | "concat", reflected) for a call_function target
     or call_method name that applies that Python operator; None for anything else."""

@@ -609,6 +609,9 @@ class _Checker:
             return
         if node.op not in (Node.CALL_FUNCTION, Node.CALL_METHOD):
             return
+        formatted = graphbounds.FORMATTING.get(node.target)
+        if formatted is not None and len(node.args) == 2 and node.args[formatted].WhichOneof("kind") == "str_value":
+            raise MalformedGraph(f"{where}: string formatting ({node.target} of a string) is not a graph operation")
         applied = graphbounds.python_operator(node.target)
         if applied is not None and applied[0] in ("pow", "lshift") and len(node.args) == 2:
             _bound_exponent(node, applied, where)
