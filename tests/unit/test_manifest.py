@@ -37,7 +37,11 @@ def test_tampered_blob_is_refused():
         check_blobs(m, blobs)
 
 
-@pytest.mark.parametrize("data", [b"", b"{}", b"[1]", b'{"format": "other/9"}', b"\xff"])
+NESTED = b'{"format": "torchfarm.artifact/1", "key": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+"""Written to the cache Redis by whoever can write it: json's decoder recurses per level."""
+
+
+@pytest.mark.parametrize("data", [b"", b"{}", b"[1]", b'{"format": "other/9"}', b"\xff", NESTED])
 def test_malformed_manifest(data):
     with pytest.raises(ManifestError):
         Manifest.from_json(data)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ from torchfarm.storage import redisconn
 from torchfarm.storage.blobs import BlobStore, open_blobs
 from torchfarm.storage.usage import Ledger
 from torchfarm.wire.manifest import Manifest
+
+log = logging.getLogger(__name__)
 
 RECENT_JOBS = 50
 """How many job keys `tf:recent` keeps."""
@@ -554,10 +557,17 @@ class Store:
         data = self.c.get(self._j("kernel", key))
         if data is None:
             return None
-        record: dict[str, Any] = json.loads(data)
-        digests = [record["binary"]["digest"]] + (
-            [record["assembly"]["digest"]] if record.get("assembly") else []
-        )
+        try:
+            record: dict[str, Any] = json.loads(data)
+            digests = [str(record["binary"]["digest"])] + (
+                [str(record["assembly"]["digest"])] if record.get("assembly") else []
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            # Redis is storage: an unreadable record is a miss, compiled again, not an
+            # error for every later request of the kernel.
+            log.warning("kernel %s has an unreadable record (%s); recompiling", key[:12], type(e).__name__)
+            self.c.delete(self._j("kernel", key))
+            return None
         if not self.has_blobs(digests):
             self.c.delete(self._j("kernel", key))  # evicted: recompile
             return None

@@ -185,8 +185,9 @@ class Manifest:
             )
         except ManifestError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ManifestError(f"malformed manifest: {e}") from e
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            # RecursionError: JSON nested past the interpreter's depth (json recurses per level)
+            raise ManifestError(f"malformed manifest: {type(e).__name__}: {str(e)[:200]}") from e
 
 
 def _kind(body: Any) -> str:
