@@ -50,6 +50,7 @@ from torchfarm.v1 import farm_pb2, graph_pb2
 from torchfarm.wire import keys
 from torchfarm.wire import options as farm_options
 from torchfarm.wire.codes import JobError, Rejection
+from torchfarm.wire.labels import clip_label
 from torchfarm.wire.targets import Target
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def build_request(
             inductor=options,
             dynamic=len(graph.symbols) > 0,
         ),
-        label=label,
+        label=clip_label(label),
     )
 
 

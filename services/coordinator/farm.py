@@ -48,7 +48,7 @@ from torchfarm.storage.store import JobRecord, JobState, Store
 from torchfarm.trust.signing import SignatureError, TrustedKeys
 from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
-from torchfarm.wire import builds, keys, options, routing, targets
+from torchfarm.wire import builds, keys, labels, options, routing, targets
 from torchfarm.wire.codes import Reason, Rejection, Stage
 from torchfarm.wire.manifest import Manifest, ManifestError
 
@@ -177,6 +177,7 @@ class Farm:
                 f"{self.settings.max_request_bytes}"
             )
         try:
+            labels.check_label(request.label)
             queue = routing.queue_for(request.target, build=builds.digest(builds.of_request(request)))
             graphcheck.validate_graph(request.graph, self.limits)
             if request.HasField("export"):
@@ -186,6 +187,9 @@ class Farm:
             )
             options.check_autocast([(a.device_type, a.dtype) for a in request.options.autocast])
             options.check_sdpa_backends(list(request.options.sdpa_backends))
+        except labels.BadLabel as e:
+            metrics.REQUESTS.labels(outcome="invalid").inc()
+            raise InvalidRequest(str(e), Reason.INVALID_REQUEST) from e
         except routing.UnknownDevice as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), Reason.UNKNOWN_TARGET) from e

@@ -34,7 +34,7 @@ from torchfarm.kernels import triton_check
 from torchfarm.storage.store import JobState, Store
 from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
-from torchfarm.wire import keys, routing
+from torchfarm.wire import keys, labels, routing
 from torchfarm.wire.codes import JobError, Reason
 from torchfarm.wire.targets import TargetError
 
@@ -79,11 +79,14 @@ class KernelService:
                 f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
             )
         try:
+            labels.check_label(request.label)
             target = routing.target_of(request.target, "a kernel compile")
             queue = routing.queue_name(target, routing.KERNEL)
             checked = triton_check.check_kernel_source(request.source, request.name)
             triton_check.check_signature(request, checked)
             triton_check.check_options(request.options)
+        except labels.BadLabel as e:
+            raise InvalidRequest(str(e), reason=Reason.INVALID_REQUEST) from e
         except (TargetError, triton_check.KernelRejected) as e:
             raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
         workers = await self.runner.run(self.farm.store.live_workers)

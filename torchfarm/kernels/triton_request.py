@@ -14,6 +14,7 @@ from typing import Any
 from torchfarm.kernels import elf, triton_check
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import targets
+from torchfarm.wire.labels import clip_label
 
 
 class KernelRequestError(ValueError):
@@ -89,7 +90,7 @@ def build_kernel_request(
         target=farm_pb2.Target(device=tgt.device, arch=tgt.arch),
         options=farm_pb2.KernelOptions(num_warps=num_warps, num_stages=num_stages),
         triton_version=local_triton_version() if triton_version is None else triton_version,
-        label=label,
+        label=clip_label(label),
     )
     triton_check.check_signature(request, checked)
     triton_check.check_options(request.options)
