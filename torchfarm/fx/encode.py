@@ -193,7 +193,16 @@ def qualified_name(target: object) -> str:
             "DTensor.from_local as this torch's Dynamo records it (a closure over the mesh and "
             "placements) cannot be sent to the farm; torch 2.12 and newer record the call itself"
         )
-    raise UnsupportedGraph(f"call target {target!r} has no importable qualified name")
+    raise UnsupportedGraph(f"call target {_described(target)} has no importable qualified name")
+
+
+def _described(target: object) -> str:
+    """`module.qualname` for a message: a repr may hold an address, which would make the
+    same refusal read differently in every process."""
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    return type(target).__qualname__ + " object"
 
 
 # ---------------------------------------------------------------------------
