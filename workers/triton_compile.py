@@ -124,8 +124,11 @@ def resolve_names(checked: KernelSource) -> dict[str, Any]:
             except AttributeError:
                 raise KernelRejected(f"{chain}: {where} has no attribute {attr!r}") from None
             where = f"{where}.{attr}"
+            _check_module_path(obj, where, chain)
         if not _allowed_value(obj, tl):
             raise KernelRejected(f"{chain} ({where}) is not something a kernel may use")
+        if any(obj is getattr(tl, name, None) for name in triton_check.DENIED_FUNCTIONS):
+            raise KernelRejected(f"{chain} ({where}) is not allowed in a kernel")
         if chain in checked.string_sinks and not _takes_strings(obj, tl):
             raise KernelRejected(f"{chain} ({where}) may not take a string: it is not a Triton function")
     return namespace
@@ -141,9 +144,18 @@ def _import(path: str) -> Any:
     obj = getattr(importlib.import_module(module), attr, None)
     if obj is None:
         raise KernelRejected(f"{module} has no {attr!r}")
+    _check_module_path(obj, path, path)
     if module == "triton" and attr not in _TRITON_ATTRS:
         raise KernelRejected(f"triton.{attr} is not available to kernels")
     return obj
+
+
+def _check_module_path(obj: Any, where: str, chain: str) -> None:
+    """A module is reached only by its own name: `tl.math.core` is triton.language.core
+    under another path, and the checks that bound static loops and folded numbers
+    (torchfarm/kernels/triton_fold.py) know Triton's functions by their paths."""
+    if isinstance(obj, types.ModuleType) and obj.__name__ != where:
+        raise KernelRejected(f"{chain}: {where} is module {obj.__name__}; name it by that path")
 
 
 def _check_container(obj: Any, chain: str) -> None:

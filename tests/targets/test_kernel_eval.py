@@ -71,6 +71,25 @@ ESCAPES = {
     ),
     "long static loop": "    for i in tl.static_range(10 ** 9):\n        tl.static_print(i)\n",
     "tuple repetition": "    t: tl.constexpr = (1,) * 10 ** 9\n",
+    # The bounds above know Triton's functions by their paths: other modules re-export them.
+    "static loop through a re-exporting module": "    for i in tl.math.core.static_range(10 ** 9):\n        tl.static_print(i)\n",
+    "static loop through a module's tl": "    for i in tl.random.tl.static_range(10 ** 9):\n        tl.static_print(i)\n",
+    "exponent chain through a re-exporting module": (
+        "    a: tl.constexpr = tl.standard.core.constexpr(BLOCK) ** 64\n"
+        "    b: tl.constexpr = tl.standard.core.constexpr(a) ** 64\n"
+        "    c: tl.constexpr = tl.standard.core.constexpr(b) ** 64\n"
+    ),
+    "unroll factor": "    for i in tl.range(0, n, loop_unroll_factor=10 ** 6):\n        tl.static_print(i)\n",
+    "unroll factor by position": "    for i in tl.range(0, n, 1, 1, 10 ** 6):\n        tl.static_print(i)\n",
+    # The assembler reads the file into the kernel the worker returns (AMDGPU's .incbin).
+    "inline assembly": (
+        '    v = tl.inline_asm_elementwise(".incbin \\"/etc/hostname\\"", "=r,r", [n], dtype=tl.int32, '
+        "is_pure=True, pack=1)\n"
+    ),
+    "inline assembly through core": (
+        '    v = tl.core.inline_asm_elementwise("s_nop 0", "=r,r", [n], dtype=tl.int32, is_pure=True, pack=1)\n'
+    ),
+    "a library path": '    v = tl.core.extern_elementwise("m", "/dev/zero", [n], {}, is_pure=True)\n',
 }
 
 
@@ -98,6 +117,31 @@ def test_refusals_name_the_rule():
         request(with_lines(ESCAPES["long static loop"]))
     with pytest.raises(KernelRejected, match="must fit in 64 bits"):
         request(SOURCE, constexprs={"BLOCK": 2**70})
+    with pytest.raises(KernelRejected, match="loop_unroll_factor must be a compile-time number of at most 64"):
+        request(with_lines(ESCAPES["unroll factor"]))
+    with pytest.raises(KernelRejected, match="inline_asm_elementwise is not allowed in a kernel: its assembly"):
+        request(with_lines(ESCAPES["inline assembly"]))
+    with pytest.raises(KernelRejected, match="extern_elementwise is not allowed"):
+        request(with_lines(ESCAPES["a library path"]))
+
+
+def test_a_function_reached_through_a_re_exporting_module_is_refused_on_the_worker():
+    request(with_lines(ESCAPES["static loop through a re-exporting module"]))  # the client's checks pass it
+    with pytest.raises(KernelRejected, match="tl.math.core.static_range: triton.language.math.core is module triton.language.core"):
+        compile_kernel(request(with_lines(ESCAPES["static loop through a re-exporting module"])),
+                       targets.parse("cuda:sm_90"))
+
+
+def test_inline_assembly_imported_by_name_is_refused():
+    src = SOURCE.replace("import triton.language as tl\n",
+                         "import triton.language as tl\nfrom triton.language import inline_asm_elementwise as asm\n")
+    with pytest.raises(KernelRejected, match="inline_asm_elementwise is not allowed"):
+        request(src)
+
+
+def test_an_unroll_factor_within_the_bound_compiles():
+    src = with_lines("    for i in tl.range(0, 4, loop_unroll_factor=2):\n        tl.static_print(i)\n")
+    assert compile_kernel(request(src), targets.parse("cuda:sm_90")).binary[:4] == b"\x7fELF"
 
 
 def test_a_string_to_a_triton_class_is_refused_on_the_worker():

@@ -56,6 +56,16 @@ from torchfarm.kernels import triton_fold
 if TYPE_CHECKING:  # protobuf stays optional for what imports only this module
     from torchfarm.v1 import farm_pb2
 
+DENIED_FUNCTIONS = {
+    "inline_asm_elementwise": "its assembly goes to the worker's assembler, whose directives "
+    "(AMDGPU's `.incbin \"path\"`, `.rept`) read the worker's files into the kernel or make it "
+    "assemble without bound",
+    "extern_elementwise": "its library path names a file on the worker for the compiler to read "
+    "and link; Triton's own math libraries are `tl.extra.cuda.libdevice` and `tl.extra.hip.libdevice`",
+}
+"""Triton builtins no kernel may call, by name: however it is reached (an alias, a module
+that re-exports it), the worker refuses the object too (workers/triton_compile.py)."""
+
 MAX_SOURCE_BYTES = 256 * 1024
 """Longest kernel source accepted."""
 
@@ -192,6 +202,8 @@ def _check_import(stmt: ast.Import | ast.ImportFrom, imports: dict[str, str]) ->
     for alias in stmt.names:
         if alias.name == "*" or alias.name.startswith("_"):
             raise KernelRejected(f"line {stmt.lineno}: 'from {stmt.module} import {alias.name}' is not allowed")
+        if alias.name in DENIED_FUNCTIONS:
+            raise KernelRejected(f"line {stmt.lineno}: {alias.name} is not allowed in a kernel: {DENIED_FUNCTIONS[alias.name]}")
         imports[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
     for local in imports:
         _check_identifier(local, stmt.lineno)
@@ -356,6 +368,8 @@ class _Checker:
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.imports:
             _check_identifier(root.id, line)
+            if parts[0] in DENIED_FUNCTIONS:
+                raise KernelRejected(f"line {line}: {parts[0]} is not allowed in a kernel: {DENIED_FUNCTIONS[parts[0]]}")
             self.chains.add(".".join([root.id, *reversed(parts)]))
             return
         # An attribute of a local value (a tensor's .dtype, .to): Triton's attributes only,

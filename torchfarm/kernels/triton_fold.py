@@ -31,7 +31,12 @@ MAX_STATIC_ITERATIONS = 4096
 MAX_SEQUENCE_REPEAT = 64
 """Largest count a tuple of compile-time values may be repeated by (`(x,) * n`)."""
 
+MAX_LOOP_UNROLL = 64
+"""Largest `loop_unroll_factor` of a `tl.range` loop: Triton copies its body that many
+times, and the copies count against MAX_STATIC_ITERATIONS with the loops around them."""
+
 _STATIC_RANGES = frozenset({"triton.language.static_range", "triton.language.core.static_range"})
+_RANGES = frozenset({"triton.language.range", "triton.language.core.range"})
 
 _CONSTEXPR_HELPERS = frozenset({
     "triton.cdiv", "triton.next_power_of_2", "triton.language.cdiv",
@@ -140,6 +145,26 @@ class _Folder:
         args = [a for a in self._range_args(call) if a is not None]
         return _Num(max((a.bits for a in args), default=1))
 
+    def _copies(self, call: ast.Call) -> int:
+        """How many copies of its body a loop over `call` compiles to."""
+        if self._is_static_range(call):
+            return self._iterations(call)
+        if self._dotted(call.func) not in _RANGES:
+            return 1
+        factor = next((k.value for k in call.keywords if k.arg == "loop_unroll_factor"), None)
+        if factor is None and len(call.args) > 4:
+            factor = call.args[4]  # range(start, end, step, num_stages, loop_unroll_factor)
+        if factor is None:
+            return 1
+        bound = self.eval(factor)
+        value = bound.value if bound is not None else _UNKNOWN
+        if not isinstance(value, int) or value > MAX_LOOP_UNROLL:
+            raise Unbounded(
+                f"line {call.lineno}: loop_unroll_factor must be a compile-time number of at most "
+                f"{MAX_LOOP_UNROLL}"
+            )
+        return max(value, 1)
+
     def _iterations(self, call: ast.Call) -> int:
         """An upper bound on a static_range's iteration count."""
         args = self._range_args(call)
@@ -153,9 +178,8 @@ class _Folder:
     def _loops(self, body: list[ast.stmt], unrolled: int) -> None:
         for stmt in body:
             inner = unrolled
-            if isinstance(stmt, ast.For) and self._is_static_range(stmt.iter):
-                assert isinstance(stmt.iter, ast.Call)
-                inner = unrolled * self._iterations(stmt.iter)
+            if isinstance(stmt, ast.For) and isinstance(stmt.iter, ast.Call):
+                inner = unrolled * self._copies(stmt.iter)
                 if inner > MAX_STATIC_ITERATIONS:
                     raise Unbounded(
                         f"line {stmt.lineno}: static loops would unroll over {MAX_STATIC_ITERATIONS} iterations"
