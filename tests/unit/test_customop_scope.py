@@ -36,3 +36,19 @@ def test_a_job_that_fails_leaves_no_stand_in():
         torch_library.ensure_op(A)
         raise RuntimeError("the compile failed")
     assert not visible(A)
+
+
+def test_a_new_overload_of_an_op_torch_loaded_is_refused():
+    """A stand-in may not add an overload to an op of torch's own: it would answer for it."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - loads quantized_decomposed, as Inductor does
+
+    text = "quantized_decomposed::quantize_per_tensor.extra(Tensor x) -> Tensor"
+    with pytest.raises(torch_library.RefusedCustomOp, match="exists on this worker"), torch_library.job_scope():
+        torch_library.ensure_op(text)
+
+
+def test_a_stand_in_may_have_two_overloads():
+    with torch_library.job_scope():
+        torch_library.ensure_op("tfscope::pair(Tensor x) -> Tensor")
+        torch_library.ensure_op("tfscope::pair.scaled(Tensor x, float s) -> Tensor")
+        assert set(torch.ops.tfscope.pair.overloads()) == {"default", "scaled"}

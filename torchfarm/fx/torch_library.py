@@ -216,6 +216,18 @@ def _existing(schema: Schema) -> Any:
     return getattr(packet, schema.overload or "default", None) if packet is not None else None
 
 
+def _loaded_elsewhere(schema: Schema) -> bool:
+    """Whether another overload of the op is loaded, and not as this job's stand-in: a new
+    overload would then answer under a name torch (or an installed package) owns."""
+    if not hasattr(torch.ops, schema.namespace):
+        return False
+    packet = getattr(getattr(torch.ops, schema.namespace), schema.name, None)
+    if packet is None:
+        return False
+    prefix = f"torch.ops.{schema.namespace}.{schema.name}."
+    return not any(target.startswith(prefix) for target in _standins)
+
+
 def _expr(size: object) -> sympy.Expr:
     return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(int(size))  # type: ignore[call-overload]
 
@@ -284,7 +296,7 @@ def ensure_op(text: str) -> Schema:
         if _standins[schema.target] != text:
             raise RefusedCustomOp(schema.target, "has another schema than this worker's stand-in")
         return schema
-    if existing is not None:
+    if existing is not None or _loaded_elsewhere(schema):
         raise RefusedCustomOp(
             schema.target, "exists on this worker, but its namespace is not configured as installed; "
             f"to serve it, {to_serve(schema.namespace)}",
