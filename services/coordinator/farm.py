@@ -515,12 +515,13 @@ class Farm:
             )
             for q in names
         ]
+        if tenant.namespace:  # what this tenant keeps: the cache's totals would show others' compiles land
+            ledger = self.store.tenant(tenant.namespace).ledger()
+            artifacts, cache_bytes = len(ledger.keys()), ledger.total()
+        else:
+            artifacts, cache_bytes = len(self.store.artifact_keys()), self.store.cache_bytes()
         return FarmState(
-            workers=workers,
-            queues=queues,
-            recent_jobs=jobs,
-            artifacts=len(self.store.artifact_keys()),
-            cache_bytes=self.store.cache_bytes(),
+            workers=workers, queues=queues, recent_jobs=jobs, artifacts=artifacts, cache_bytes=cache_bytes,
         )
 
 

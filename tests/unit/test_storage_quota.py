@@ -182,3 +182,16 @@ def test_tiny_uploads_count_at_a_floor_against_rate_and_quota():
     farm = _farm(max_stored_bytes_per_tenant=MIB, upload_bytes_per_minute=0)
     keys = [_put(farm, n, size=64) for n in range(40)]
     assert sum(_kept(farm, ALICE, k) for k in keys) == 16
+
+
+def test_a_tenants_status_counts_its_own_entries_never_anothers():
+    """Farm-wide counts would show one tenant when another's compiles land."""
+    farm = _farm()
+    _artifact(farm, ALICE, 1)
+    before = asyncio.run(farm.farm.status(ALICE))
+    _artifact(farm, BOB, 2, size=3 * MIB)
+    after = asyncio.run(farm.farm.status(ALICE))
+    assert (after.artifacts, after.cache_bytes) == (before.artifacts, before.cache_bytes) == (1, before.cache_bytes)
+    assert MIB < before.cache_bytes < 2 * MIB
+    everyone = asyncio.run(farm.farm.status())  # no tokens: one namespace, the whole cache
+    assert everyone.artifacts == 2
