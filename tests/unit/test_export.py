@@ -175,6 +175,13 @@ def test_deep_or_huge_pytree_specs_are_refused():
         exportcheck.parse_treespec(json.dumps([1, node]))
 
 
+def test_a_dict_context_nested_past_the_parsers_depth_is_malformed():
+    context = "[" * 100_000 + "]" * 100_000
+    spec = json.dumps([1, {"type": "builtins.dict", "context": context, "children_spec": []}])
+    with pytest.raises(MalformedGraph, match="dict"):
+        exportcheck.parse_treespec(spec)
+
+
 # -- the key ------------------------------------------------------------------------
 
 

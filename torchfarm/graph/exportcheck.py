@@ -90,7 +90,7 @@ def _tree(node: object, depth: int, count: list[int]) -> Tree:
     if kind == _DICT:
         try:
             keys = json.loads(node["context"]) if isinstance(node["context"], str) else None
-        except ValueError:
+        except (ValueError, RecursionError):
             keys = None
         if (
             not isinstance(keys, list)
