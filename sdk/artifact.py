@@ -95,7 +95,9 @@ def verify(
 
 def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable[..., Any]:
     """Places the kernel binaries and the Triton kernels' autotune records where local
-    Inductor looks for them, then deserializes."""
+    Inductor looks for them, then deserializes. ConfigError if another user could write
+    those directories (`loader.check_private_cache`)."""
+    loader.check_private_cache()
     loader.install_kernels(
         ((blobs[k.source.digest], blobs[k.binary.digest]) for k in manifest.kernels),
         manifest.toolchain,

@@ -13,14 +13,16 @@ Torch internals relied on here, pinned for torch 2.13.0 (tests/unit/test_compile
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from sdk.errors import ArtifactRejected
+from sdk.errors import ArtifactRejected, ConfigError
 from torchfarm.fx import autotune
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
@@ -29,6 +31,47 @@ from torchfarm.fx.internals import resolve
 from torchfarm.wire.codes import Rejection
 
 log = logging.getLogger(__name__)
+
+
+def check_private_cache() -> None:
+    """ConfigError unless the directories Inductor writes the artifact into, and imports
+    and dlopens it from, belong to this user (or root) and no one else may write them.
+
+    The SDK verifies the artifact's bytes, but Inductor imports whatever file sits at the
+    wrapper's path (it writes one only where none exists) and dlopens kernels lazily: in
+    a directory another user can write, such as a `/tmp/torchinductor_<user>` that user
+    made first, their code would run in place of the verified code. A local
+    `torch.compile` would load from the same directory, so this is no fallback case."""
+    dirs = [resolve("inductor_cache_dir")()]
+    if os.environ.get("TRITON_CACHE_DIR"):
+        dirs.append(os.environ["TRITON_CACHE_DIR"])
+    for directory in dirs:
+        try:
+            st = os.stat(directory)
+        except FileNotFoundError:
+            continue  # Inductor makes it, as this user
+        if st.st_uid not in (os.getuid(), 0) or _others_may_write(st):
+            raise ConfigError(
+                f"{directory} is writable by others or owned by another user (uid {st.st_uid}, "
+                f"mode {stat.S_IMODE(st.st_mode):o}): code planted there would run in place of the "
+                "farm's verified artifact. Point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) "
+                "at a directory of your own, or chmod go-w it"
+            )
+
+
+def _others_may_write(st: os.stat_result) -> bool:
+    """Write permission for anyone but this user: the world's, or a group's, unless the
+    group is the user's own private one (umask 002 on distributions that make one per
+    user, so that `/tmp/torchinductor_<user>` is 0775 there)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o002:
+        return True
+    if not mode & 0o020:
+        return False
+    try:
+        return st.st_gid != os.getgid() or bool(grp.getgrgid(st.st_gid).gr_mem)
+    except KeyError:
+        return True
 
 
 def install_kernels(
