@@ -13,14 +13,21 @@ than loaded; the ranks that waited on its download read it unchecked (`_read`).
 
 The total is bounded: after a write, the least recently used blobs (by mtime, which
 every read refreshes) go until the directory is under `max_bytes`.
+
+The directory is made private (0700). One that others can write (a shared disk) costs
+at most a fetch: a planted blob fails its digest, and this cache writes only new files
+(`mkstemp`) and opens locks without following links, so a planted link never has this
+user write a file of someone else's choosing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +43,7 @@ class BlobCache:
     def __init__(self, root: str | Path, max_bytes: int):
         self.root = Path(root).expanduser()
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
         algo, _, hexpart = digest.partition(":")
@@ -46,7 +53,10 @@ class BlobCache:
 
     @contextmanager
     def _locked(self, path: Path, flags: int = fcntl.LOCK_EX) -> Iterator[None]:
-        with open(path.with_suffix(".lock"), "a") as lock:
+        # O_NOFOLLOW: in a directory another user can write, a link planted at the lock's
+        # name would have this user create or append to a file of theirs.
+        fd = os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as lock:
             fcntl.flock(lock, flags)
             try:
                 yield
@@ -81,9 +91,15 @@ class BlobCache:
         data = fetch()
         if digest_of(data) != digest:
             raise ValueError(f"fetched bytes do not match {digest[:19]}")
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f"{path.name}.", suffix=".tmp")  # a new file, never a link
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return data
 
     def _read(self, path: Path, digest: str, check: bool = True) -> bytes | None:

@@ -135,3 +135,45 @@ def test_processes_of_one_machine_fetch_each_blob_once(tmp_path):
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * 4
     assert counter.read_text() == "x"
+
+
+# A cache directory another local user can write (TORCHFARM_BLOB_CACHE_DIR on a shared
+# disk): names they plant must never make this user write through a link.
+
+
+def test_links_planted_at_the_temporary_and_lock_names_are_not_followed(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    victim, created = tmp_path / "bashrc", tmp_path / "created"
+    victim.write_text("# the user's own file\n")
+    blob = b'echo "runs at the next login"\n'
+    hexpart = digest_of(blob).partition(":")[2]
+    (root / f"{hexpart}.{os.getpid()}.tmp").symlink_to(victim)
+    (root / f"{hexpart}.lock").symlink_to(created)
+    cache = BlobCache(root, 1 << 30)
+    with pytest.raises(OSError):  # the lock's link is refused, not followed
+        cache.get(digest_of(blob), lambda: blob)
+    assert victim.read_text() == "# the user's own file\n"
+    assert not created.exists()
+    (root / f"{hexpart}.lock").unlink()
+    assert cache.get(digest_of(blob), lambda: blob) == blob
+    assert victim.read_text() == "# the user's own file\n"
+    assert not (root / hexpart).is_symlink()
+
+
+def test_a_link_at_a_blobs_name_is_fetched_again_not_read(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"the user's private key")
+    blob = b"blob"
+    (root / digest_of(blob).partition(":")[2]).symlink_to(secret)
+    calls = []
+    assert BlobCache(root, 1 << 30).get(digest_of(blob), lambda: calls.append(1) or blob) == blob
+    assert calls == [1] and secret.read_bytes() == b"the user's private key"
+
+
+def test_the_cache_directory_is_made_private(tmp_path):
+    root = tmp_path / "new" / "blobs"
+    BlobCache(root, 1 << 30)
+    assert root.stat().st_mode & 0o077 == 0
