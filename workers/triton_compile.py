@@ -155,7 +155,8 @@ def _check_module_path(obj: Any, where: str, chain: str) -> None:
     under another path, and the checks that bound static loops and folded numbers
     (torchfarm/kernels/triton_fold.py) know Triton's functions by their paths."""
     if isinstance(obj, types.ModuleType) and obj.__name__ != where:
-        raise KernelRejected(f"{chain}: {where} is module {obj.__name__}; name it by that path")
+        raise KernelRejected(f"{chain}: {where} is module {obj.__name__} under another path; a kernel "
+                             "reaches a module only by its own path")
 
 
 def _check_container(obj: Any, chain: str) -> None:
