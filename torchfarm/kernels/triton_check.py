@@ -202,11 +202,15 @@ def _check_import(stmt: ast.Import | ast.ImportFrom, imports: dict[str, str]) ->
     for alias in stmt.names:
         if alias.name == "*" or alias.name.startswith("_"):
             raise KernelRejected(f"line {stmt.lineno}: 'from {stmt.module} import {alias.name}' is not allowed")
-        if alias.name in DENIED_FUNCTIONS:
-            raise KernelRejected(f"line {stmt.lineno}: {alias.name} is not allowed in a kernel: {DENIED_FUNCTIONS[alias.name]}")
+        _check_denied(alias.name, stmt.lineno)
         imports[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
     for local in imports:
         _check_identifier(local, stmt.lineno)
+
+
+def _check_denied(name: str, line: int) -> None:
+    if name in DENIED_FUNCTIONS:
+        raise KernelRejected(f"line {line}: {name} is not allowed in a kernel: {DENIED_FUNCTIONS[name]}")
 
 
 def _check_identifier(ident: str, line: int) -> None:
@@ -368,8 +372,7 @@ class _Checker:
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.imports:
             _check_identifier(root.id, line)
-            if parts[0] in DENIED_FUNCTIONS:
-                raise KernelRejected(f"line {line}: {parts[0]} is not allowed in a kernel: {DENIED_FUNCTIONS[parts[0]]}")
+            _check_denied(parts[0], line)
             self.chains.add(".".join([root.id, *reversed(parts)]))
             return
         # An attribute of a local value (a tensor's .dtype, .to): Triton's attributes only,
