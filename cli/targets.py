@@ -5,7 +5,8 @@
         [--num-warps 4] [--num-stages 3] [-o out.cubin] [--asm out.ptx] [--metadata out.json]
 
 The file is read as text and sent; nothing in it is imported or run, here or on the
-farm (docs/targets.md).
+farm (docs/targets.md). The farm's answer is checked as `sdk.compile_kernel` checks it
+(signed by a pinned key, for this request and target) before anything is written.
 """
 
 from __future__ import annotations
@@ -13,17 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-import grpc
-
-from torchfarm.kernels import elf, triton_check, triton_request
-from torchfarm.v1 import farm_pb2, farm_pb2_grpc
-from torchfarm.wire import builds, targets
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-"""gRPC send and receive limit, as the SDK's."""
+from cli.errors import CliError
+from sdk.errors import ArtifactRejected, ConfigError, FarmError, KernelRejected
+from sdk.triton_client import compile_kernel
+from torchfarm.kernels import elf
+from torchfarm.v1 import farm_pb2
+from torchfarm.wire import builds
 
 
 def targets_table(status: farm_pb2.FarmStatus) -> list[list[str]]:
@@ -102,53 +100,35 @@ def _constexprs(items: list[str]) -> dict[str, object]:
 def _kernel_compile(args: argparse.Namespace) -> int:
     path, sep, name = args.spec.rpartition("::")
     if not sep or not path or not name:
-        print("torchfarm kernel compile: give FILE.py::kernel_name", file=sys.stderr)
-        return 2
-    address = (args.remote or os.environ.get("TORCHFARM_REMOTE", "")).removeprefix("grpc://")
-    if not address:
-        print("torchfarm kernel compile: give --remote or set TORCHFARM_REMOTE", file=sys.stderr)
-        return 2
+        raise CliError("give FILE.py::kernel_name", 2)
+    remote = args.remote or os.environ.get("TORCHFARM_REMOTE", "")
+    if not remote:
+        raise CliError("give --remote or set TORCHFARM_REMOTE", 2)
+    source = Path(path).read_text()
     try:
-        source = Path(path).read_text()
-        request = triton_request.build_kernel_request(
+        k = compile_kernel(
             source, name, target=args.target, signature=args.signature,
             constexprs=_constexprs(args.constexpr), num_warps=args.num_warps,
-            num_stages=args.num_stages, triton_version=args.triton_version,
-            label=f"{Path(path).name}::{name} (torchfarm kernel compile)",
+            num_stages=args.num_stages, triton_version=args.triton_version, remote=remote,
+            label=f"{Path(path).name}::{name} (torchfarm kernel compile)", timeout_s=args.timeout,
         )
-    except (OSError, ValueError) as e:  # TargetError, KernelRejected, KernelRequestError
-        kind = "rejected" if isinstance(e, triton_check.KernelRejected) else "error"
-        print(f"torchfarm kernel compile: {kind}: {e}", file=sys.stderr)
-        return 2
-    token = os.environ.get("TORCHFARM_TOKEN", "")
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
-    options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
-    with grpc.insecure_channel(address, options=options) as channel:
-        try:
-            reply = farm_pb2_grpc.CompileFarmStub(channel).CompileKernel(
-                request, timeout=args.timeout, metadata=metadata
-            )
-        except grpc.RpcError as e:
-            print(f"torchfarm kernel compile: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
-    try:
-        info = triton_request.check_reply(reply, args.target)
-    except elf.NotAKernel as e:
-        print(f"torchfarm kernel compile: refused the farm's binary: {e}", file=sys.stderr)
-        return 1
-    out = Path(args.output or f"{name}.{reply.kind}")
-    out.write_bytes(reply.binary)
+    except (ConfigError, ValueError) as e:  # bad arguments: nothing was sent
+        raise CliError(f"error: {e}", 2) from e
+    except KernelRejected as e:  # by the checker here or the farm's, or Triton's compile error
+        raise CliError(f"rejected: {e}", 2) from e
+    except ArtifactRejected as e:
+        raise CliError(f"refused the farm's kernel: {e}") from e
+    except FarmError as e:
+        raise CliError(str(e)) from e
+    out = Path(args.output or f"{name}.{k.kind}")
+    out.write_bytes(k.binary)
     if args.asm:
-        Path(args.asm).write_text(reply.assembly)
+        Path(args.asm).write_text(k.assembly)
     if args.metadata:
-        Path(args.metadata).write_text(reply.metadata_json)
-    target = targets.parse(args.target)
+        Path(args.metadata).write_text(json.dumps(k.metadata, sort_keys=True, indent=2) + "\n")
     print(
-        f"{out}: {reply.kind} for {target} ({info.arch}), {len(reply.binary)} bytes; "
-        f"key {reply.key[:12]}, {'cache hit' if reply.cache_hit else 'compiled'} by "
-        f"{reply.worker or '?'} with Triton {reply.triton_version} in {reply.compile_seconds:.2f}s"
+        f"{out}: {k.kind} for {k.target} ({elf.inspect_binary(k.binary).arch}), {len(k.binary)} bytes; "
+        f"key {k.key[:12]}, {'cache hit' if k.cache_hit else 'compiled'} by "
+        f"{k.worker or '?'} with Triton {k.triton_version} in {k.compile_seconds:.2f}s"
     )
     return 0

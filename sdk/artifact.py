@@ -21,18 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sdk import loader
-from sdk.errors import ArtifactRejected
-from sdk.metrics import ARTIFACTS_REJECTED
+from sdk.metrics import rejected
 from sdk.trust import Trust
 from torchfarm.fx.fingerprint import Fingerprint
 from torchfarm.trust.signing import SignatureError
 from torchfarm.wire.codes import Rejection
 from torchfarm.wire.manifest import COMPILE, Manifest, ManifestError, check_blobs
-
-
-def rejected(reason: Rejection, message: str) -> ArtifactRejected:
-    ARTIFACTS_REJECTED.labels(reason=reason).inc()
-    return ArtifactRejected(message, reason)
 
 
 def verify(

@@ -33,7 +33,7 @@ from sdk.errors import (
     GraphRejected,
     RemoteCompileError,
 )
-from sdk.metrics import FALLBACKS, SPLITS
+from sdk.metrics import FALLBACKS, SPLITS, rejected
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
 from sdk.scalars import specialize_float_inputs
@@ -509,7 +509,7 @@ class FarmBackend:
                 )
             shapes.install(guards)
         except GuardError as e:
-            raise artifact.rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
+            raise rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
         return guards
 
     def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sdk.errors import ArtifactRejected
+from torchfarm.wire.codes import Rejection
+
 
 class _Uncounted:
     """A counter where prometheus_client is not installed: counts nothing."""
@@ -49,3 +52,9 @@ SPLITS = _counter(
     "them compile on the farm), by where the refusal came from: the format or the farm.",
     ["refused_by"],
 )
+
+
+def rejected(reason: Rejection, message: str) -> ArtifactRejected:
+    """The refusal of something the farm sent, counted in ARTIFACTS_REJECTED."""
+    ARTIFACTS_REJECTED.labels(reason=reason).inc()
+    return ArtifactRejected(message, reason)

@@ -1,9 +1,11 @@
-"""Hand-built CompileRequests for tests that must not import torch."""
+"""Hand-built CompileRequests (and kernel manifests) for tests that must not import torch."""
 
 from __future__ import annotations
 
+from torchfarm.kernels import kernel_artifact
 from torchfarm.v1 import farm_pb2, graph_pb2
 from torchfarm.wire import builds, routing
+from torchfarm.wire.manifest import Manifest
 
 
 def queue_of(req: farm_pb2.CompileRequest) -> str:
@@ -57,3 +59,12 @@ def relu_request(**changes) -> farm_pb2.CompileRequest:
 
 RELU_QUEUE = queue_of(relu_request())
 """The queue a fake worker registers to take `relu_request()`."""
+
+
+def kernel_manifest(key: str, binary: bytes, namespace: str = "") -> Manifest:
+    """A Triton kernel's unsigned manifest naming `binary` (torchfarm/kernels/kernel_artifact.py)."""
+    manifest, _ = kernel_artifact.build_manifest(
+        key, namespace, target="cuda:sm_90", triton_version="3.7.0", name="k", kind="cubin",
+        binary=binary, assembly="", metadata={}, worker="w", seconds=0.0,
+    )
+    return manifest

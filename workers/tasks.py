@@ -65,18 +65,13 @@ class JobContexts:
     def graph(self) -> WorkerContext:
         """The context of graph jobs and their stages."""
         settings = self.worker.settings
-        signer = (
-            Signer.from_file(settings.signing_key_file, settings.signing_key_id)
-            if settings.signing_key_file
-            else None
-        )
         return WorkerContext(
             settings=settings,
             store=_store(self.worker),
             fingerprint=_graph_fingerprint(self.worker),
             name=settings.worker_name(),
-            signer=signer,
-            seal=_seal(self.worker, signer),
+            signer=self.signer,
+            seal=_seal(self.worker, self.signer),
             timeout_errors=(SoftTimeLimitExceeded,),
             timed_out=lambda: SOFT_LIMIT.fired,
             send=self.send,
@@ -99,7 +94,17 @@ class JobContexts:
             done_ttl_s=settings.done_ttl_s,
             scratch_dir=os.environ.get("TRITON_CACHE_DIR"),  # Triton's own setting, not ours
             executor=executor_for(settings, self.sandbox),
+            signer=self.signer,
+            signature_ttl_s=settings.signature_ttl_s,
         )
+
+    @functools.cached_property
+    def signer(self) -> Signer | None:
+        """The worker's signing key, for graph artifacts and kernels alike; None where the farm does not sign."""
+        settings = self.worker.settings
+        if not settings.signing_key_file:
+            return None
+        return Signer.from_file(settings.signing_key_file, settings.signing_key_id)
 
     @functools.cached_property
     def sandbox(self) -> sandbox.Sandbox | None:

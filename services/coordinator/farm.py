@@ -330,13 +330,20 @@ class Farm:
         manifest = store.get_manifest(key)
         if manifest is None:
             return False
-        reason = self._refusal(manifest, key, store.namespace)
+        if self.refuses(manifest, key, store.namespace):
+            store.delete_artifact(key)
+            return False
+        return True
+
+    def refuses(self, manifest: Manifest, key: str, namespace: str) -> bool:
+        """True, logged and counted, when this coordinator would not serve the cached
+        manifest (an artifact's or a Triton kernel's): see `_refusal`. The caller drops it."""
+        reason = self._refusal(manifest, key, namespace)
         if reason is None:
-            return True
+            return False
         log.warning("key=%s cached artifact refused (%s); recompiling", keys.short(key), reason)
         metrics.ARTIFACTS_REFUSED.labels(reason=reason).inc()
-        store.delete_artifact(key)
-        return False
+        return True
 
     def _refusal(self, manifest: Manifest, key: str, namespace: str) -> Rejection | None:
         sig = manifest.signature

@@ -6,7 +6,6 @@ error's stable reason travels in the `torchfarm-reason` trailing metadata.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -241,13 +240,14 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
             return farm_pb2.KernelReply(
                 key=k.key,
                 cache_hit=k.cache_hit,
-                kind=k.record["kind"],
+                kind=k.manifest.kernels[0].kind,
                 binary=k.binary,
                 assembly=k.assembly,
-                metadata_json=json.dumps(k.record.get("metadata", {}), sort_keys=True),
-                triton_version=k.record.get("triton_version", ""),
-                worker=k.record.get("worker", ""),
-                compile_seconds=float(k.record.get("seconds", 0.0)),
+                metadata_json=k.metadata,
+                triton_version=k.manifest.fingerprint.get("triton_version", ""),
+                worker=k.manifest.worker,
+                compile_seconds=k.manifest.timings.get("kernel", 0.0),
+                manifest=k.manifest.to_json(),
             )
 
 

@@ -3,7 +3,9 @@
 compile: check the request (target, source structure, signature, options) → pick the
 Triton version → derive the kernel key → answer from the kernel cache → or join the
 in-flight job → or, if a live worker serves the target's kernel queue, create the job
-and queue it → wait for the job's record to end → read the binary from the cache.
+and queue it → wait for the job's record to end → read the kernel's manifest and blobs
+from the cache, refusing (and recompiling) one whose signature this coordinator rejects,
+as it does artifacts.
 
 It shares the job board, the blob store and the dispatcher with graph compiles
 (services/coordinator/farm.py); a kernel job lives on `kernels.<target>` queues
@@ -36,6 +38,7 @@ from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import keys, labels, routing
 from torchfarm.wire.codes import JobError, Reason
+from torchfarm.wire.manifest import Manifest
 from torchfarm.wire.targets import TargetError
 
 log = logging.getLogger(__name__)
@@ -55,9 +58,11 @@ CLIENT_ERRORS = {
 class CompiledKernel:
     key: str
     cache_hit: bool
-    record: dict[str, Any]
-    binary: bytes
+    manifest: Manifest
+    """The kernel's manifest, signed where the farm signs (torchfarm/kernels/kernel_artifact.py)."""
+    metadata: str
     assembly: str
+    binary: bytes
 
 
 class KernelService:
@@ -96,31 +101,48 @@ class KernelService:
         hit = await self.runner.run(self._start, store, key, queue, request, tenant)
         if not hit:
             await self._wait(store, key, tenant)
-        record = await self.runner.run(store.get_kernel, key)
-        if record is None:
+        kernel = await self.runner.run(self._read, store, key, hit)
+        if kernel is None:
             raise BackendUnavailable(
-                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
-            )
-        binary = await self.runner.run(store.get_blob, record["binary"]["digest"])
-        assembly = b""
-        if record.get("assembly"):
-            blob = await self.runner.run(store.get_blob, record["assembly"]["digest"])
-            assembly = blob or b""
-        if binary is None:
-            raise BackendUnavailable(
-                f"kernel {keys.short(key)} was evicted before it was read", Reason.KERNEL_EVICTED
+                f"kernel {keys.short(key)} was evicted or refused before it was read", Reason.KERNEL_EVICTED
             )
         log.info(
             "kernel key=%s target=%s name=%s hit=%s label=%s",
             keys.short(key), target, request.name, hit, request.label,
         )
-        return CompiledKernel(key, hit, record, binary, assembly.decode(errors="replace"))
+        return kernel
+
+    def _cached(self, store: Store, key: str) -> Manifest | None:
+        """The kernel's manifest if the cache holds it whole and this coordinator would
+        serve it (`Farm.refuses`); a refused one is dropped, so the kernel compiles again."""
+        manifest = store.get_kernel(key)
+        if manifest is not None and self.farm.refuses(manifest, key, store.namespace):
+            store.delete_kernel(key)
+            return None
+        return manifest
+
+    def _read(self, store: Store, key: str, hit: bool) -> CompiledKernel | None:
+        manifest = self._cached(store, key)
+        if manifest is None:
+            return None
+        ref = manifest.kernels[0]
+        metadata, assembly, binary = (
+            store.get_blob(d) for d in (manifest.payload.digest, ref.source.digest, ref.binary.digest)
+        )
+        if metadata is None or assembly is None or binary is None:
+            return None
+        try:
+            return CompiledKernel(key, hit, manifest, metadata.decode(), assembly.decode(), binary)
+        except UnicodeDecodeError:  # a reply's text fields are UTF-8; a worker writes no other
+            log.warning("key=%s cached kernel refused (its text is not UTF-8); recompiling", keys.short(key))
+            store.delete_kernel(key)
+            return None
 
     def _start(
         self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, tenant: Tenant
     ) -> bool:
         """True on a cache hit; otherwise makes sure a job for `key` is queued or running."""
-        if store.get_kernel(key) is not None:
+        if self._cached(store, key) is not None:
             return True
         job = store.get_job(key)
         if job is not None and (self.farm.is_stale(job) or job.state == JobState.SUCCEEDED):

@@ -13,6 +13,7 @@ computes what eager does, outputs and gradients.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -207,10 +208,10 @@ def test_a_triton_kernel_compiles_in_the_sandbox(box):
     assert tried == []
     job = ctx.store.get_job(key)
     assert job.state == JobState.SUCCEEDED, job.message
-    record = ctx.store.get_kernel(key)
-    binary = ctx.store.get_blob(record["binary"]["digest"])
+    manifest = ctx.store.get_kernel(key)
+    binary = ctx.store.get_blob(manifest.kernels[0].binary.digest)
     elf.check_binary(binary, "cuda", "sm_90")
-    assert record["kind"] == "cubin" and record["metadata"]
+    assert manifest.kernels[0].kind == "cubin" and json.loads(ctx.store.get_blob(manifest.payload.digest))
 
 
 def test_a_triton_kernel_the_child_refuses_fails_as_invalid(box):

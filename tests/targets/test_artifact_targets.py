@@ -12,10 +12,10 @@ from sdk.errors import ArtifactRejected
 from sdk.triton_client import from_reply
 from sdk.trust import Trust
 from torchfarm.fx.fingerprint import fingerprint_for, local_fingerprint, resolve
-from torchfarm.kernels import triton_request
+from torchfarm.kernels import kernel_artifact, triton_request
 from torchfarm.trust.signing import TrustedKeys
 from torchfarm.v1 import farm_pb2
-from torchfarm.wire import targets
+from torchfarm.wire import keys, targets
 from torchfarm.wire.manifest import BlobRef, Manifest, blob_digest
 from workers.triton_compile import compile_kernel
 
@@ -60,15 +60,31 @@ def test_a_gpu_artifact_never_loads_on_the_cpu():
 
 
 def test_a_kernel_binary_for_another_arch_is_refused():
+    """A manifest that names an sm_80 cubin as the kernel for another target (a worker's
+    bug, or a worker of the wrong arch) is refused by the binary's own header."""
     source = (Path(__file__).parent / "kernels" / "add_kernel.py").read_text()
-    req = triton_request.build_kernel_request(
-        source, "add_kernel", target="cuda:sm_80", signature="*fp32,*fp32,*fp32,i32,constexpr",
-        constexprs={"BLOCK": 128},
+    sm80 = compile_kernel(_kernel_request(source, "cuda:sm_80"), targets.parse("cuda:sm_80"))
+    for target in ("cuda:sm_80", "cuda:sm_90", "rocm:gfx942"):
+        req = _kernel_request(source, target)
+        key = keys.compute_kernel_key(req)
+        manifest, blobs = kernel_artifact.build_manifest(
+            key, "", target=target, triton_version="3.7.0", name="add_kernel", kind="cubin",
+            binary=sm80.binary, assembly=sm80.assembly, metadata=sm80.metadata, worker="w", seconds=0.0,
+        )
+        reply = farm_pb2.KernelReply(
+            key=key, kind="cubin", binary=sm80.binary, assembly=sm80.assembly,
+            metadata_json=blobs[manifest.payload.digest].decode(), triton_version="3.7.0",
+            manifest=manifest.to_json(),
+        )
+        if target == "cuda:sm_80":
+            assert from_reply(reply, req, DEV).binary == sm80.binary
+        else:
+            with pytest.raises(ArtifactRejected, match=f"cubin for sm_80, not code for {target}"):
+                from_reply(reply, req, DEV)
+
+
+def _kernel_request(source: str, target: str) -> farm_pb2.KernelRequest:
+    return triton_request.build_kernel_request(
+        source, "add_kernel", target=target, signature="*fp32,*fp32,*fp32,i32,constexpr",
+        constexprs={"BLOCK": 128}, triton_version="3.7.0",
     )
-    r = compile_kernel(req, targets.parse("cuda:sm_80"))
-    reply = farm_pb2.KernelReply(key=KEY, kind="cubin", binary=r.binary)
-    assert from_reply(reply, "cuda:sm_80").binary == r.binary
-    with pytest.raises(ArtifactRejected, match="cubin for sm_80, not code for cuda:sm_90"):
-        from_reply(reply, "cuda:sm_90")
-    with pytest.raises(ArtifactRejected, match="not code for rocm:gfx942"):
-        from_reply(reply, "rocm:gfx942")

@@ -162,7 +162,7 @@ def test_kernel_jobs_route_compile_and_hit(fleet):
     first = asyncio.run(service.compile(req, req.ByteSize()))
     assert [(t.key, t.queue) for t in farm.dispatcher.sent] == [(first.key, "kernels.rocm.gfx942")]
     assert not first.cache_hit and first.binary[:4] == b"\x7fELF"
-    assert first.record["triton_version"] == "3.7.0" and first.record["target"] == "rocm:gfx942"
+    assert first.manifest.fingerprint == {"triton_version": "3.7.0", "target": "rocm:gfx942"}
     again = asyncio.run(service.compile(req, req.ByteSize()))
     assert again.cache_hit and again.key == first.key and again.binary == first.binary
     assert len(farm.dispatcher.sent) == 1

@@ -15,11 +15,14 @@ import pytest
 
 import sdk
 from localfarm.stack import LocalStack
+from sdk.triton_client import CompiledKernel
 from tests.requests import relu_request
 from torchfarm.fx.fingerprint import local_target
 from torchfarm.kernels import elf, triton_request
+from torchfarm.trust.signing import Signer
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 from torchfarm.wire import builds
+from torchfarm.wire.manifest import blob_digest
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +84,25 @@ def test_kernel_rpc_returns_a_binary_for_the_arch(gpu_kernel_stack, target, mach
     assert again.cache_hit and again.binary == k.binary and again.key == k.key
 
 
+def test_a_kernel_record_written_in_redis_does_not_choose_the_clients_code(gpu_kernel_stack):
+    """Whoever can write the cache Redis once chose the code a client got: a record that
+    named another kernel's binary (valid code for the same arch) was served as this one's."""
+    def compile_(block: int) -> CompiledKernel:
+        return sdk.compile_kernel(
+            SOURCE, "add_kernel", target="cuda:sm_80", signature=SIGNATURE, constexprs={"BLOCK": block},
+            remote=gpu_kernel_stack.address,
+        )
+
+    honest, other = compile_(512), compile_(128)
+    store = gpu_kernel_stack.store()
+    name = store._j("kernel", honest.key)
+    record = store.c.get(name)
+    store.c.set(name, record.replace(blob_digest(honest.binary).encode(), blob_digest(other.binary).encode()))
+    again = compile_(512)
+    assert again.binary != other.binary
+    assert again.binary == honest.binary and not again.cache_hit  # refused, then compiled again
+
+
 def _error(call) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as e:
         call()
@@ -132,11 +154,23 @@ def test_a_kernel_cannot_read_the_workers_environment(stub):
     assert "planted-h1-secret" not in e.value.details() and "environ(" not in e.value.details()
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
     )
+
+
+def test_cli_writes_no_kernel_the_farm_did_not_sign_with_a_pinned_key(gpu_kernel_stack, tmp_path):
+    out = tmp_path / "add.cubin"
+    args = ("kernel", "compile", f"{KERNEL_FILE}::add_kernel", "--target", "cuda:sm_80", "--signature",
+            SIGNATURE, "--constexpr", "BLOCK=64", "-o", str(out), "--remote", gpu_kernel_stack.address)
+    other = ",".join(f"{k}={v}" for k, v in Signer.generate().trusted_entry().items())
+    p = _cli(*args, TORCHFARM_TRUSTED_KEYS=other)
+    assert p.returncode == 1 and "refused the farm's kernel" in p.stderr and "which is not pinned" in p.stderr, p.stderr
+    assert not out.exists()
+    p = _cli(*args)  # the stack's own key, from the trust file it published
+    assert p.returncode == 0 and out.read_bytes()[:4] == b"\x7fELF", p.stderr
 
 
 def test_cli_kernel_compile_and_status(gpu_kernel_stack, tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.requests import kernel_manifest
 from torchfarm.storage.blobgc import collect
 
 
@@ -36,7 +37,7 @@ def test_only_unreferenced_blobs_past_the_grace_period_go(gc_store):
     kernel = put(store, b"binary named by a kernel record")
     orphan = put(store, b"orphan")
     store.r.set("tf:artifact:alice:k1", json.dumps({"payload": {"digest": named, "size": 1}}))
-    store.put_kernel("kk", {"binary": {"digest": kernel, "size": 1}})
+    store.put_kernel(kernel_manifest("kk", b"binary named by a kernel record"))
     assert collect(store, grace_s=3600) == []  # all young: nothing goes
     would = collect(store, grace_s=0, dry_run=True)
     assert [b.digest for b in would] == [orphan]

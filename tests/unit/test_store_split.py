@@ -11,6 +11,7 @@ import fakeredis
 import pytest
 
 from localfarm.memory_store import MemoryStore
+from tests.requests import kernel_manifest
 from torchfarm.storage.blobgc import referenced
 from torchfarm.storage.store import Store, state_eviction
 from torchfarm.wire.manifest import BlobRef
@@ -39,7 +40,7 @@ def test_in_flight_state_and_cache_keys_go_to_their_own_redis(split):
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     t.put_blob(digest, data)
     t.note_hit("k1")
-    t.put_kernel("kk", {"binary": {"digest": digest, "size": len(data)}})
+    t.put_kernel(kernel_manifest("kk", data, "alice"))
     StageBoard(t).put_binary("kc", b"binary", "w1", 1.0)
     assert _names(state) == {"job", "req", "recent", "inflight", "kreq", "worker", "queues-seen"}
     assert _names(cache) == {"blob", "stat", "kernel", "kbin"}
@@ -66,9 +67,9 @@ def test_the_collector_keeps_blobs_named_in_either_redis(split):
     store.put_blob(digest, named)
     StageBoard(store).put_plan("job1", Plan(payload=BlobRef(digest, len(named)), kernels=[], target="cpu"), 60)
     assert not any(b"plan" in k for k in cache.scan_iter())
-    kept = "sha256:" + hashlib.sha256(b"a manifest's payload").hexdigest()
-    store.put_kernel("kk", {"binary": {"digest": kept, "size": 1}})  # in the cache
-    assert referenced(store) == {digest, kept}  # so `collect` keeps both
+    kernel = kernel_manifest("kk", b"a kernel's binary")
+    store.put_kernel(kernel)  # in the cache
+    assert referenced(store) == {digest, *(b.digest for b in kernel.blobs())}  # so `collect` keeps all
 
 
 def test_one_url_plays_both_roles():

@@ -15,8 +15,8 @@ Layout, under a configurable prefix (default "tf"):
 - `tf:queues-seen`: sorted set of queue → when a worker last beat on it (scale from zero);
 - `tf:worker:<name>`: a worker's heartbeat, expiring when the worker stops beating: its
   queues, the targets it serves with the job kinds it takes for each, and its build;
-- `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the record
-  of its compiled binary, whose bytes are blobs like any other;
+- `tf:kreq:<key>`, `tf:kernel:<key>`: a Triton kernel request (protobuf) and the
+  manifest of its compiled binary (kind "kernel"), whose bytes are blobs like any other;
 - `tf:recent`: the latest job keys, for `torchfarm status`;
 - `tf:kbin:<key>`, `tf:plan:<key>`, `tf:pending:<key>`: the staged compile's kernel cache,
   plans and barriers (workers/board.py);
@@ -63,7 +63,7 @@ from redis.typing import FieldT
 from torchfarm.storage import redisconn
 from torchfarm.storage.blobs import BlobStore, open_blobs
 from torchfarm.storage.usage import Ledger
-from torchfarm.wire.manifest import Manifest
+from torchfarm.wire.manifest import KERNEL, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -549,29 +549,32 @@ class Store:
     def get_kernel_request(self, key: str) -> bytes | None:
         return cast("bytes | None", self.r.get(self._j("kreq", key)))
 
-    def put_kernel(self, key: str, record: dict[str, Any]) -> None:
-        self.c.set(self._j("kernel", key), json.dumps(record, sort_keys=True))
+    def put_kernel(self, manifest: Manifest) -> None:
+        """A compiled Triton kernel's manifest (torchfarm/kernels/kernel_artifact.py), after its blobs."""
+        self.c.set(self._j("kernel", manifest.key), manifest.to_json())
 
-    def get_kernel(self, key: str) -> dict[str, Any] | None:
-        """The kernel's record, if it and the blobs it names are in the cache."""
-        data = self.c.get(self._j("kernel", key))
+    def get_kernel(self, key: str) -> Manifest | None:
+        """The kernel's manifest, if it and the blobs it names are in the cache."""
+        data = cast("bytes | None", self.c.get(self._j("kernel", key)))
         if data is None:
             return None
         try:
-            record: dict[str, Any] = json.loads(data)
-            digests = [str(record["binary"]["digest"])] + (
-                [str(record["assembly"]["digest"])] if record.get("assembly") else []
-            )
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-            # Redis is storage: an unreadable record is a miss, compiled again, not an
-            # error for every later request of the kernel.
-            log.warning("kernel %s has an unreadable record (%s); recompiling", key[:12], type(e).__name__)
-            self.c.delete(self._j("kernel", key))
+            manifest = Manifest.from_json(data)
+            if manifest.kind != KERNEL or manifest.key != key or len(manifest.kernels) != 1:
+                raise ManifestError(f"a {manifest.kind!r} for key {manifest.key[:12]}")
+        except ManifestError as e:
+            # Redis is storage: an unreadable record (or one from before kernels had
+            # manifests) is a miss, compiled again, not an error for every later request.
+            log.warning("kernel %s has an unreadable record (%s); recompiling", key[:12], str(e)[:80])
+            self.delete_kernel(key)
             return None
-        if not self.has_blobs(digests):
-            self.c.delete(self._j("kernel", key))  # evicted: recompile
+        if not self.has_blobs([b.digest for b in manifest.blobs()]):
+            self.delete_kernel(key)  # evicted: recompile
             return None
-        return record
+        return manifest
+
+    def delete_kernel(self, key: str) -> None:
+        self.c.delete(self._j("kernel", key))
 
     def cache_bytes(self) -> int:
         """Bytes used by the Redis that holds the cache (all of it, as Redis reports)."""

@@ -648,7 +648,7 @@ class KernelOptions(_message.Message):
     def __init__(self, num_warps: _Optional[int] = ..., num_stages: _Optional[int] = ...) -> None: ...
 
 class KernelReply(_message.Message):
-    __slots__ = ("key", "cache_hit", "kind", "binary", "assembly", "metadata_json", "triton_version", "worker", "compile_seconds")
+    __slots__ = ("key", "cache_hit", "kind", "binary", "assembly", "metadata_json", "triton_version", "worker", "compile_seconds", "manifest")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -658,6 +658,7 @@ class KernelReply(_message.Message):
     TRITON_VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     COMPILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     key: str
     cache_hit: bool
     kind: str
@@ -667,7 +668,8 @@ class KernelReply(_message.Message):
     triton_version: str
     worker: str
     compile_seconds: float
-    def __init__(self, key: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., kind: _Optional[str] = ..., binary: _Optional[bytes] = ..., assembly: _Optional[str] = ..., metadata_json: _Optional[str] = ..., triton_version: _Optional[str] = ..., worker: _Optional[str] = ..., compile_seconds: _Optional[float] = ...) -> None: ...
+    manifest: bytes
+    def __init__(self, key: _Optional[str] = ..., cache_hit: _Optional[bool] = ..., kind: _Optional[str] = ..., binary: _Optional[bytes] = ..., assembly: _Optional[str] = ..., metadata_json: _Optional[str] = ..., triton_version: _Optional[str] = ..., worker: _Optional[str] = ..., compile_seconds: _Optional[float] = ..., manifest: _Optional[bytes] = ...) -> None: ...
 
 class PrecompiledUpload(_message.Message):
     __slots__ = ("manifest", "blobs", "record")

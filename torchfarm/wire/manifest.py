@@ -35,6 +35,11 @@ PRECOMPILED = "precompiled"
 guards, sdk/precompile.py), signed by a client's precompile key, never by the farm;
 `graphs` names the compile artifacts its frames call."""
 
+KERNEL = "kernel"
+"""Manifest kind: one Triton kernel compiled for a named GPU target (sdk.compile_kernel):
+the payload is Triton's metadata, the one kernel its assembly and binary
+(torchfarm/kernels/kernel_artifact.py)."""
+
 PRECOMPILED_PREFIX = "pc1-"
 """How a PRECOMPILED package's key begins; a compile key (hex) never does, so an upload
 cannot take a compile artifact's place."""
@@ -90,8 +95,9 @@ class Manifest:
     tenant: str = ""
     """The cache namespace the artifact was compiled for; "" on a farm without tokens."""
     kind: str = COMPILE
-    """What the payload is: COMPILE (an Inductor artifact for sdk.compile) or EXPORT (an
-    AOTInductor .pt2 package for sdk.export). Clients refuse the other kind."""
+    """What the payload is: COMPILE (an Inductor artifact for sdk.compile), EXPORT (an
+    AOTInductor .pt2 package for sdk.export), PRECOMPILED or KERNEL (above). Clients
+    refuse every kind but the one they asked for."""
     guards: tuple[Any, ...] = ()
     """Shape guards the compile added, each a JSON tree over the client's symbol names
     (torchfarm/fx/guards.py); the client installs them in Dynamo's guards. Empty for a static graph."""
@@ -191,7 +197,7 @@ class Manifest:
 
 
 def _kind(body: Any) -> str:
-    if body not in (COMPILE, EXPORT, PRECOMPILED):
+    if body not in (COMPILE, EXPORT, PRECOMPILED, KERNEL):
         raise ManifestError(f"unknown artifact kind {body!r}")
     return str(body)
 

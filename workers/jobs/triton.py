@@ -2,23 +2,24 @@
 the named target (the executor's `compile_triton`: workers/executor.py) → store. Delivered like
 every job (`workers.runtime.run_delivery`): a redelivered job whose kernel is already
 cached finishes at once, blobs are written by content digest, and the record
-(`tf:kernel:<key>`) is written after its blobs. A failure's message goes to the client,
-so it passes `triton_errors.client_message` first: bounded, and free of the worker's
+(`tf:kernel:<key>`: the kernel's manifest, signed where the farm signs,
+torchfarm/kernels/kernel_artifact.py) is written after its blobs. A failure's message
+goes to the client, so it passes `triton_errors.client_message` first: bounded, and free of the worker's
 environment, paths and object reprs.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from torchfarm.kernels import kernel_artifact
 from torchfarm.storage.store import Store
+from torchfarm.trust.signing import DEFAULT_TTL_S, Signer
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import keys, routing
 from torchfarm.wire.codes import JobError, Stage
-from torchfarm.wire.manifest import blob_digest
+from torchfarm.wire.manifest import Manifest
 from torchfarm.wire.targets import TargetError
 from workers.executor import Executor
 from workers.inprocess import InProcessExecutor
@@ -42,17 +43,9 @@ class KernelContext:
     """The job's scratch directory (Triton's cache): paths under it may appear in errors."""
     executor: Executor = field(default_factory=InProcessExecutor)
     """Where Triton runs (workers/executor.py): the sandbox's secret-free child, or this process."""
-
-
-@dataclass(frozen=True)
-class KernelRecord:
-    """A compiled kernel's record, as stored; the job's outcome."""
-
-    fields: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def total_bytes(self) -> int:
-        return int(self.fields["binary"]["size"])
+    signer: Signer | None = None
+    """Signs each kernel's manifest, as graph jobs sign artifacts; None on a farm that does not sign."""
+    signature_ttl_s: int = DEFAULT_TTL_S
 
 
 def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
@@ -65,16 +58,15 @@ def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
         key, store, delivery, lambda s: s.get_kernel(key) is not None,
         lambda s: _compile_and_store(key, ctx, s),
     )
-    if isinstance(record, KernelRecord):
+    if isinstance(record, Manifest):
         log.info(
-            "kernel key=%s %s for %s: %d bytes in %.2fs", keys.short(key), record.fields["name"],
-            record.fields["target"], record.total_bytes(), record.fields["seconds"],
+            "kernel key=%s %s for %s: %d bytes in %.2fs", keys.short(key), record.kernels[0].name,
+            record.fingerprint["target"], record.total_bytes(), record.timings["kernel"],
         )
 
 
-def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelRecord:
+def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> Manifest:
     store.update_job(key, stage=Stage.COMPILE)
-    t0 = time.perf_counter()
     request = load_request(key, store, farm_pb2.KernelRequest, "kernel")
     try:
         target = routing.target_of(request.target, "a kernel compile")
@@ -89,31 +81,20 @@ def _compile_and_store(key: str, ctx: KernelContext, store: Store) -> KernelReco
         )
     result = ctx.executor.compile_triton(request, target)
     store.update_job(key, stage=Stage.STORE)
-    binary = _put(store, result.binary)
-    assembly = _put(store, result.assembly.encode()) if result.assembly else None
-    fields = {
-        "key": key,
-        "target": str(target),
-        "name": request.name,
-        "kind": result.kind,
-        "binary": binary,
-        "assembly": assembly,
-        "metadata": result.metadata,
-        "triton_version": ctx.triton_version,
-        "worker": ctx.name,
-        "seconds": result.seconds,
-        "created": time.time(),
-    }
-    store.put_kernel(key, fields)  # last: a reader that sees it finds both blobs
-    return KernelRecord(fields, {"kernel": result.seconds, "total": time.perf_counter() - t0})
+    manifest, blobs = kernel_artifact.build_manifest(
+        key, store.namespace, target=str(target), triton_version=ctx.triton_version,
+        name=request.name, kind=result.kind, binary=result.binary, assembly=result.assembly,
+        metadata=result.metadata, worker=ctx.name, seconds=result.seconds,
+    )
+    if ctx.signer is not None:
+        manifest = ctx.signer.sign(manifest, ctx.signature_ttl_s)
+    for digest, data in blobs.items():
+        store.put_blob(digest, data)
+    store.put_kernel(manifest)  # last: a reader that sees it finds every blob
+    return manifest
 
 
 def fail_kernel_job(key: str, ctx: KernelContext, code: JobError, message: str, namespace: str = "") -> None:
     message = client_message(message, scratch=ctx.scratch_dir)
     record_failure(key, ctx.store.tenant(namespace), code, message, ctx.failed_ttl_s)
 
-
-def _put(store: Store, data: bytes) -> dict:
-    digest = blob_digest(data)
-    store.put_blob(digest, data)
-    return {"digest": digest, "size": len(data)}
