@@ -115,7 +115,9 @@ def _map_error(e: grpc.RpcError, what: str, key: str = "") -> FarmError:
     return error
 
 
-_QUOTAS = frozenset({Reason.TENANT_QUEUE_FULL, Reason.AUTH_THROTTLED, Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE})
+_QUOTAS = frozenset({
+    Reason.TENANT_QUEUE_FULL, Reason.AUTH_THROTTLED, Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.WATCH_LIMIT,
+})
 """RESOURCE_EXHAUSTED reasons that are a tenant's quota or rate, not the request's size."""
 
 

@@ -244,8 +244,8 @@ class Farm:
             request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
         ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
-        explanation = self._explain(store, request, key)
         self.charge(store, key, tenant, max(1, keys.traced_ranks(request)))
+        explanation = self._explain(store, request, key)  # admitted: a refused job records no miss
         self._trim(store)
         try:
             if request.HasField("export"):
@@ -253,7 +253,7 @@ class Farm:
             else:
                 self.dispatcher.send(key, queue, tenant.namespace)
         except Exception:
-            store.delete_job(key)  # let the next submit try again
+            store.abandon_job(key)  # let the next submit try again
             store.forget_job(tenant.name, key)
             raise
         return Submitted(key, JobState.QUEUED, explanation=explanation)
@@ -306,7 +306,7 @@ class Farm:
         in_flight = store.note_job(tenant.name, key, self.settings.job_ttl_s, weight)
         if in_flight > limit:
             store.forget_job(tenant.name, key)
-            store.delete_job(key)
+            store.abandon_job(key)
             metrics.QUOTA_REFUSALS.inc()
             who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
             this = f"; this one counts {weight}, once per rank its rank check traces" if weight > 1 else ""
@@ -381,7 +381,7 @@ class Farm:
         """Yields the job's record whenever it changes, until a terminal state. The
         record is read again when the store announces a change (jobevents.py), and every
         watch_poll_s regardless; without events, every poll_interval_s."""
-        async with self._watch_slot(tenant), self.job_changes(key, tenant) as changed:
+        async with self.wait_slot(tenant), self.job_changes(key, tenant) as changed:
             last = None
             while True:
                 job = await self.job(key, tenant)
@@ -404,16 +404,17 @@ class Farm:
             yield lambda: wait_for_change(event, self.settings.watch_poll_s)
 
     @contextlib.asynccontextmanager
-    async def _watch_slot(self, tenant: Tenant) -> AsyncIterator[None]:
-        """Holds one of the tenant's Watch streams in this process, or refuses."""
+    async def wait_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+        """Holds one of the tenant's waits in this process (a Watch stream, a CompileKernel
+        call waiting for its job), or refuses."""
         limit = self.settings.max_watches_per_tenant
         held = self._watches.get(tenant.name, 0)
         if limit and held >= limit:
             metrics.QUOTA_REFUSALS.inc()
             who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
             raise TenantQueueFull(
-                f"{who} has {held} Watch streams open on this coordinator, the most it "
-                f"allows per tenant ({limit}); retry when some end", Reason.WATCH_LIMIT,
+                f"{who} has {held} Watch streams and kernel waits open on this coordinator, the "
+                f"most it allows per tenant ({limit}); retry when some end", Reason.WATCH_LIMIT,
             )
         self._watches[tenant.name] = held + 1
         try:

@@ -47,8 +47,9 @@ class CoordinatorSettings:
     """With job events, Watch and CompileKernel's wait also read the record this often:
     the safety net for changes no one announced (kernel counts) or a lost message."""
     max_watches_per_tenant: int = 128
-    """Watch streams one tenant may hold open at once on one coordinator process
-    (RESOURCE_EXHAUSTED, reason WATCH_LIMIT, past it); 0 turns the cap off."""
+    """Watch streams and waiting CompileKernel calls one tenant may hold open at once on
+    one coordinator process (RESOURCE_EXHAUSTED, reason WATCH_LIMIT, past it); 0 turns the
+    cap off."""
     grace_s: float = 10.0
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0

@@ -159,13 +159,13 @@ class KernelService:
             try:
                 self.farm.dispatcher.send_kernel(key, queue, tenant.namespace)
             except Exception:
-                store.delete_job(key)
+                store.abandon_job(key)
                 store.forget_job(tenant.name, key)
                 raise
         return False
 
     async def _wait(self, store: Store, key: str, tenant: Tenant) -> None:
-        async with self.farm.job_changes(key, tenant) as changed:
+        async with self.farm.wait_slot(tenant), self.farm.job_changes(key, tenant) as changed:
             await self._wait_for(store, key, changed)
 
     async def _wait_for(self, store: Store, key: str, changed: Callable[[], Awaitable[None]]) -> None:

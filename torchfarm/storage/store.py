@@ -432,6 +432,15 @@ class Store:
         pipe.publish(self.job_channel(key), "deleted")
         pipe.execute()
 
+    def abandon_job(self, key: str) -> None:
+        """Undoes `create_job` for a job never sent: its record, its request and its label.
+        A refused compile must leave nothing in the state Redis, which never evicts."""
+        pipe = self.r.pipeline()
+        pipe.delete(self._j("job", key), self._j("req", key), self._j("kreq", key))
+        pipe.publish(self.job_channel(key), "deleted")
+        pipe.execute()
+        self.c.hdel(self._j("stat", key), "label")  # the hash goes with its last field
+
     def recent_jobs(self) -> list[JobRecord]:
         """The latest jobs: in a tenant view only its own, in the root view all (keyed by ref)."""
         recent = cast("list[bytes]", self.r.lrange(self._k("recent"), 0, RECENT_JOBS - 1))
