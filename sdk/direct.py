@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from email.message import Message
+from typing import IO
 from urllib.parse import urlsplit
 
 from sdk.blobcache import BlobCache
@@ -33,17 +36,34 @@ class Link:
     url: str
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A pre-signed URL names the object itself: a redirect would send this machine's
+    request wherever the store, or whoever answers as it, names."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: Message, newurl: str) -> urllib.request.Request | None:
+        raise ArtifactRejected(f"the blob URL answered with a redirect (HTTP {code}); direct downloads follow none")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def download(link: Link, timeout_s: float) -> bytes:
-    """One blob's bytes from its URL: exactly `size` bytes of the digest, or ArtifactRejected."""
+    """One blob's bytes from its URL: exactly `size` bytes of the digest, or ArtifactRejected,
+    also when they have not all come within about `timeout_s` (then the caller streams)."""
     if urlsplit(link.url).scheme not in ("http", "https"):
         raise ArtifactRejected(f"blob {link.digest[:19]}: the farm sent a URL that is not http(s)")
     digest, parts, got = hashlib.sha256(), [], 0
-    with urllib.request.urlopen(link.url, timeout=timeout_s) as reply:
+    deadline = time.monotonic() + timeout_s
+    with _OPENER.open(link.url, timeout=timeout_s) as reply:
         # Hashed as it arrives, not in a pass after: the digest costs no wall time of its own.
-        while got <= link.size and (part := reply.read(min(CHUNK, link.size + 1 - got))):
+        # read1 returns what has come, so a store that sends a byte at a time meets the deadline.
+        while got <= link.size and (part := reply.read1(min(CHUNK, link.size + 1 - got))):
             digest.update(part)
             parts.append(part)
             got += len(part)
+            if time.monotonic() > deadline and got < link.size:
+                raise ArtifactRejected(f"blob {link.digest[:19]}: not downloaded within {timeout_s:g} s")
     if got != link.size:
         raise ArtifactRejected(f"blob {link.digest[:19]}: {got} bytes, expected {link.size}")
     if "sha256:" + digest.hexdigest() != link.digest:

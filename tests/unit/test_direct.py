@@ -4,6 +4,9 @@ digest and size before anything trusts them, whatever the URL served."""
 from __future__ import annotations
 
 import hashlib
+import http.server
+import threading
+import time
 
 import pytest
 import redis
@@ -62,3 +65,56 @@ def test_a_url_serving_more_or_fewer_bytes_than_the_manifest_says_is_refused(s3)
 def test_a_url_that_is_not_http_is_refused_before_it_is_opened():
     with pytest.raises(ArtifactRejected, match="http"):
         download(Link(digest_of(b""), 0, "file:///etc/passwd"), 10)
+
+
+BODY = b"0123456789abcdef"
+
+
+class _Store(http.server.BaseHTTPRequestHandler):
+    """An object store that redirects (/redirect) or sends one byte every 0.3 s (/trickle)."""
+
+    seen: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.seen.append(self.path)
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_address[1]}/internal?action=delete")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        for byte in BODY:
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+            if self.path == "/trickle":
+                time.sleep(0.3)
+
+
+@pytest.fixture
+def store_url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Store)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Store.seen = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_redirect_is_not_followed(store_url):
+    """The URL says where the farm's bytes are; a redirect would send this machine's
+    request wherever the store (or whoever answers as it) names."""
+    with pytest.raises(ArtifactRejected, match="redirect"):
+        download(Link(digest_of(BODY), len(BODY), f"{store_url}/redirect"), 5)
+    assert _Store.seen == ["/redirect"]
+
+
+def test_a_download_ends_at_its_deadline_however_slowly_bytes_come(store_url):
+    assert download(Link(digest_of(BODY), len(BODY), f"{store_url}/fast"), 5) == BODY
+    started = time.monotonic()
+    with pytest.raises(ArtifactRejected, match="within 1"):
+        download(Link(digest_of(BODY), len(BODY), f"{store_url}/trickle"), 1.0)
+    assert time.monotonic() - started < 3  # 16 bytes at 0.3 s each would take 4.8 s
