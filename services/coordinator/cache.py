@@ -15,6 +15,7 @@ under its `maxmemory` (docs/operations.md).
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import logging
 import re
@@ -29,6 +30,12 @@ from torchfarm.wire.codes import Reason
 from torchfarm.wire.manifest import Manifest, ManifestError
 
 log = logging.getLogger(__name__)
+
+MAX_FILTER_KEYS = 1024
+"""Most keys (or prefixes) one cache query or eviction may name."""
+
+KEY_CHARS = 64
+"""A compile key's length: SHA-256 in hex."""
 
 MIN_PREFIX = 8
 """Shortest key prefix `evict` and `ls` accept, so a typo cannot match half the cache."""
@@ -164,10 +171,14 @@ def _check_filters(filters: Filters) -> str:
     """The canonical target filter ("" for none); InvalidRequest for a bad filter."""
     if filters.older_than_s < 0:
         raise InvalidRequest("older_than_seconds must not be negative", Reason.INVALID_FILTER)
+    if len(filters.keys) > MAX_FILTER_KEYS:
+        raise InvalidRequest(
+            f"{len(filters.keys)} keys named; a query names at most {MAX_FILTER_KEYS}", Reason.INVALID_FILTER
+        )
     for k in filters.keys:
-        if len(k) < MIN_PREFIX or not _HEX.fullmatch(k):
+        if not MIN_PREFIX <= len(k) <= KEY_CHARS or not _HEX.fullmatch(k):
             raise InvalidRequest(
-                f"{k!r} is not a key or a prefix of {MIN_PREFIX}+ lower-case hex digits",
+                f"{k[:80]!r} is not a key or a prefix of {MIN_PREFIX} to {KEY_CHARS} lower-case hex digits",
                 Reason.INVALID_FILTER,
             )
     if not filters.target:
@@ -181,9 +192,12 @@ def _check_filters(filters: Filters) -> str:
 def _by_prefix(entries: list[Entry], prefixes: tuple[str, ...]) -> list[Entry]:
     """The entries the prefixes name; an ambiguous prefix is an error, an unknown one
     matches nothing (the caller sees which keys were found)."""
+    ordered = sorted(entries, key=lambda e: e.key)
+    names = [e.key for e in ordered]
     found: dict[str, Entry] = {}
     for p in prefixes:
-        hits = [e for e in entries if e.key.startswith(p)]
+        # A prefix's keys sort together, before the prefix followed by a non-hex character.
+        hits = ordered[bisect.bisect_left(names, p):bisect.bisect_left(names, p + "g")]
         if len(hits) > 1:
             raise InvalidRequest(
                 f"key prefix {p!r} matches {len(hits)} entries; give more digits",

@@ -25,6 +25,11 @@ from torchfarm.wire.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, M
 log = logging.getLogger(__name__)
 
 
+MAX_MANIFEST_BYTES = 1 << 20
+"""Largest manifest of a precompiled package: it names its graphs' keys and its blobs,
+and every cache listing of the namespace parses it."""
+
+
 def check_upload(
     upload: farm_pb2.PrecompiledUpload, namespace: str, max_bytes: int
 ) -> tuple[Manifest, dict[str, bytes], explain.Record | None]:
@@ -32,6 +37,10 @@ def check_upload(
     upload for `namespace`; InvalidRequest (RequestTooLarge over `max_bytes`) otherwise."""
     if upload.ByteSize() > max_bytes:
         raise RequestTooLarge(f"precompiled package of {upload.ByteSize()} bytes is over the limit of {max_bytes}")
+    if len(upload.manifest) > MAX_MANIFEST_BYTES:
+        raise InvalidRequest(
+            f"precompiled package refused: its manifest is {len(upload.manifest)} bytes, over {MAX_MANIFEST_BYTES}"
+        )
     try:
         manifest = Manifest.from_json(upload.manifest)
     except ManifestError as e:

@@ -29,6 +29,7 @@ keys by time, the newest `INDEX_SIZE`), `tf:why:<key>` (the last explanation of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -70,6 +71,14 @@ MAX_PARTS = 4096
 
 MAX_TEXT = 256
 """The longest model name, component value, part name or part value a record may carry."""
+
+MAX_RECORD_BYTES = 256 * 1024
+"""The largest precompiled record kept (its JSON); a bigger one is kept without its parts,
+so a miss names the component that differs but not the part."""
+
+READ_BUDGET_BYTES = 8 * 1024 * 1024
+"""Record bytes one explanation reads at most: it compares the newest records of its
+identities until this is spent."""
 
 
 def digest(value: Any) -> str:
@@ -266,7 +275,10 @@ class MissIndex:
         self._remember(record, identities(request, record))
 
     def remember_precompiled(self, record: Record) -> None:
-        """Records an uploaded package's components (`check_precompiled`'s) under its model."""
+        """Records an uploaded package's components (`check_precompiled`'s) under its model,
+        without its parts where they would pass MAX_RECORD_BYTES."""
+        if len(record.to_json()) > MAX_RECORD_BYTES:
+            record = dataclasses.replace(record, parts=[])
         self._remember(record, [_precompiled_identity(record)])
 
     def explain(self, request: farm_pb2.CompileRequest, key: str) -> Explanation:
@@ -307,10 +319,14 @@ class MissIndex:
                 if other_key != key and other_key not in seen:
                     seen.append(other_key)
         best: Explanation | None = None
+        budget = READ_BUDGET_BYTES
         for other_key in seen:
+            if budget <= 0:
+                break
             data = self.store.c.get(self.store._j("explain", other_key))
             if data is None:
                 continue
+            budget -= len(data)
             found = compare(mine, Record.from_json(data), order)
             if best is None or len(found.differs) < len(best.differs):
                 best = found

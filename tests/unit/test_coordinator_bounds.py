@@ -1,0 +1,111 @@
+"""What one call may make the coordinator do is bounded by what it sends, and small:
+a cache query's key list, an upload's manifest. Before, a 64 MiB list of key prefixes
+cost minutes of a coordinator thread (prefixes × entries), and every listing parsed
+manifests of up to the whole request size."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from localfarm.fakes import InlineDispatcher, memory_store
+from services.coordinator.cache import MAX_FILTER_KEYS, CacheService, Filters
+from services.coordinator.errors import InvalidRequest
+from services.coordinator.farm import Farm
+from services.coordinator.precompiled import MAX_MANIFEST_BYTES, check_upload
+from services.coordinator.settings import CoordinatorSettings
+from torchfarm.storage import explain
+from torchfarm.v1 import farm_pb2
+from torchfarm.wire.codes import Reason
+from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
+
+
+def _service() -> CacheService:
+    farm = Farm(CoordinatorSettings(), memory_store(), InlineDispatcher())
+    return CacheService(farm, farm.runner)
+
+
+@pytest.mark.parametrize("prefixes", [
+    tuple(f"{i:08x}" for i in range(MAX_FILTER_KEYS + 1)),  # too many
+    ("ab" * 33,),  # longer than any key
+])
+def test_a_cache_query_names_a_bounded_list_of_keys(prefixes):
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(_service().list(Filters(keys=prefixes), 10))
+    assert refused.value.reason == Reason.INVALID_FILTER
+
+
+def test_the_most_keys_a_query_may_name_still_list():
+    listing = asyncio.run(_service().list(Filters(keys=tuple(f"{i:08x}" for i in range(MAX_FILTER_KEYS))), 10))
+    assert listing.entries == []
+
+
+def test_an_upload_with_a_manifest_over_the_bound_is_refused():
+    payload = b"a Dynamo package"
+    manifest = Manifest(
+        key="pc1-" + "a" * 64, fingerprint={"note": "x" * MAX_MANIFEST_BYTES}, kind=PRECOMPILED,
+        payload=BlobRef(blob_digest(payload), len(payload)),
+    )
+    upload = farm_pb2.PrecompiledUpload(manifest=manifest.to_json(), blobs=[
+        farm_pb2.PrecompiledBlob(digest=blob_digest(payload), data=payload),
+    ])
+    with pytest.raises(InvalidRequest, match="manifest"):
+        check_upload(upload, "", 64 << 20)
+
+
+class _CountingReads:
+    """The cache Redis client, counting the bytes of the miss records read through it."""
+
+    def __init__(self, client) -> None:
+        self.client, self.read = client, 0
+
+    def get(self, name):
+        data = self.client.get(name)
+        if data is not None and b":explain:" in (name if isinstance(name, bytes) else name.encode()):
+            self.read += len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def _big_record(i: int) -> farm_pb2.PrecompiledRecord:
+    return farm_pb2.PrecompiledRecord(model="m.Net", components={"model_code": f"{i}"}, parts=[
+        farm_pb2.PrecompiledPart(component="parameters", name=f"p{j}".ljust(explain.MAX_TEXT, "x"),
+                                 value="v" * explain.MAX_TEXT)
+        for j in range(explain.MAX_PARTS)
+    ])
+
+
+def test_a_precompiled_record_is_kept_bounded_and_an_explanation_reads_a_bounded_amount():
+    """An upload's record could be 2 MB (4096 parts of 256-character texts), kept for 30
+    days, and each explanation read every record of the model's index (32 of them)."""
+    store = memory_store()
+    index = explain.MissIndex(store)
+    for i in range(explain.INDEX_SIZE):
+        index.remember_precompiled(explain.check_precompiled(_big_record(i), f"pc1-{i:064x}"))
+    kept = [store.c.strlen(name) for name in store.c.scan_iter(match="tf:explain:*")]
+    assert len(kept) == explain.INDEX_SIZE and max(kept) <= explain.MAX_RECORD_BYTES
+    counting = _CountingReads(store.c)
+    store.c = counting
+    found = index.explain_precompiled(_big_record(999), "pc1-" + "f" * 64)
+    assert found.reason == "model_code"
+    assert counting.read <= explain.READ_BUDGET_BYTES + explain.MAX_RECORD_BYTES
+
+
+def test_an_explanation_stops_reading_records_when_its_budget_is_spent(monkeypatch):
+    store = memory_store()
+    index = explain.MissIndex(store)
+    parts = explain.MAX_PARTS // 16  # records of about 130 KB: kept whole
+    for i in range(explain.INDEX_SIZE):
+        record = _big_record(i)
+        del record.parts[parts:]
+        index.remember_precompiled(explain.check_precompiled(record, f"pc1-{i:064x}"))
+    monkeypatch.setattr(explain, "READ_BUDGET_BYTES", 1 << 20)
+    counting = _CountingReads(store.c)
+    store.c = counting
+    index.explain_precompiled(_big_record(999), "pc1-" + "f" * 64)
+    record_bytes = max(store.c.strlen(name) for name in store.c.scan_iter(match="tf:explain:*"))
+    assert 100_000 < record_bytes <= explain.MAX_RECORD_BYTES
+    assert counting.read <= (1 << 20) + record_bytes
