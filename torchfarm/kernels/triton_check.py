@@ -436,8 +436,6 @@ TRITON_SCALAR_TYPES = frozenset({
 NUM_WARPS = (1, 2, 4, 8, 16, 32)
 """Accepted `num_warps` (0 asks for Triton's default)."""
 
-MAX_NUM_STAGES = 8
-"""Largest `num_stages` accepted (0 asks for Triton's default)."""
 
 
 def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> tuple[dict[str, str], dict[str, object]]:
@@ -502,7 +500,7 @@ def check_options(options: farm_pb2.KernelOptions) -> dict[str, int]:
             raise KernelRejected(f"num_warps must be one of {NUM_WARPS}, not {warps}")
         out["num_warps"] = warps
     if stages:
-        if not 1 <= stages <= MAX_NUM_STAGES:
-            raise KernelRejected(f"num_stages must be 1 to {MAX_NUM_STAGES}, not {stages}")
+        if not 1 <= stages <= triton_fold.MAX_NUM_STAGES:  # 0 asks for Triton's default
+            raise KernelRejected(f"num_stages must be 1 to {triton_fold.MAX_NUM_STAGES}, not {stages}")
         out["num_stages"] = stages
     return out
