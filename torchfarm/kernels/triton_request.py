@@ -1,5 +1,6 @@
-"""Builds and checks Triton kernel requests and replies; free of torch, shared by the SDK
-(`sdk.compile_kernel`) and the CLI (`torchfarm kernel compile`).
+"""Builds and checks Triton kernel requests; free of torch, used by the SDK
+(`sdk.compile_kernel`, which the CLI's `torchfarm kernel compile` calls). Replies are
+checked by torchfarm/kernels/kernel_artifact.py.
 
 Errors are `ValueError`s: `targets.TargetError`, `triton_check.KernelRejected`, or
 `KernelRequestError` for a malformed signature; the SDK maps them to its own classes.
@@ -11,7 +12,7 @@ import importlib.metadata
 import json
 from typing import Any
 
-from torchfarm.kernels import elf, triton_check
+from torchfarm.kernels import triton_check
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import targets
 from torchfarm.wire.labels import clip_label
@@ -95,9 +96,3 @@ def build_kernel_request(
     triton_check.check_signature(request, checked)
     triton_check.check_options(request.options)
     return request
-
-
-def check_reply(reply: farm_pb2.KernelReply, target: str) -> elf.KernelBinaryInfo:
-    """The binary's header info if the reply's binary is code for `target`; NotAKernel else."""
-    tgt = targets.parse(target)
-    return elf.check_binary(reply.binary, tgt.device, tgt.arch)

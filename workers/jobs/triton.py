@@ -1,11 +1,12 @@
 """The Triton kernel job (the CompileKernel RPC): request → checks → Triton compile for
-the named target (the executor's `compile_triton`: workers/executor.py) → store. Delivered like
-every job (`workers.runtime.run_delivery`): a redelivered job whose kernel is already
-cached finishes at once, blobs are written by content digest, and the record
-(`tf:kernel:<key>`: the kernel's manifest, signed where the farm signs,
+the named target (the executor's `compile_triton`: workers/executor.py) → store.
+
+Delivered like every job (`workers.runtime.run_delivery`): a redelivered job whose
+kernel is already cached finishes at once, blobs are written by content digest, and the
+record (`tf:kernel:<key>`: the kernel's manifest, signed where the farm signs,
 torchfarm/kernels/kernel_artifact.py) is written after its blobs. A failure's message
-goes to the client, so it passes `triton_errors.client_message` first: bounded, and free of the worker's
-environment, paths and object reprs.
+goes to the client, so it passes `triton_errors.client_message` first: bounded, and
+free of the worker's environment, paths and object reprs.
 """
 
 from __future__ import annotations
