@@ -22,15 +22,15 @@ user write a file of someone else's choosing.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from torchfarm.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +91,7 @@ class BlobCache:
         data = fetch()
         if digest_of(data) != digest:
             raise ValueError(f"fetched bytes do not match {digest[:19]}")
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f"{path.name}.", suffix=".tmp")  # a new file, never a link
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, data)  # through a new file, never a link
         return data
 
     def _read(self, path: Path, digest: str, check: bool = True) -> bytes | None:

@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import os
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooL
 from sdk.export_codec import encode_export
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
+from torchfarm.files import write_atomic
 from torchfarm.fx import internals
 from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
@@ -182,11 +182,4 @@ def _default_path(key: str) -> Path:
 def _write(out: Path, data: bytes) -> None:
     """Atomically: a reader never sees half a package."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".torchfarm-", suffix=".pt2")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(out, data)

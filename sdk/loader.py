@@ -12,17 +12,16 @@ Torch internals relied on here, pinned for torch 2.13.0 (tests/unit/test_compile
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import logging
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sdk.errors import ArtifactRejected, ConfigError
+from torchfarm.files import write_atomic
 from torchfarm.fx import autotune
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
@@ -158,18 +157,8 @@ def _write_if_different(path: str, data: bytes) -> bool:
         pass
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    # Same directory, then rename: a concurrent reader sees the old file or the whole
-    # new one, never a torn .so; a library already dlopen'ed keeps its old inode.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".torchfarm-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # A concurrent reader sees the old file or the whole new one, never a torn .so.
+    write_atomic(path, data, 0o755)
     return True
 
 

@@ -33,12 +33,12 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 import types
 from collections.abc import Sequence
 from typing import Any
 
+from torchfarm.files import write_atomic
 from torchfarm.fx import internals
 from torchfarm.fx.internals import resolve
 
@@ -136,10 +136,7 @@ class Record:
         body = {"format": RECORD_FORMAT, "answers": self.answers}
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(body, f, sort_keys=True)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(body, sort_keys=True).encode())
         except OSError as e:  # a read-only home only costs the queries again
             log.debug("toolchain record %s not written: %s", self.path, e)
 

@@ -28,12 +28,13 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from torchfarm.files import write_atomic
 
 TOKEN_PREFIX = "tf1"
 """The token format's version tag, the first dot-separated field."""
@@ -199,9 +200,4 @@ def add_to_file(path: str | Path, entry: dict[str, object]) -> None:
     if not isinstance(body, dict):
         raise TokenError(f"{path} is not a token table")
     body.update(entry)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(body, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(body, indent=2) + "\n").encode())

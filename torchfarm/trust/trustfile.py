@@ -28,6 +28,7 @@ import re
 import stat
 from pathlib import Path
 
+from torchfarm.files import write_atomic
 from torchfarm.trust.signing import TrustedKeys
 
 TRUST_DIR_MODE = 0o700
@@ -82,12 +83,7 @@ def publish(address: str, entry: dict[str, str], directory: Path | None = None) 
     path = path_for(address, directory)
     path.parent.mkdir(mode=TRUST_DIR_MODE, parents=True, exist_ok=True)
     path.parent.chmod(TRUST_DIR_MODE)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, TRUST_FILE_MODE)
-    with os.fdopen(fd, "w") as f:
-        json.dump(entry, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(entry, indent=2) + "\n").encode(), TRUST_FILE_MODE)
     return path
 
 

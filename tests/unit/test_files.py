@@ -1,0 +1,50 @@
+"""`write_atomic`: the whole file or the old one, never a link followed, nothing left over."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from torchfarm.files import write_atomic
+from torchfarm.trust import tokens
+
+
+def test_a_file_is_replaced_whole_with_the_mode_asked_for(tmp_path):
+    path = tmp_path / "lib.so"
+    path.write_bytes(b"old")
+    write_atomic(path, b"new bytes", mode=0o755)
+    assert path.read_bytes() == b"new bytes" and stat.S_IMODE(path.stat().st_mode) == 0o755
+    write_atomic(path, b"private")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert os.listdir(tmp_path) == ["lib.so"]
+
+
+def test_a_link_at_the_path_is_replaced_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    (tmp_path / "tokens.json").symlink_to(victim)
+    write_atomic(tmp_path / "tokens.json", b"{}")
+    assert victim.read_bytes() == b"untouched"
+    assert not (tmp_path / "tokens.json").is_symlink() and (tmp_path / "tokens.json").read_bytes() == b"{}"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "record.json"
+    path.write_bytes(b"old")
+    with pytest.raises(TypeError):
+        write_atomic(path, "not bytes")  # type: ignore[arg-type]
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["record.json"]
+
+
+def test_the_tokens_file_is_not_written_through_a_link_planted_at_a_temporary_name(tmp_path):
+    """Its temporary file once had a name anyone could guess (`.tokens.json.<pid>.tmp`),
+    opened without O_EXCL: a link planted there had its target truncated and rewritten."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"untouched")
+    (tmp_path / f".tokens.json.{os.getpid()}.tmp").symlink_to(victim)
+    tokens.add_to_file(tmp_path / "tokens.json", {"hash": "alice"})
+    assert victim.read_bytes() == b"untouched"
+    assert json.loads((tmp_path / "tokens.json").read_text()) == {"hash": "alice"}
