@@ -12,7 +12,6 @@ Torch internals relied on here, pinned for torch 2.13.0 (tests/unit/test_compile
 
 from __future__ import annotations
 
-import grp
 import logging
 import os
 import stat
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sdk.errors import ArtifactRejected, ConfigError
-from torchfarm.files import write_atomic
+from torchfarm.files import others_may_write, write_atomic
 from torchfarm.fx import autotune
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
@@ -49,28 +48,13 @@ def check_private_cache() -> None:
             st = os.stat(directory)
         except FileNotFoundError:
             continue  # Inductor makes it, as this user
-        if st.st_uid not in (os.getuid(), 0) or _others_may_write(st):
+        if st.st_uid not in (os.getuid(), 0) or others_may_write(st, private_group=True):
             raise ConfigError(
                 f"{directory} is writable by others or owned by another user (uid {st.st_uid}, "
                 f"mode {stat.S_IMODE(st.st_mode):o}): code planted there would run in place of the "
                 "farm's verified artifact. Point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) "
                 "at a directory of your own, or chmod go-w it"
             )
-
-
-def _others_may_write(st: os.stat_result) -> bool:
-    """Write permission for anyone but this user: the world's, or a group's, unless the
-    group is the user's own private one (umask 002 on distributions that make one per
-    user, so that `/tmp/torchinductor_<user>` is 0775 there)."""
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o002:
-        return True
-    if not mode & 0o020:
-        return False
-    try:
-        return st.st_gid != os.getgid() or bool(grp.getgrgid(st.st_gid).gr_mem)
-    except KeyError:
-        return True
 
 
 def install_kernels(

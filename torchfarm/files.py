@@ -1,14 +1,17 @@
-"""Files written whole or not at all.
+"""Files written whole or not at all, and who else may write them.
 
 Every file the project writes where another process may read it (a kernel library
 Inductor dlopens, a blob the node's ranks share, a package, the tokens a coordinator
-reloads, a trust file, the toolchain record) goes through `write_atomic`.
+reloads, a trust file, the toolchain record) goes through `write_atomic`. What the SDK
+reads or loads from a directory it did not make passes `others_may_write` first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
+import stat
 import tempfile
 
 
@@ -29,3 +32,21 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int | None = N
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def others_may_write(st: os.stat_result, private_group: bool = False) -> bool:
+    """Whether anyone but the owner may write the file or directory `st` describes: the
+    world, or a group. With `private_group`, a group that is this user's own private one
+    does not count (umask 002 on distributions that make one per user, so that
+    `/tmp/torchinductor_<user>` is 0775 there)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o002:
+        return True
+    if not mode & 0o020:
+        return False
+    if not private_group:
+        return True
+    try:
+        return st.st_gid != os.getgid() or bool(grp.getgrgid(st.st_gid).gr_mem)
+    except KeyError:
+        return True

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from torchfarm.files import write_atomic
+from torchfarm.files import others_may_write, write_atomic
 from torchfarm.trust import tokens
 
 
@@ -48,3 +48,12 @@ def test_the_tokens_file_is_not_written_through_a_link_planted_at_a_temporary_na
     tokens.add_to_file(tmp_path / "tokens.json", {"hash": "alice"})
     assert victim.read_bytes() == b"untouched"
     assert json.loads((tmp_path / "tokens.json").read_text()) == {"hash": "alice"}
+
+
+@pytest.mark.parametrize("mode, private_group, others", [
+    (0o755, False, False), (0o700, True, False), (0o757, True, True),
+    (0o775, False, True),  # a group may write: only a caller that allows the user's private group asks further
+])
+def test_who_else_may_write(tmp_path, mode, private_group, others):
+    tmp_path.chmod(mode)
+    assert others_may_write(tmp_path.stat(), private_group) == others
