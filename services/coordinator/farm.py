@@ -280,6 +280,7 @@ class Farm:
 
     async def explain(self, key: str, tenant: Tenant = OPEN) -> Explanation:
         """The explanation of `key`'s last miss in the caller's namespace."""
+        _check_named(key)
         found = await self.runner.run(MissIndex(self.store.tenant(tenant.namespace)).last, key)
         if found is None:
             raise NotFound(f"the farm has no explanation of a miss for key {keys.short(key)}")
@@ -364,6 +365,7 @@ class Farm:
         )
 
     async def job(self, key: str, tenant: Tenant = OPEN) -> JobRecord:
+        _check_named(key)
         store = self.store.tenant(tenant.namespace)
         job = await self.runner.run(store.get_job, key)
         if job is not None:
@@ -381,6 +383,7 @@ class Farm:
         """Yields the job's record whenever it changes, until a terminal state. The
         record is read again when the store announces a change (jobevents.py), and every
         watch_poll_s regardless; without events, every poll_interval_s."""
+        _check_named(key)
         async with self.wait_slot(tenant), self.job_changes(key, tenant) as changed:
             last = None
             while True:
@@ -433,6 +436,7 @@ class Farm:
 
         With `direct`, where the blob store pre-signs URLs, each blob is a link instead
         of bytes: the client downloads and checks it, and no byte passes through here."""
+        _check_named(key)
         store = self.store.tenant(tenant.namespace)
         manifest_bytes = await self.runner.run(store.get_manifest_bytes, key)
         manifest = await self.runner.run(store.get_manifest, key)
@@ -568,3 +572,10 @@ def _outcome(s: Submitted) -> str:
     if s.deduplicated:
         return "deduplicated"
     return "failed" if s.state == JobState.FAILED else "miss"
+
+
+def _check_named(key: str) -> None:
+    """InvalidRequest unless `key` is one an entry could have (`keys.NAMED_KEY`), before
+    it reaches Redis as part of a key name or a channel."""
+    if not keys.NAMED_KEY.match(key):
+        raise InvalidRequest(f"{key[:20]!r}... is not a key: 64 hex digits, or a precompiled key")

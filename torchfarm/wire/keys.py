@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -225,6 +226,11 @@ def compute_key(request: farm_pb2.CompileRequest, namespace: str = "") -> str:
         separators=(",", ":"),
     )
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+NAMED_KEY = re.compile(r"[0-9a-z-]{1,128}\Z")
+"""What a key a client names (GetJob, Watch, FetchArtifact, ExplainMiss) can be: a compile
+or kernel key is 64 hex digits, a precompiled one `pc1-` and 64 more."""
 
 
 def short(key: str) -> str:
