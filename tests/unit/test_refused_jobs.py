@@ -54,6 +54,7 @@ def test_a_kernel_compile_refused_for_the_quota_stores_nothing():
     def request(i: int):
         return triton_request.build_kernel_request(
             KERNEL + f"# {i}\n", "k", target="cuda:sm_90", signature="*fp32", label=f"kernel {i}",
+            triton_version="",  # the farm's: its worker runs 3.7.0, whatever this machine has
         )
 
     async def both() -> None:
@@ -76,7 +77,7 @@ def test_kernel_waits_count_against_the_tenants_watch_cap():
                     fingerprint={"triton_version": ""}, triton="3.7.0")
     farm = Farm(CoordinatorSettings(poll_interval_s=0.05, max_watches_per_tenant=2), store, InlineDispatcher())
     service = KernelService(farm, farm.runner, wait_s=1.0)
-    kernel = triton_request.build_kernel_request(KERNEL, "k", target="cuda:sm_90", signature="*fp32")
+    kernel = triton_request.build_kernel_request(KERNEL, "k", target="cuda:sm_90", signature="*fp32", triton_version="")
 
     async def three() -> None:
         waiting = [asyncio.create_task(service.compile(kernel, kernel.ByteSize(), MALLORY)) for _ in range(2)]
