@@ -98,10 +98,12 @@ class KernelService:
         request = _with_triton_version(request, str(target), workers)
         key = keys.compute_kernel_key(request, namespace)
         store = self.farm.store.tenant(namespace)
-        hit = await self.runner.run(self._start, store, key, queue, request, tenant)
-        if not hit:
+        manifest = await self.runner.run(self._start, store, key, queue, request, tenant)
+        hit = manifest is not None
+        if manifest is None:
             await self._wait(store, key, tenant)
-        kernel = await self.runner.run(self._read, store, key, hit)
+            manifest = await self.runner.run(self._cached, store, key)
+        kernel = None if manifest is None else await self.runner.run(self._read, store, manifest, hit)
         if kernel is None:
             raise BackendUnavailable(
                 f"kernel {keys.short(key)} was evicted or refused before it was read", Reason.KERNEL_EVICTED
@@ -121,11 +123,10 @@ class KernelService:
             return None
         return manifest
 
-    def _read(self, store: Store, key: str, hit: bool) -> CompiledKernel | None:
-        manifest = self._cached(store, key)
-        if manifest is None:
-            return None
-        ref = manifest.kernels[0]
+    def _read(self, store: Store, manifest: Manifest, hit: bool) -> CompiledKernel | None:
+        """The kernel `manifest` names, its blobs read; None where one was evicted or is
+        not the UTF-8 text a reply carries (then the record is dropped)."""
+        key, ref = manifest.key, manifest.kernels[0]
         metadata, assembly, binary = (
             store.get_blob(d) for d in (manifest.payload.digest, ref.source.digest, ref.binary.digest)
         )
@@ -140,16 +141,18 @@ class KernelService:
 
     def _start(
         self, store: Store, key: str, queue: str, request: farm_pb2.KernelRequest, tenant: Tenant
-    ) -> bool:
-        """True on a cache hit; otherwise makes sure a job for `key` is queued or running."""
-        if self._cached(store, key) is not None:
-            return True
+    ) -> Manifest | None:
+        """The kernel's manifest on a cache hit; otherwise None, once a job for `key` is
+        queued or running."""
+        cached = self._cached(store, key)
+        if cached is not None:
+            return cached
         job = store.get_job(key)
         if job is not None and (self.farm.is_stale(job) or job.state == JobState.SUCCEEDED):
             store.delete_job(key)  # stuck, or done but its record was evicted
             job = None
         if job is not None:
-            return False  # join it; a failed one answers at once in _wait
+            return None  # join it; a failed one answers at once in _wait
         settings = self.farm.settings
         if store.create_job(
             key, queue, request.label, settings.job_ttl_s,
@@ -162,7 +165,7 @@ class KernelService:
                 store.abandon_job(key)
                 store.forget_job(tenant.name, key)
                 raise
-        return False
+        return None
 
     async def _wait(self, store: Store, key: str, tenant: Tenant) -> None:
         async with self.farm.wait_slot(tenant), self.farm.job_changes(key, tenant) as changed:

@@ -16,6 +16,7 @@ from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.triton_rpc import KernelService
 from tests.requests import queue_of, relu_request
 from torchfarm.kernels import triton_request
+from torchfarm.storage.store import Store
 from torchfarm.trust.tokens import Tenant
 
 MALLORY = Tenant("mallory", "mallory")
@@ -44,12 +45,17 @@ def test_a_submit_refused_for_the_quota_stores_nothing():
     assert after == before
 
 
-def test_a_kernel_compile_refused_for_the_quota_stores_nothing():
+def _kernel_service(wait_s: float, **settings: int) -> tuple[Store, KernelService]:
+    """A kernel service over a memory store whose one worker compiles for cuda:sm_90."""
     store = memory_store()
     store.heartbeat("w", ["kernels.cuda.sm_90"], "b", 3600, targets={"cuda:sm_90": ["kernel"]},
                     fingerprint={"triton_version": ""}, triton="3.7.0")
-    farm = Farm(CoordinatorSettings(poll_interval_s=0.05, max_jobs_per_tenant=1), store, InlineDispatcher())
-    service = KernelService(farm, farm.runner, wait_s=0.5)
+    farm = Farm(CoordinatorSettings(poll_interval_s=0.05, **settings), store, InlineDispatcher())
+    return store, KernelService(farm, farm.runner, wait_s=wait_s)
+
+
+def test_a_kernel_compile_refused_for_the_quota_stores_nothing():
+    store, service = _kernel_service(0.5, max_jobs_per_tenant=1)
 
     def request(i: int):
         return triton_request.build_kernel_request(
@@ -72,11 +78,7 @@ def test_a_kernel_compile_refused_for_the_quota_stores_nothing():
 
 
 def test_kernel_waits_count_against_the_tenants_watch_cap():
-    store = memory_store()
-    store.heartbeat("w", ["kernels.cuda.sm_90"], "b", 3600, targets={"cuda:sm_90": ["kernel"]},
-                    fingerprint={"triton_version": ""}, triton="3.7.0")
-    farm = Farm(CoordinatorSettings(poll_interval_s=0.05, max_watches_per_tenant=2), store, InlineDispatcher())
-    service = KernelService(farm, farm.runner, wait_s=1.0)
+    _, service = _kernel_service(1.0, max_watches_per_tenant=2)
     kernel = triton_request.build_kernel_request(KERNEL, "k", target="cuda:sm_90", signature="*fp32", triton_version="")
 
     async def three() -> None:

@@ -105,9 +105,9 @@ def build_manifest(
     return manifest, {refs[role].digest: data for role, data in blobs.items()}
 
 
-def expected_key(request: farm_pb2.KernelRequest, reply_version: str, namespace: str) -> tuple[str, str]:
-    """(the key, the Triton version) the reply must be for: the request's version, or,
-    where the request left it to the farm, the one the farm says it chose."""
+def expected_key(request: farm_pb2.KernelRequest, reply_version: str, namespace: str) -> str:
+    """The key the reply must be for, with `reply_version` as its Triton: the request's
+    version, or, where the request left it to the farm, the one the farm says it chose."""
     if request.triton_version and reply_version != request.triton_version:
         raise KernelRefused(
             Rejection.MISMATCH,
@@ -116,7 +116,7 @@ def expected_key(request: farm_pb2.KernelRequest, reply_version: str, namespace:
     pinned = farm_pb2.KernelRequest()
     pinned.CopyFrom(request)
     pinned.triton_version = reply_version
-    return keys.compute_kernel_key(pinned, namespace), reply_version
+    return keys.compute_kernel_key(pinned, namespace)
 
 
 def check_reply(
@@ -130,7 +130,7 @@ def check_reply(
     None: a development farm named as unsigned) answers this request in `namespace`, its
     blobs match their digests and the binary is code for the request's target;
     KernelRefused otherwise."""
-    key, version = expected_key(request, reply.triton_version, namespace)
+    key = expected_key(request, reply.triton_version, namespace)
     short = keys.short(key)
     if reply.key != key:
         raise KernelRefused(Rejection.MISMATCH, f"the farm answered for kernel {keys.short(reply.key)}, not {short}")
@@ -139,7 +139,7 @@ def check_reply(
     except ManifestError as e:
         raise KernelRefused(Rejection.MALFORMED, f"kernel {short} refused: {e}") from e
     target = targets.from_proto(request.target)
-    wanted = fingerprint(str(target), version)
+    wanted = fingerprint(str(target), reply.triton_version)
     if trusted is not None:
         try:
             trusted.verify(manifest, key=key, tenant=namespace, fingerprint=wanted)

@@ -155,7 +155,8 @@ class _Folder:
         return _Num(max((a.bits for a in args), default=1))
 
     def _copies(self, call: ast.Call) -> int:
-        """How many copies of its body a loop over `call` compiles to."""
+        """How many copies of its body a loop over `call` compiles to; Unbounded where a
+        `tl.range` option (`_RANGE_OPTIONS`) passes its bound."""
         if self._is_static_range(call):
             return self._iterations(call)
         if self._dotted(call.func) not in _RANGES:
