@@ -240,8 +240,7 @@ class Farm:
             log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
                      keys.short(key), queue)
         if not store.create_job(
-            key, queue, request.label, self.settings.job_ttl_s,
-            request=request.SerializeToString(), request_ttl_s=self.settings.request_ttl_s,
+            key, queue, request.label, self.settings.job_ttl_s, request=request.SerializeToString()
         ):
             return Submitted(key, JobState.QUEUED, deduplicated=True)  # lost the race
         self.charge(store, key, tenant, max(1, keys.traced_ranks(request)))

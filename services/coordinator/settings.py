@@ -34,10 +34,9 @@ class CoordinatorSettings:
     """Size of each artifact chunk streamed to clients."""
     direct_url_ttl_s: int = 300
     """How long the pre-signed blob URLs of a direct fetch stay valid."""
-    request_ttl_s: int = 24 * 3600
-    """How long a submitted request is kept for workers (and redeliveries) to read."""
     job_ttl_s: int = 2 * celeryconf.VISIBILITY_TIMEOUT_S
-    """How long a queued or running job record lives without finishing."""
+    """How long a queued or running job record lives without finishing; its request
+    (what the workers read) expires with it."""
     stale_job_s: float = celeryconf.VISIBILITY_TIMEOUT_S + 60
     """A queued or running job not updated for this long is requeued on the next submit."""
     poll_interval_s: float = 0.1

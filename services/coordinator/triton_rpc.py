@@ -156,7 +156,7 @@ class KernelService:
         settings = self.farm.settings
         if store.create_job(
             key, queue, request.label, settings.job_ttl_s,
-            request=request.SerializeToString(), request_ttl_s=settings.request_ttl_s, kind="kreq",
+            request=request.SerializeToString(), kind="kreq",
         ):
             self.farm.charge(store, key, tenant)
             try:

@@ -60,7 +60,7 @@ def _create(store, key: str, req) -> bool:
     try:
         store.create_job(
             key, "cpu.avx512", req.label, ttl_s=60,
-            request=req.SerializeToString(), request_ttl_s=60,
+            request=req.SerializeToString(),
         )
     except Killed:
         return True
@@ -69,7 +69,7 @@ def _create(store, key: str, req) -> bool:
 
 def _steps_of_create_job(store, monkeypatch) -> int:
     done = _kill_after(monkeypatch, 10**6)
-    store.create_job("probe", "cpu.avx512", "", ttl_s=60, request=b"r", request_ttl_s=60)
+    store.create_job("probe", "cpu.avx512", "", ttl_s=60, request=b"r")
     monkeypatch.undo()
     store.r.flushall()
     return done[0]
@@ -134,7 +134,7 @@ def test_the_request_record_is_deleted_when_its_job_ends(farm, store, state):
 
 
 def test_a_kernel_request_record_is_deleted_when_its_job_ends(store):
-    store.create_job("k1", "kernels.cpu", "", ttl_s=60, request=b"kreq", request_ttl_s=60, kind="kreq")
+    store.create_job("k1", "kernels.cpu", "", ttl_s=60, request=b"kreq", kind="kreq")
     assert store.get_kernel_request("k1") == b"kreq"
     store.fail_job("k1", "INVALID_KERNEL", "no", ttl_s=60)
     assert store.get_kernel_request("k1") is None

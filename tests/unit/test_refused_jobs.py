@@ -91,3 +91,15 @@ def test_kernel_waits_count_against_the_tenants_watch_cap():
             task.cancel()
 
     asyncio.run(three())
+
+
+def test_a_request_nobody_serves_expires_with_its_job_record():
+    """A job no worker takes frees its tenant's quota when its record expires; its request
+    (up to 16 MiB, in the state Redis) must go then too, not a day later, or a tenant
+    could keep its quota's worth of requests stored every half hour."""
+    farm = InProcessFarm(settings=CoordinatorSettings(poll_interval_s=0.01, job_ttl_s=600))
+    farm.store.heartbeat("w", [queue_of(relu_request())], "build", 3600)
+    request = relu_request(label="unserved")
+    asyncio.run(farm.farm.submit(request, request.ByteSize(), MALLORY))
+    [job], [stored] = _names(farm.store.r, "job"), _names(farm.store.r, "req")
+    assert 0 < farm.store.r.ttl(stored) <= farm.store.r.ttl(job) <= 600

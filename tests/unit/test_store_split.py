@@ -32,7 +32,7 @@ def _names(client) -> set[str]:
 def test_in_flight_state_and_cache_keys_go_to_their_own_redis(split):
     store, state, cache = split
     t = store.tenant("alice")
-    t.create_job("k1", "cpu.avx512", "a label", ttl_s=60, request=b"req", request_ttl_s=60)
+    t.create_job("k1", "cpu.avx512", "a label", ttl_s=60, request=b"req")
     t.note_job("alice", "k1", 60)
     t.put_kernel_request("kk", b"kreq", 60)
     t.heartbeat("w1", ["cpu.avx512"], "build", ttl_s=30)

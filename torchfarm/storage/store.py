@@ -7,7 +7,8 @@ Layout, under a configurable prefix (default "tf"):
 - `tf:artifact:<key>`: the manifest JSON; written after all its blobs, so a reader
   that sees a manifest can fetch every blob it names;
 - `tf:req:<key>`: the CompileRequest bytes a worker compiles from (protobuf, never pickle),
-  written with the job record in one script and deleted when the job ends;
+  written with the job record in one script, deleted when the job ends and expiring
+  with the record;
 - `tf:jobev:<key>`: not a key but a pub/sub channel, published on at every write of the
   job record, so watchers need not poll;
 - `tf:job:<key>`: a hash with the job's state, stage, attempts, timings and error (and a
@@ -76,18 +77,18 @@ MAX_JOB_MESSAGE_CHARS = 16_000
 
 _CREATE_JOB = """
 -- KEYS: job record, request, recent list, the job's event channel.
--- ARGV: now, state, queue, label, job ttl, request bytes, request ttl (0: none),
+-- ARGV: now, state, queue, label, ttl, request bytes ("": none),
 --       the job's ref in the recent list, the recent list's last index.
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'queue', ARGV[3], 'label', ARGV[4], 'updated', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
-if tonumber(ARGV[7]) > 0 then
-  redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[7])
+if ARGV[6] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
 end
-redis.call('LPUSH', KEYS[3], ARGV[8])
-redis.call('LTRIM', KEYS[3], 0, ARGV[9])
+redis.call('LPUSH', KEYS[3], ARGV[7])
+redis.call('LTRIM', KEYS[3], 0, ARGV[8])
 redis.call('PUBLISH', KEYS[4], 'created')
 return 1
 """
@@ -356,7 +357,7 @@ class Store:
 
     def create_job(
         self, key: str, queue: str, label: str, ttl_s: int,
-        *, request: bytes | None = None, request_ttl_s: int = 0, kind: str = "req",
+        *, request: bytes = b"", kind: str = "req",
     ) -> bool:
         """Creates the job record unless one exists; True when this call created it.
 
@@ -365,13 +366,14 @@ class Store:
         with the rest of the record, its TTL and the request the worker will read
         (`tf:<kind>:<key>`, "req" or "kreq"), so a coordinator killed part way leaves
         no job or a whole one: never a lease whose record says nothing, which every
-        later submit would join for ever.
+        later submit would join for ever. The request expires with the record: a job
+        no worker takes frees its tenant's quota then, and must free the state Redis
+        of its request too.
         """
         created = self._create_job(
             keys=[self._j("job", key), self._j(kind, key), self._k("recent"), self.job_channel(key)],
             args=[
-                time.time(), JobState.QUEUED, queue, label, ttl_s,
-                b"" if request is None else request, request_ttl_s if request is not None else 0,
+                time.time(), JobState.QUEUED, queue, label, ttl_s, request,
                 self.ref(key), RECENT_JOBS - 1,
             ],
         )
