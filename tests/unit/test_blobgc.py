@@ -76,3 +76,12 @@ def test_cache_gc_dry_run_on_the_command_line(store, redis_url):
     assert (report["dry_run"], report["blobs"]) == (True, [orphan])
     assert report["bytes"] >= len(b"orphan for the cli")
     assert store.blobs.present([orphan]) == [True]
+
+
+def test_a_blob_named_only_by_what_a_client_sent_is_collected(store):
+    """Labels, requests and miss records hold a client's text, never a blob the farm
+    stores: a client that names a digest there keeps nothing from the collector."""
+    orphan = put(store, b"unreferenced, then named in a label")
+    store.create_job("k1", "cpu", f"my run {orphan}", ttl_s=600, request=orphan.encode())
+    store.c.set("tf:why:alice:k1", json.dumps({"detail": orphan}))
+    assert [b.digest for b in collect(store, grace_s=0)] == [orphan]

@@ -5,6 +5,8 @@ artifact's manifest (any namespace), a kernel record, a staged compile's kernel-
 entry, plan or barrier. Rather than know every record's shape, the collector reads the
 values of every key under the prefix except the blobs themselves and keeps each
 `sha256:<hex>` it finds; a record added tomorrow that names a blob keeps it alive too.
+The records that hold what a client sent (`CLIENT_TEXT`) are skipped: they never name a
+blob the farm stores, and a client must not keep one alive by writing its digest there.
 
 Workers write blobs before the records that name them, so a blob can be unreferenced
 for a moment while its manifest is on the way: only blobs older than the grace period
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 
 DIGEST = re.compile(rb"sha256:[0-9a-f]{64}")
 
+CLIENT_TEXT = ("req", "kreq", "job", "stat", "explain", "explainidx", "why")
+"""Kinds of records (torchfarm/storage/store.py, explain.py) whose values are a client's
+requests, labels and miss records, or a job's progress: none names a stored blob."""
+
 DEFAULT_GRACE_S = 24 * 3600.0
 """A day: far longer than any compile takes to write its blobs, then its records."""
 
@@ -41,9 +47,9 @@ def _values(store: Store) -> Iterator[bytes]:
 
 
 def _values_in(client: redis.Redis, prefix: str) -> Iterator[bytes]:
-    blob_keys = (f"{prefix}:blob:".encode(), f"{prefix}:blobparts:".encode())
+    skipped = tuple(f"{prefix}:{kind}:".encode() for kind in ("blob", "blobparts", *CLIENT_TEXT))
     for name in client.scan_iter(match=f"{prefix}:*", count=1000):
-        if name.startswith(blob_keys):
+        if name.startswith(skipped):
             continue
         kind = client.type(name)
         if kind == b"string":
