@@ -67,8 +67,9 @@ def check_upload(
 
 
 def check_key(key: str, what: str) -> None:
-    """InvalidRequest unless `key` is a precompiled key (no compile key has its prefix)."""
-    if not key.startswith(PRECOMPILED_PREFIX) or len(key) > 128:
+    """InvalidRequest unless `key` is a precompiled key (no compile key has its prefix)
+    made of what the farm names its Redis keys with (`keys.NAMED_KEY`)."""
+    if not key.startswith(PRECOMPILED_PREFIX) or not keys.NAMED_KEY.match(key):
         raise InvalidRequest(f"{what}: key {key[:20]!r} is not a precompiled key")
 
 

@@ -13,6 +13,7 @@ from localfarm.fakes import InlineDispatcher, memory_store
 from services.coordinator.cache import MAX_FILTER_KEYS, CacheService, Filters
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
+from services.coordinator import precompiled
 from services.coordinator.precompiled import MAX_MANIFEST_BYTES, check_upload
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.storage import explain
@@ -109,3 +110,15 @@ def test_an_explanation_stops_reading_records_when_its_budget_is_spent(monkeypat
     record_bytes = max(store.c.strlen(name) for name in store.c.scan_iter(match="tf:explain:*"))
     assert 100_000 < record_bytes <= explain.MAX_RECORD_BYTES
     assert counting.read <= (1 << 20) + record_bytes
+
+
+@pytest.mark.parametrize("key", ["pc1-*", "pc1-a:b", "pc1-" + "A" * 64, "pc1-x\n", "pc1-" + "a" * 125])
+def test_a_precompiled_key_is_a_name_the_farm_can_use_as_a_redis_key(key):
+    """An upload's or a miss's key becomes part of a Redis key and a scan pattern: only
+    what the farm names other keys with passes (keys.NAMED_KEY)."""
+    with pytest.raises(InvalidRequest):
+        precompiled.check_key(key, "refused")
+
+
+def test_a_precompiled_key_the_sdk_makes_passes():
+    precompiled.check_key("pc1-" + "0f" * 32, "refused")
