@@ -10,10 +10,10 @@ import asyncio
 import pytest
 
 from localfarm.fakes import InlineDispatcher, memory_store
+from services.coordinator import precompiled
 from services.coordinator.cache import MAX_FILTER_KEYS, CacheService, Filters
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
-from services.coordinator import precompiled
 from services.coordinator.precompiled import MAX_MANIFEST_BYTES, check_upload
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.storage import explain
