@@ -6,6 +6,9 @@ The script runs in a fresh Python process (`python -m sdk.warm_mode`, with the f
 address in TORCHFARM_REMOTE) in warm mode: each `sdk.compile` model compiles on the
 farm, blocking, and the script stops at the end of step N (default 1; 0 runs it to its
 end). Then this prints what was compiled and what was already cached (sdk/warm_mode.py).
+It exits 1 when a graph is not on the farm (the farm was down or refused it; such a
+graph ran eagerly, as a local compile would fill no cache) or none was compiled, so a
+prewarm job that warmed nothing fails.
 Options go before SCRIPT.py; everything after it is the script's own arguments. With
 --json, stdout is the report alone and the script's output goes to stderr.
 """
@@ -19,6 +22,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sdk.report import GraphReport
 
 
 def add_warm_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +57,7 @@ def _warm(args: argparse.Namespace) -> int:
     if args.steps < 0:
         print("torchfarm warm: --steps must not be negative", file=sys.stderr)
         return 2
-    from sdk.report import REPORT_ENV, STEPS_ENV, WarmReport  # torch-free; the child loads torch
+    from sdk.report import COMPILED, HIT, JOINED, REPORT_ENV, STEPS_ENV, WarmReport  # torch-free
 
     with tempfile.TemporaryDirectory(prefix="torchfarm-warm-") as tmp:
         report_path = Path(tmp) / "report.json"
@@ -73,4 +80,23 @@ def _warm(args: argparse.Namespace) -> int:
     print(report.to_json() if args.json else report, flush=True)
     if status:
         print(f"torchfarm warm: the script exited with status {status}", file=sys.stderr)
-    return status
+        return status
+    missing = [g for g in report.compiles if g.outcome not in (HIT, COMPILED, JOINED)]
+    if missing:
+        print(f"torchfarm warm: {len(missing)} of {len(report.compiles)} graphs are not on the farm:",
+              file=sys.stderr)
+        for error, graphs in _by_error(missing).items():
+            print(f"  {graphs}: {error}", file=sys.stderr)
+        return 1
+    if not report.compiles:
+        print("torchfarm warm: the script compiled no graph on the farm", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _by_error(graphs: list[GraphReport]) -> dict[str, str]:
+    """Each error whole (the table cuts it) with the graphs that met it."""
+    found: dict[str, list[str]] = {}
+    for g in graphs:
+        found.setdefault(g.error or g.outcome, []).append(f"graph {g.graph} of {g.model}")
+    return {error: ", ".join(names) for error, names in found.items()}

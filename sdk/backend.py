@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from sdk import artifact, changed_settings, lifting, outcomes, report, split
+from sdk import artifact, changed_settings, lifting, outcomes, report, split, warm_mode
 from sdk.client import CompileClient, FarmClient
 from sdk.errors import (
     ArtifactRejected,
@@ -233,6 +233,10 @@ class FarmBackend:
             pieces = self._split(gm, example_inputs, index, e)
             if pieces is not None:
                 return pieces
+            if warm_mode.active():  # `torchfarm warm` fills the farm's cache: a local compile fills nothing
+                self._warn_fallback(index, e, "runs eagerly under torchfarm warm")
+                self._publish(index, report.FAILED, error=f"{type(e).__name__}: {e}")
+                return gm.forward
             self._warn_fallback(index, e)
             self._publish(index, report.LOCAL, error=f"{type(e).__name__}: {e}")
             return self._local(gm, example_inputs, index, _reason(e))
@@ -312,7 +316,7 @@ class FarmBackend:
         if self.reports:
             report.publish(self.reports, report.GraphReport(self.name, index, outcome, **fields))
 
-    def _warn_fallback(self, index: int, e: FarmError) -> None:
+    def _warn_fallback(self, index: int, e: FarmError, instead: str = "compiles locally") -> None:
         FALLBACKS.labels(error=type(e).__name__).inc()
         # An unreachable or untrusted farm is warned of once, not once per graph (each
         # graph's own INFO line gives its reason); a farm bug (FarmBug) is not an outage
@@ -328,8 +332,8 @@ class FarmBackend:
             self._warned.add(once)
         code = f" [{e.code}]" if e.code else ""
         log.warning(
-            "torchfarm: graph %d of %s compiles locally (%s%s): %s",
-            index, self.name, type(e).__name__, code, e,
+            "torchfarm: graph %d of %s %s (%s%s): %s",
+            index, self.name, instead, type(e).__name__, code, e,
         )
 
     def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:

@@ -29,7 +29,9 @@ JOINED = "joined"
 LOCAL = "local"
 """The farm could not; the graph was compiled locally (fallback="local")."""
 FAILED = "failed"
-"""The farm could not compile it for another target; it ran eagerly here."""
+"""The farm could not, and it ran eagerly here: a graph for another target
+(`sdk.warm(target=...)`), or any graph under `torchfarm warm`, where a local compile
+would fill no cache."""
 SPLIT = "split"
 """Split at calls the farm refuses (sdk/split.py): those ran eagerly here (`error` names
 them); its pieces are graphs of their own, each with its report (`split_from`)."""

@@ -21,7 +21,8 @@ import torch
 
 import sdk
 from sdk.errors import ConfigError
-from sdk.report import COMPILED, HIT, JOINED
+from localfarm.stack import free_port
+from sdk.report import COMPILED, FAILED, HIT, JOINED
 from tests.conftest import ROOT, run_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -199,6 +200,23 @@ def test_warm_cli_runs_the_script_for_one_step_and_reports(stack, client_cache_d
     result = fresh_process(stack, WIDTHS["script"], True, tmp_path / "fresh")
     assert result["outcomes"] == [HIT] * len(outcomes)
     assert result["builds"] == 0
+
+
+def test_warm_cli_fails_when_a_graph_is_not_on_the_farm(tmp_path):
+    """A prewarm job that warmed nothing must not pass: the farm is down here. The
+    script still runs its step, eagerly (a local compile would fill no cache)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [*TORCHFARM, "warm", "--remote", f"grpc://127.0.0.1:{free_port()}", "--json", str(script), "8"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHFARM_CONNECT_TIMEOUT_S": "1",
+             "TORCHFARM_TRUSTED_KEYS": "somekey=" + "A" * 43 + "="},
+    )
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert [g["outcome"] for g in json.loads(out.stdout)["graphs"]] == [FAILED]
+    assert "1 of 1 graphs are not on the farm" in out.stderr and "did not answer" in out.stderr
+    assert "runs eagerly under torchfarm warm" in out.stderr and "step 0 done" in out.stderr
 
 
 def test_warm_cli_refuses_a_missing_script(stack):
