@@ -42,23 +42,24 @@ def call(args: argparse.Namespace, what: str, rpc: Callable[[farm_pb2_grpc.Compi
     farm: the tenant token (TORCHFARM_TOKEN), TLS for "grpcs://" or with
     TORCHFARM_TLS_CA_FILE. On failure prints `torchfarm WHAT: ...: CODE: detail` and
     returns None."""
-    from sdk.client import make_channel  # torch-free
+    from sdk import settings as sdk_settings
+    from sdk.client import TLS_TO_PLAIN, make_channel  # torch-free
     from sdk.errors import ConfigError
-    from sdk.settings import SDKSettings
-    from torchfarm.settings import from_env
 
     remote = args.remote or os.environ.get("TORCHFARM_REMOTE", "")
     if not remote:
         raise CliError("give --remote or set TORCHFARM_REMOTE", 2)
     try:
-        channel, metadata = make_channel(remote, from_env(SDKSettings), [])
+        channel, metadata = make_channel(remote, sdk_settings.load(), [])
     except (ConfigError, ValueError) as e:
         raise CliError(str(e), 2) from None
     with channel:
         try:
             return rpc(farm_pb2_grpc.CompileFarmStub(channel), metadata)
         except grpc.RpcError as e:
-            print(f"torchfarm {what}: {remote}: {e.code().name}: {e.details()}", file=sys.stderr)
+            handshake = e.code() == grpc.StatusCode.UNAVAILABLE and "handshake" in str(e.details()).lower()
+            hint = f" ({TLS_TO_PLAIN})" if handshake else ""
+            print(f"torchfarm {what}: {remote}: {e.code().name}: {e.details()}{hint}", file=sys.stderr)
             return None
 
 

@@ -6,7 +6,13 @@ on first use, so the gRPC layer (`sdk.client`, `sdk.errors`) loads without torch
 """
 
 import importlib.util
+import os
 from typing import Any
+
+# gRPC's C-core logs each failed TLS handshake (every reconnect) on stderr, outside
+# Python's logging; the SDK says what failed in its own error. Read when grpc is first
+# imported, so set before any of the SDK's modules imports it; a user's value wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from sdk.errors import (
     ArtifactRejected,

@@ -9,11 +9,10 @@ from typing import Any
 import torch
 
 from sdk import naming, nonblocking, precompile, warm_mode
+from sdk import settings as sdk_settings
 from sdk.backend import FarmBackend
 from sdk.errors import ConfigError
-from sdk.settings import SDKSettings
 from torchfarm.fx import fingerprint as sdk_target
-from torchfarm.settings import from_env
 from torchfarm.wire.targets import TargetError
 
 _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
@@ -50,10 +49,10 @@ def compile(
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
     if unknown:
         raise ConfigError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
-    settings = from_env(SDKSettings)
+    settings = sdk_settings.load()
     fallback = settings.fallback if fallback is None else fallback
     if fallback not in ("local", "error"):
-        raise ConfigError(f"fallback must be 'local' or 'error', not {fallback!r}")
+        raise ConfigError(f"fallback (the argument, or TORCHFARM_FALLBACK) must be 'local' or 'error', not {fallback!r}")
     if not isinstance(wait, bool):
         raise ConfigError(f"wait must be True or False, not {wait!r}")
     backend = torch_compile_kwargs.pop("backend", "inductor")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,16 @@ def parse_address(remote: str) -> str:
     return parse_remote(remote)[0]
 
 
+def _accepts_connections(address: str) -> bool:
+    """Whether a TCP connection to "host:port" opens within a second."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _reason(e: grpc.RpcError) -> str:
     try:
         # grpc's stubs type the items as objects with .key and .value; they are (key, value) pairs.
@@ -159,14 +170,25 @@ def _read(path: str) -> bytes | None:
         raise ConfigError(f"cannot read {path}: {e}") from e
 
 
+TLS_TO_PLAIN = (
+    "it may serve plain gRPC (use grpc://), or a certificate this machine does not trust "
+    "(TORCHFARM_TLS_CA_FILE)"
+)
+"""What to change when a TLS channel reaches a farm but its handshake fails."""
+
+
+def uses_tls(remote: str, settings: SDKSettings) -> bool:
+    """A "grpcs://" address, or any address with TORCHFARM_TLS_CA_FILE set."""
+    return parse_remote(remote)[1] or bool(settings.tls_ca_file)
+
+
 def make_channel(
     remote: str, settings: SDKSettings, options: list[tuple[str, Any]]
 ) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
     """The channel to the farm, and the metadata each call must add (the token, when it
     cannot travel as call credentials)."""
-    address, tls = parse_remote(remote)
-    tls = tls or bool(settings.tls_ca_file)
-    if tls:
+    address = parse_address(remote)
+    if uses_tls(remote, settings):
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(settings.tls_ca_file),
             private_key=_read(settings.tls_key_file),
@@ -269,8 +291,9 @@ class StubClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise FarmUnavailable(
-                    f"compile of {key[:12]} did not finish within "
-                    f"{self.settings.compile_timeout_s:.0f}s"
+                    f"compile of {key[:12]} did not finish within {self.settings.compile_timeout_s:g}s "
+                    "(TORCHFARM_COMPILE_TIMEOUT_S); the farm goes on with it, so a later run can find it cached",
+                    grpc.StatusCode.DEADLINE_EXCEEDED.name,
                 )
             try:
                 for status in self.stub.Watch(
@@ -297,6 +320,8 @@ class StubClient:
                     log.info("watch of %s deferred: %s", key[:12], e.details())
                     time.sleep(1.0)
                     continue
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and deadline <= time.monotonic():
+                    continue  # this client's own deadline, said above
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch", key) from e
                 # The coordinator went away mid-watch; the job lives on in Redis.
@@ -453,6 +478,7 @@ class FarmClient(StubClient):
             ("grpc.enable_retries", 1),
         ]
         self.channel, metadata = make_channel(remote, settings, opts)
+        self.tls = uses_tls(remote, settings)
         super().__init__(parse_address(remote), settings, farm_pb2_grpc.CompileFarmStub(self.channel), metadata)
         self._ready = False
 
@@ -471,7 +497,13 @@ class FarmClient(StubClient):
             )
             self._ready = True
         except grpc.FutureTimeoutError as e:
-            raise FarmUnavailable(
-                f"farm at {self.address} did not answer within "
-                f"{self.settings.connect_timeout_s:.0f}s"
-            ) from e
+            raise FarmUnavailable(self._no_channel()) from e
+
+    def _no_channel(self) -> str:
+        """Why no channel came up: nothing listens, or something does that does not
+        speak the channel's protocol (TLS to a plain farm, or plain gRPC to a TLS one)."""
+        waited = f"within {self.settings.connect_timeout_s:g}s (TORCHFARM_CONNECT_TIMEOUT_S)"
+        if not _accepts_connections(self.address):
+            return f"farm at {self.address} did not answer {waited}"
+        hint = TLS_TO_PLAIN if self.tls else "it may serve TLS only (use grpcs://)"
+        return f"farm at {self.address} accepts connections, but no gRPC channel came up {waited}: {hint}"

@@ -33,17 +33,16 @@ from typing import Any
 import torch
 
 from sdk import artifact, changed_settings, fleet
+from sdk import settings as sdk_settings
 from sdk.backend import build_request
 from sdk.client import CompileClient, FarmClient, parse_address
 from sdk.errors import ArtifactRejected, ConfigError, GraphRejected, RequestTooLarge
 from sdk.export_codec import encode_export
-from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm.files import write_atomic
 from torchfarm.fx import internals
 from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target, resolve
-from torchfarm.settings import from_env
 from torchfarm.wire import keys
 from torchfarm.wire.codes import Reason, Rejection
 from torchfarm.wire.manifest import EXPORT
@@ -100,7 +99,7 @@ def export(
 
     Raises `sdk.errors.FarmError` subclasses: there is no local fallback, since the
     point of the call is the farm's package."""
-    settings = from_env(SDKSettings)
+    settings = sdk_settings.load()
     settings = dataclasses.replace(settings, remote=remote or settings.remote)
     if not settings.remote:
         raise ConfigError("sdk.export needs a farm: pass remote= or set TORCHFARM_REMOTE")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sdk.errors import ConfigError
+from torchfarm.settings import PREFIX, SettingsError, from_env
+
 
 @dataclass(frozen=True)
 class SDKSettings:
@@ -78,3 +81,28 @@ class SDKSettings:
     looks for a precompiled package and, on a hit, runs with no Dynamo tracing."""
     precompile_trusted_keys: str = ""
     """More pinned precompile keys, inline: "id=base64,id=base64"."""
+
+    def __post_init__(self) -> None:
+        for name in (*_POSITIVE, *_NOT_NEGATIVE):
+            value = getattr(self, name)
+            if value < 0 or (value == 0 and name in _POSITIVE):
+                bound = "above 0" if name in _POSITIVE else "0 or more"
+                raise ConfigError(f"{name} ({PREFIX}{name.upper()}) must be {bound}, not {value}")
+
+
+_POSITIVE = (
+    "connect_timeout_s", "rpc_timeout_s", "compile_timeout_s", "fetch_timeout_s", "kernel_timeout_s",
+    "max_message_bytes", "max_artifact_bytes", "progress_every_s",
+)
+"""Settings a 0 would make meaningless: a timeout of 0 s sent every graph to a local
+compile, reported as an outage."""
+_NOT_NEGATIVE = ("blob_cache_bytes", "wake_timeout_s", "max_resubmits", "progress_after_s")
+
+
+def load() -> SDKSettings:
+    """The settings from the TORCHFARM_* variables; a bad value raises ConfigError naming
+    its variable, so `except sdk.ConfigError` catches every bad configuration."""
+    try:
+        return from_env(SDKSettings)
+    except SettingsError as e:
+        raise ConfigError(str(e)) from None

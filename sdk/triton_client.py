@@ -22,13 +22,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from sdk import settings as sdk_settings
 from sdk.client import FarmClient
 from sdk.errors import ConfigError, KernelRejected
 from sdk.metrics import rejected
-from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm.kernels import kernel_artifact, triton_check, triton_request
-from torchfarm.settings import from_env
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire import targets
 from torchfarm.wire.codes import Reason, Rejection
@@ -86,7 +85,7 @@ def compile_kernel(
         raise KernelRejected(str(e), Reason.INVALID_KERNEL) from e
     except (targets.TargetError, triton_request.KernelRequestError) as e:
         raise ConfigError(str(e)) from e
-    settings = from_env(SDKSettings)
+    settings = sdk_settings.load()
     settings = dataclasses.replace(
         settings, remote=remote or settings.remote, kernel_timeout_s=timeout_s or settings.kernel_timeout_s
     )

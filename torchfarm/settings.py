@@ -40,7 +40,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind == tuple[str, ...]:
             return tuple(s.strip() for s in raw.split(",") if s.strip())
     except ValueError as e:
-        raise SettingsError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from e
+        raise SettingsError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
     raise SettingsError(f"{name}: unsupported settings type {kind!r}")
 
 

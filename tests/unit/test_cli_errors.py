@@ -94,6 +94,23 @@ def test_a_farm_that_is_unreachable():
     assert "UNAVAILABLE" in one_line_error(out, "torchfarm cache ls")
 
 
+def test_tls_to_a_plain_farm_is_one_line_that_says_what_to_change():
+    """Before, gRPC's C-core printed each failed handshake on stderr as well."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        out = run("status", "--remote", f"grpcs://127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+    line = one_line_error(out, "torchfarm status")
+    assert "UNAVAILABLE" in line and "use grpc://" in line and "Handshake failed" not in out.stderr
+
+
 def test_warm_says_where_a_remote_given_after_the_script_went():
     env = {k: v for k, v in os.environ.items() if k != "TORCHFARM_REMOTE"}
     out = run("warm", "train.py", "--remote", "grpc://127.0.0.1:1", env=env)

@@ -166,7 +166,7 @@ def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
     farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
     client = farm.client(farm.sdk_settings(compile_timeout_s=0.2), run_jobs=False)
     key = client.submit(relu_request()).key
-    with pytest.raises(FarmUnavailable) as late:
+    with pytest.raises(FarmUnavailable, match=r"within 0.2s \(TORCHFARM_COMPILE_TIMEOUT_S\); the farm goes on") as late:
         client.wait(key)
     assert late.value.code == "DEADLINE_EXCEEDED"
 

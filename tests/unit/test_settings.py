@@ -71,3 +71,31 @@ def test_file_variable_never_shadows_a_field_named_file():
 def test_unreadable_file_variable_names_the_variable(tmp_path):
     with pytest.raises(SettingsError, match="TORCHFARM_CACHE_URL_FILE"):
         from_env(CoordinatorSettings, {"TORCHFARM_CACHE_URL_FILE": str(tmp_path / "missing")})
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TORCHFARM_COMPILE_TIMEOUT_S", "-5"), ("TORCHFARM_COMPILE_TIMEOUT_S", "0"),
+    ("TORCHFARM_CONNECT_TIMEOUT_S", "0"), ("TORCHFARM_PROGRESS_EVERY_S", "0"),
+    ("TORCHFARM_MAX_RESUBMITS", "-1"), ("TORCHFARM_SPLIT_REFUSED", "maybe"),
+])
+def test_a_bad_sdk_setting_is_a_config_error_naming_its_variable(monkeypatch, name, value):
+    """`except sdk.ConfigError` catches every bad configuration, and the message names the
+    variable: a timeout of 0 s or -5 s sent every graph to a local compile, called an
+    outage. No chained ValueError lengthens the traceback."""
+    import sdk
+    from sdk.errors import ConfigError
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name) as raised:
+        sdk.compile(lambda x: x)
+    error = raised.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+
+
+def test_a_bad_fallback_names_the_argument_and_the_variable(monkeypatch):
+    import sdk
+    from sdk.errors import ConfigError
+
+    monkeypatch.setenv("TORCHFARM_FALLBACK", "bogus")
+    with pytest.raises(ConfigError, match="TORCHFARM_FALLBACK"):
+        sdk.compile(lambda x: x)
