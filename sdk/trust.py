@@ -78,7 +78,9 @@ class Trust:
                 found = trustfile.find(address)
                 keys, keys_from = (found[0], str(found[1])) if found else (keys, "")
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read the farm's pinned keys: {e}") from e
+            raise ConfigError(
+                f"cannot read the farm's pinned keys (TORCHFARM_TRUSTED_KEYS_FILE, TORCHFARM_TRUSTED_KEYS): {e}"
+            ) from None
         namespace = ""
         if settings.token:
             try:

@@ -39,7 +39,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
             return kind(raw)
         if kind == tuple[str, ...]:
             return tuple(s.strip() for s in raw.split(",") if s.strip())
-    except ValueError as e:
+    except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
     raise SettingsError(f"{name}: unsupported settings type {kind!r}")
 

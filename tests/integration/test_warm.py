@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import sdk
-from sdk.errors import ConfigError
 from localfarm.stack import free_port
+from sdk.errors import ConfigError
 from sdk.report import COMPILED, FAILED, HIT, JOINED
 from tests.conftest import ROOT, run_python
 

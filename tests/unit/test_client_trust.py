@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from sdk import artifact
-from sdk.errors import ArtifactRejected
+from sdk.errors import ArtifactRejected, ConfigError
 from sdk.settings import SDKSettings
 from sdk.trust import Trust
 from torchfarm.fx.fingerprint import Fingerprint
@@ -202,3 +202,10 @@ def test_the_sdk_does_not_even_submit_to_an_unnamed_loopback_farm(monkeypatch):
     assert isinstance(err, ArtifactRejected) and err.code == "untrusted_farm", repr(err)
     assert "TORCHFARM_TRUST_UNSIGNED=127.0.0.1:" in str(err)
     assert calls == []
+
+
+def test_a_pinned_keys_file_that_is_not_json_names_the_file_and_the_variable(tmp_path):
+    bad = tmp_path / "keys.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match=rf"TORCHFARM_TRUSTED_KEYS_FILE.*{bad}: not JSON"):
+        Trust.from_settings(SDKSettings(trusted_keys_file=str(bad)), "127.0.0.1:50051")

@@ -178,7 +178,10 @@ class TrustedKeys:
         """From a JSON file and/or inline "id=base64,id=base64" text; both may be empty."""
         entries: dict[str, str] = {}
         if path:
-            body = json.loads(Path(path).read_text())
+            try:
+                body = json.loads(Path(path).read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not JSON ({e})") from None
             if not isinstance(body, dict):
                 raise ValueError(f"{path}: want a JSON object of key id → public key")
             entries.update({str(k): str(v) for k, v in body.items()})
