@@ -9,11 +9,14 @@
                                  a new token (printed once); its hash for the tokens file
     torchfarm status [--remote grpc://host:port] [--json]
                                  workers per target, queues, in-flight and recent jobs
-    torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli_cache.py)
+    torchfarm cache stats|ls|evict [--json] ...   this tenant's cache entries (cli/cache.py)
+    torchfarm cache gc [--dry-run] [--grace AGE]   (operators) delete blobs nothing names (cli/gc.py)
     torchfarm explain KEY [--json]   why KEY missed: the closest artifact and the key
-                                 component that differs (cli_explain.py)
+                                 component that differs (cli/explain.py)
     torchfarm warm [--steps N] SCRIPT.py [args]   run a script to fill the farm's cache
-                                 (cli_warm.py, sdk/warm_mode.py)
+                                 (cli/warm.py, sdk/warm_mode.py)
+    torchfarm kernel compile FILE.py::name --target cuda:sm_90 --signature ... [-o out]
+                                 one Triton kernel compiled by the farm (cli/targets.py)
     torchfarm coordinator        run the coordinator (settings from TORCHFARM_*)
     torchfarm worker [--targets local,cuda:sm_90,rocm:gfx942]
                                  run a Celery worker for those targets (docs/targets.md)
@@ -21,8 +24,6 @@
 
 Every operational error is one line on stderr and a non-zero exit status
 (cli/failures.py); --traceback adds the traceback.
-    torchfarm kernel compile FILE.py::name --target cuda:sm_90 --signature ... [-o out]
-                                 one Triton kernel compiled by the farm (cli_targets.py)
 """
 
 from __future__ import annotations
