@@ -90,6 +90,7 @@ def test_function_module_and_decorator_forms(stack, client_cache_dir, caplog):
         {"mode": "reduce-overhead"},
         {"mode": "max-autotune-no-cudagraphs"},
         {"mode": "max-autotune"},
+        {"mode": "lite"},
         {"options": {"epilogue_fusion": False, "max_autotune": False}},
     ],
     ids=lambda k: k.get("mode") or ("options" if k else "no-mode"),
@@ -129,6 +130,7 @@ def test_modes_and_options_have_their_own_keys():
         key(mode="reduce-overhead"),
         key(mode="max-autotune"),
         key(mode="max-autotune-no-cudagraphs"),
+        key(mode="lite"),
         key(options={"epilogue_fusion": False}),
     ]
     assert len(set(variants)) == len(variants)

@@ -19,7 +19,7 @@ import math
 
 from torchfarm.graph.graph_errors import GraphError
 
-MODES = frozenset({"", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
+MODES = frozenset({"", "default", "lite", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"})
 """`torch.compile(mode=...)` values; "" is no mode."""
 
 _BOOL = (bool,)
