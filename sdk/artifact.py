@@ -59,7 +59,7 @@ def verify(
         try:
             trust.keys.verify(manifest, key=key, tenant=trust.namespace, fingerprint=mine)
         except SignatureError as e:
-            raise rejected(e.reason, f"artifact {key[:12]} refused: {e}") from e
+            raise rejected(e.reason, f"artifact {key[:12]} refused: {e}{_pins(trust, e)}") from e
     if manifest.kind != kind:
         raise rejected(Rejection.MISMATCH, f"artifact {key[:12]} refused: its kind is {manifest.kind!r}, not {kind!r}")
     if manifest.key != key:
@@ -98,3 +98,13 @@ def load(manifest: Manifest, blobs: dict[str, bytes]) -> Callable[..., Any]:
     )
     loader.install_autotune_records(manifest.toolchain)
     return loader.load_compiled(blobs[manifest.payload.digest])
+
+
+def _pins(trust: Trust, error: SignatureError) -> str:
+    """For a key that is not pinned: which keys are, from where, and what to do."""
+    if error.reason != Rejection.UNKNOWN_KEY:
+        return ""
+    return (
+        f" (pinned: {', '.join(sorted(trust.keys.keys))}, from {trust.keys_from or 'the settings'}); "
+        "if the farm's key changed, pin its new public keys (its trusted-keys.json)"
+    )

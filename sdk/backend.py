@@ -175,14 +175,22 @@ class FarmBackend:
         self._say_where()
 
     def _say_where(self) -> None:
-        """Says, at INFO, when no graph of this model can load from a farm."""
+        """Warns, once a process, of a model that no farm compiles because none is
+        configured, and of a farm whose artifacts load unverified. (A farm that cannot be
+        trusted is warned of at the first graph, once it answered: a farm that is down is
+        reported as down first.)"""
         if self.client is None:
-            log.info(
-                "torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): %s compiles "
-                "locally, as torch.compile would", self.name,
+            _warn_once(
+                "no farm", "torchfarm: no farm configured (remote= or TORCHFARM_REMOTE): %s and any "
+                "other model compile locally, as torch.compile would", self.name,
             )
-        elif self.trust is not None and not self.trust.loads_anything:
-            log.info("torchfarm: %s compiles locally: %s", self.name, untrusted_message(self.client.address))
+        elif self.trust is not None and self.trust.unsigned:
+            address = self.client.address
+            _warn_once(
+                f"unsigned {address}", "torchfarm: artifacts from the farm at %s load without a "
+                "signature check (TORCHFARM_TRUST_UNSIGNED names it); for a farm that signs, pin its "
+                "keys instead (TORCHFARM_TRUSTED_KEYS_FILE)", address,
+            )
 
     def farm_key(self, fn: Any) -> str | None:
         """The farm key of a graph this backend returned; None for one compiled here."""
@@ -571,3 +579,16 @@ def _reason(e: FarmError) -> str:
     """A fallback's reason, for its graph's line: "FarmUnavailable: farm at ... did not answer"."""
     code = f" [{e.code}]" if e.code else ""
     return f"{type(e).__name__}{code}: {e}"
+
+
+_warned_once: set[str] = set()
+"""What this process was warned of once: a setting, not a model's, is said once."""
+_warned_lock = threading.Lock()
+
+
+def _warn_once(what: str, message: str, *args: object) -> None:
+    with _warned_lock:
+        if what in _warned_once:
+            return
+        _warned_once.add(what)
+    log.warning(message, *args)

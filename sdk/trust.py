@@ -87,6 +87,12 @@ class Trust:
                 namespace = namespace_of(settings.token)
             except TokenError as e:
                 raise ConfigError(f"TORCHFARM_TOKEN: {e}") from e
+        unnamed = [a.strip() for a in settings.trust_unsigned.split(",") if a.strip() and ":" not in a]
+        if unnamed:
+            raise ConfigError(
+                f"TORCHFARM_TRUST_UNSIGNED: {unnamed[0]!r} is not a farm address "
+                "(host:port, or grpc://host:port, each farm named exactly)"
+            )
         unsigned = not keys and names_farm(settings.trust_unsigned, address)
         return cls(keys=keys, namespace=namespace, unsigned=unsigned, keys_from=keys_from)
 

@@ -5,6 +5,7 @@ a per-user trust file keyed by the farm's address."""
 
 from __future__ import annotations
 
+import json
 import stat
 
 import pytest
@@ -70,12 +71,17 @@ def test_naming_the_farm_in_trust_unsigned_loads_its_unsigned_artifacts():
     assert artifact.verify(manifest, blobs, KEY, FP, trust).key == KEY
 
 
-@pytest.mark.parametrize(
-    "named", ["grpc://127.0.0.1:50052", "127.0.0.1", "localhost:50051", "*", "1", "true", ""]
-)
+@pytest.mark.parametrize("named", ["grpc://127.0.0.1:50052", "localhost:50051", ""])
 def test_trust_unsigned_names_one_farm_exactly(named):
     trust = Trust.from_settings(SDKSettings(trust_unsigned=named), "127.0.0.1:50051")
     assert not trust.loads_anything
+
+
+@pytest.mark.parametrize("named", ["127.0.0.1", "*", "1", "true", "yes"])
+def test_trust_unsigned_refuses_what_names_no_farm(named):
+    """Before, such a value named no farm and was dropped without a word."""
+    with pytest.raises(ConfigError, match=f"{named!r} is not a farm address"):
+        Trust.from_settings(SDKSettings(trust_unsigned=named), "127.0.0.1:50051")
 
 
 def test_trust_unsigned_takes_a_list_of_farms():
@@ -209,3 +215,24 @@ def test_a_pinned_keys_file_that_is_not_json_names_the_file_and_the_variable(tmp
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match=rf"TORCHFARM_TRUSTED_KEYS_FILE.*{bad}: not JSON"):
         Trust.from_settings(SDKSettings(trusted_keys_file=str(bad)), "127.0.0.1:50051")
+
+
+def test_a_farm_whose_artifacts_load_unverified_is_warned_of_once(caplog, monkeypatch):
+    from sdk import backend
+
+    monkeypatch.setattr(backend, "_warned_once", set())
+    settings = SDKSettings(remote="grpc://127.0.0.1:50051", trust_unsigned="127.0.0.1:50051")
+    for name in ("a", "b"):
+        backend.FarmBackend(settings, name=name)
+    unverified = [r for r in caplog.records if "without a signature check" in r.getMessage()]
+    assert len(unverified) == 1 and unverified[0].levelname == "WARNING"
+
+
+def test_an_unknown_key_names_the_pins_and_where_they_came_from(tmp_path):
+    farm, old = Signer.generate(), Signer.generate()
+    pins = tmp_path / "keys.json"
+    pins.write_text(json.dumps(old.trusted_entry()))
+    trust = Trust.from_settings(SDKSettings(trusted_keys_file=str(pins)), "127.0.0.1:50051")
+    [old_id] = old.trusted_entry()
+    with pytest.raises(ArtifactRejected, match=rf"not pinned \(pinned: {old_id}, from {pins}\); if the farm's key"):
+        artifact.verify(*_signed(farm), KEY, FP, trust)
