@@ -43,24 +43,43 @@ def call(args: argparse.Namespace, what: str, rpc: Callable[[farm_pb2_grpc.Compi
     TORCHFARM_TLS_CA_FILE. On failure prints `torchfarm WHAT: ...: CODE: detail` and
     returns None."""
     from sdk import settings as sdk_settings
-    from sdk.client import TLS_TO_PLAIN, make_channel  # torch-free
+    from sdk.client import make_channel  # torch-free
     from sdk.errors import ConfigError
+    from torchfarm.trust.tokens import TokenError, namespace_of
 
     remote = args.remote or os.environ.get("TORCHFARM_REMOTE", "")
     if not remote:
         raise CliError("give --remote or set TORCHFARM_REMOTE", 2)
     try:
-        channel, metadata = make_channel(remote, sdk_settings.load(), [])
+        settings = sdk_settings.load()
+        if settings.token:
+            namespace_of(settings.token)  # as the SDK checks it: a bad token is no farm's fault
+        channel, metadata = make_channel(remote, settings, [])
+    except TokenError as e:
+        raise CliError(f"TORCHFARM_TOKEN: {e}", 2) from None
     except (ConfigError, ValueError) as e:
         raise CliError(str(e), 2) from None
     with channel:
         try:
             return rpc(farm_pb2_grpc.CompileFarmStub(channel), metadata)
         except grpc.RpcError as e:
-            handshake = e.code() == grpc.StatusCode.UNAVAILABLE and "handshake" in str(e.details()).lower()
-            hint = f" ({TLS_TO_PLAIN})" if handshake else ""
-            print(f"torchfarm {what}: {remote}: {e.code().name}: {e.details()}{hint}", file=sys.stderr)
+            print(f"torchfarm {what}: {remote}: {e.code().name}: {e.details()}{_hint(e)}",
+                  file=sys.stderr)
             return None
+
+
+def _hint(e: grpc.RpcError) -> str:
+    """What to do about a channel that never came up, where gRPC's detail shows why."""
+    from sdk.client import TLS_TO_PLAIN
+
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    details = str(e.details()).lower()
+    if "handshake" in details:
+        return f" ({TLS_TO_PLAIN})"
+    if "connection refused" in details:
+        return " (nothing listens there: is the farm running? `torchfarm up` starts one on this machine)"
+    return ""
 
 
 def as_json(message) -> str:

@@ -71,10 +71,12 @@ def candidates(args: argparse.Namespace) -> set[str] | None:
     listing = call(args, "explain", lambda stub, md: stub.ListArtifacts(
         farm_pb2.CacheQuery(limit=EVERY), timeout=args.timeout, metadata=md
     ))
+    if listing is None:  # said why; the status call would only say it again
+        return None
     status = call(args, "explain", lambda stub, md: stub.GetFarmStatus(
         farm_pb2.FarmStatusRequest(), timeout=args.timeout, metadata=md
     ))
-    if listing is None or status is None:
+    if status is None:
         return None
     return ({e.key for e in listing.entries} | {j.key for j in status.recent_jobs}
             | {j.key for j in status.in_flight})

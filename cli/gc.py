@@ -43,7 +43,13 @@ def add_gc_parser(csub: argparse._SubParsersAction) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    import redis
+    try:
+        import redis
+    except ImportError:
+        raise CliError(
+            "cache gc reads the farm's Redis itself (an operator's command, unlike cache ls and "
+            "evict): run it where the farm runs, or pip install 'torchfarm[all]' and give --cache-url", 1,
+        ) from None
 
     from torchfarm.storage.blobgc import collect
     from torchfarm.storage.store import Store

@@ -91,7 +91,22 @@ def test_a_reader_that_went_away_is_no_error():
 
 def test_a_farm_that_is_unreachable():
     out = run("cache", "ls", "--remote", f"grpc://127.0.0.1:{closed_port()}", "--timeout", "2")
-    assert "UNAVAILABLE" in one_line_error(out, "torchfarm cache ls")
+    line = one_line_error(out, "torchfarm cache ls")
+    assert "UNAVAILABLE" in line and "is the farm running?" in line
+
+
+def test_explain_says_an_unreachable_farm_once():
+    out = run("explain", "0123456789ab", "--remote", f"grpc://127.0.0.1:{closed_port()}", "--timeout", "2")
+    assert "UNAVAILABLE" in one_line_error(out, "torchfarm explain")
+
+
+def test_a_malformed_token_is_refused_before_any_call():
+    """As the SDK refuses it: before, `torchfarm status` said all was well with a token
+    every training script would be refused for."""
+    out = run("status", "--remote", f"grpc://127.0.0.1:{closed_port()}",
+              env={**os.environ, "TORCHFARM_TOKEN": "garbage"})
+    assert "TORCHFARM_TOKEN: not a torchfarm token" in one_line_error(out, "torchfarm status")
+    assert out.returncode == 2
 
 
 def test_tls_to_a_plain_farm_is_one_line_that_says_what_to_change():
@@ -189,3 +204,10 @@ def test_a_client_install_runs_the_client_commands():
 def test_torchfarm_up_in_a_client_install_names_the_extras_it_needs():
     line = one_line_error(client_only("up", "--grpc-port", str(closed_port())), "torchfarm up")
     assert "torchfarm[all]" in line, line
+
+
+def test_cache_gc_in_a_client_install_says_it_is_an_operators_command():
+    """It reads the farm's Redis itself; before, a client install said ModuleNotFoundError
+    and called it a bug."""
+    line = one_line_error(client_only("cache", "gc", "--dry-run"), "torchfarm cache gc")
+    assert "torchfarm[all]" in line and "Redis" in line and "a bug?" not in line, line
