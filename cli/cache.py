@@ -218,7 +218,10 @@ def _evict(args: argparse.Namespace) -> int:
         else:
             if doomed:
                 print(ls_table(listing))
-            print(f"would evict {size}" if args.dry_run else "no cache entries match")
+            if args.dry_run:
+                print(f"would evict {size}")
+            elif not missing:  # each key that matched nothing was said above
+                print("no cache entries match")
         return 1 if missing else 0
     if bulk:
         confirm(f"evict {size}", args.yes)

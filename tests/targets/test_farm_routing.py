@@ -131,6 +131,7 @@ def test_unserved_graph_target_is_unavailable_at_once(fleet, req, named, no_wait
     with pytest.raises(NoWorker, match=f"compiles graphs for target {named}") as e:
         asyncio.run(farm.submit(req, req.ByteSize()))
     assert "live targets: cpu:avx512 (graph), cuda:sm_90 (graph+kernel), rocm:gfx942 (kernel)" in str(e.value)
+    assert "`torchfarm worker --targets " in str(e.value)
     assert farm.dispatcher.sent == []
 
 

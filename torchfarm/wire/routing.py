@@ -165,10 +165,11 @@ def unserved_message(target: str, kind: str, workers: dict[str, dict[str, Any]])
         for t, kinds in served_targets(w).items():
             live.setdefault(t, set()).update(kinds)
     what = "compiles Triton kernels" if kind == KERNEL else "compiles graphs"
+    start = f"`torchfarm worker --targets {target}` serves it, on a machine that can build for it (docs/targets.md)"
     if not live:
-        return f"no live worker {what} for target {target}; no worker is live"
+        return f"no live worker {what} for target {target}; no worker is live; {start}"
     listed = ", ".join(f"{t} ({'+'.join(sorted(k))})" for t, k in sorted(live.items()))
-    return f"no live worker {what} for target {target}; live targets: {listed}"
+    return f"no live worker {what} for target {target}; live targets: {listed}; {start}"
 
 
 def describe(msg: farm_pb2.Target) -> str:
