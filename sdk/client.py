@@ -284,20 +284,32 @@ class StubClient:
     def wait(
         self, key: str, on_status: Callable[[farm_pb2.JobStatus], None] | None = None
     ) -> farm_pb2.JobStatus:
-        """Watches the job until it ends; raises RemoteCompileError if it failed."""
+        """Watches the job until it ends; raises RemoteCompileError if it failed. A job
+        that waits queued with no live worker for its queue (`JobStatus.unserved`) is
+        waited for `wake_timeout_s`, as a target no worker serves is (sdk/wake.py), then
+        NoWorker; the job stays queued on the farm for a worker that comes later."""
         deadline = time.monotonic() + self.settings.compile_timeout_s
+        unserved_until: float | None = None  # queued with no live worker: when the wait for one ends
         status: farm_pb2.JobStatus  # what the stream yields (the generated stub is untyped)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if deadline <= now:
                 raise FarmUnavailable(
                     f"compile of {key[:12]} did not finish within {self.settings.compile_timeout_s:g}s "
                     "(TORCHFARM_COMPILE_TIMEOUT_S); the farm goes on with it, so a later run can find it cached",
                     grpc.StatusCode.DEADLINE_EXCEEDED.name,
                 )
+            if unserved_until is not None and unserved_until <= now:
+                raise NoWorker(
+                    f"no live worker took the job {key[:12]} within {self.settings.wake_timeout_s:g}s "
+                    "(TORCHFARM_WAKE_TIMEOUT_S): every worker of its target is gone or not started "
+                    "(torchfarm status lists them); it stays queued, so a worker that starts compiles "
+                    "it for a later run", Reason.NO_WORKER,
+                )
+            ends = min(deadline, unserved_until or deadline)
             try:
                 for status in self.stub.Watch(
-                    farm_pb2.JobRef(key=key), timeout=remaining, metadata=self.metadata
+                    farm_pb2.JobRef(key=key), timeout=ends - now, metadata=self.metadata
                 ):
                     if on_status is not None:
                         on_status(status)
@@ -309,6 +321,16 @@ class StubClient:
                             f"({status.error_code}): {status.message}",
                             status.error_code,
                         )
+                    if not status.unserved:
+                        unserved_until = None
+                    elif unserved_until is None:
+                        unserved_until = time.monotonic() + self.settings.wake_timeout_s
+                        log.warning(
+                            "torchfarm: the job %s is queued, but no live worker takes its target's "
+                            "jobs; waiting up to %gs for one (TORCHFARM_WAKE_TIMEOUT_S)",
+                            key[:12], self.settings.wake_timeout_s,
+                        )
+                        break  # watch again, until that wait ends
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     # The job record is gone: Redis lost it (a restart). Submitting again
@@ -320,7 +342,7 @@ class StubClient:
                     log.info("watch of %s deferred: %s", key[:12], e.details())
                     time.sleep(1.0)
                     continue
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and deadline <= time.monotonic():
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and ends <= time.monotonic():
                     continue  # this client's own deadline, said above
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch", key) from e

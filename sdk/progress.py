@@ -58,7 +58,7 @@ class GraphTrack:
 
     def update(self, status: farm_pb2.JobStatus) -> None:
         if status.state == farm_pb2.QUEUED:
-            self.stage = "queued"
+            self.stage = "waiting for a worker" if status.unserved else "queued"
         elif status.stage:
             self.stage = status.stage
         self.kernels_total = status.kernels_total

@@ -61,8 +61,10 @@ class SDKSettings:
     is known (pinned above, or published by `torchfarm up` on this machine); every other
     farm's artifacts load only with a valid signature (sdk/trust.py)."""
     wake_timeout_s: float = 120.0
-    """How long to keep submitting a graph whose target no live worker serves yet (a
-    pool starting or scaled to zero; sdk/wake.py) before falling back; 0: at once."""
+    """How long to wait for a live worker of the graph's target before falling back: a
+    submit answered NO_WORKER is retried (sdk/wake.py), and a job queued while no live
+    worker takes its queue (a pool starting or scaled to zero, or every worker gone) is
+    watched this long (sdk/client.py); 0: at once."""
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -164,6 +166,8 @@ class Farm:
         self.events = events
         """Wake-ups when a job record changes; None polls every poll_interval_s instead."""
         self._watches: dict[str, int] = {}
+        self._served: tuple[float, frozenset[str]] = (-math.inf, frozenset())
+        """When `served_queues` last read the workers' queues, and those queues."""
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
         self._known_queues = known_queues(settings.known_targets)
@@ -387,13 +391,26 @@ class Farm:
             last = None
             while True:
                 job = await self.job(key, tenant)
-                seen = (job.state, job.stage, job.attempts, job.kernels_done)
+                if job.state == JobState.QUEUED:
+                    served = await self.runner.run(self.served_queues)
+                    job = dataclasses.replace(job, unserved=job.queue not in served)
+                seen = (job.state, job.stage, job.attempts, job.kernels_done, job.unserved)
                 if seen != last:
                     last = seen
                     yield job
                 if job.state in JobState.TERMINAL:
                     return
                 await changed()
+
+    def served_queues(self) -> frozenset[str]:
+        """The queues some live worker consumes. Read (a SCAN of the workers'
+        registrations) at most every watch_poll_s, however many watches ask."""
+        read_at, queues = self._served
+        now = time.monotonic()
+        if now - read_at >= self.settings.watch_poll_s:
+            queues = frozenset(q for w in self.store.live_workers().values() for q in w.get("queues", ()))
+            self._served = (now, queues)
+        return queues
 
     @contextlib.asynccontextmanager
     async def job_changes(self, key: str, tenant: Tenant = OPEN) -> AsyncIterator[Callable[[], Awaitable[None]]]:

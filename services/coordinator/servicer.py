@@ -54,6 +54,7 @@ def job_status(job: JobRecord) -> farm_pb2.JobStatus:
         kernels_total=job.kernels_total,
         kernels_done=job.kernels_done,
         kernels_hit=job.kernels_hit,
+        unserved=job.unserved,
     )
 
 

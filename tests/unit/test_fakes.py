@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from localfarm.fakes import (
     memory_store,
 )
 from localfarm.inline import JOBS
-from sdk.errors import FarmUnavailable, GraphRejected, RemoteCompileError
+from sdk.errors import FarmUnavailable, GraphRejected, NoWorker, RemoteCompileError
 from tests.requests import RELU_QUEUE, relu_request
 from torchfarm.storage.store import JobState
 from torchfarm.wire import keys, routing
@@ -169,6 +170,36 @@ def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
     with pytest.raises(FarmUnavailable, match=r"within 0.2s \(TORCHFARM_COMPILE_TIMEOUT_S\); the farm goes on") as late:
         client.wait(key)
     assert late.value.code == "DEADLINE_EXCEEDED"
+
+
+def test_a_job_no_live_worker_serves_ends_its_wait_at_the_wake_timeout():
+    """The farm's only worker is gone (crashed, hung, its pool scaled to zero): the job
+    waits queued. Before, the client waited silently for the whole compile timeout
+    (900 s); now for TORCHFARM_WAKE_TIMEOUT_S, as for a target no worker serves, and
+    then falls back. The job stays queued, for a worker that comes later."""
+    farm = InProcessFarm()
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
+    client = farm.client(farm.sdk_settings(compile_timeout_s=60, wake_timeout_s=0.3), run_jobs=False)
+    key = client.submit(relu_request()).key
+    farm.store.r.delete("tf:worker:w1")  # its heartbeat expired
+    seen = []
+    t0 = time.monotonic()
+    with pytest.raises(NoWorker, match=r"no live worker took the job \w+ within 0.3s \(TORCHFARM_WAKE_TIMEOUT_S\)"):
+        client.wait(key, seen.append)
+    assert time.monotonic() - t0 < 30
+    assert seen and all(s.unserved for s in seen)
+    assert farm.store.get_job(key).state == "QUEUED"
+
+
+def test_a_job_waits_on_while_a_worker_serves_its_queue():
+    farm = InProcessFarm()
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
+    client = farm.client(farm.sdk_settings(compile_timeout_s=0.5, wake_timeout_s=0.1), run_jobs=False)
+    key = client.submit(relu_request()).key
+    seen = []
+    with pytest.raises(FarmUnavailable, match="did not finish within 0.5s") as late:
+        client.wait(key, seen.append)
+    assert not isinstance(late.value, NoWorker) and seen and not any(s.unserved for s in seen)
 
 
 def test_the_fakes_load_without_torch():

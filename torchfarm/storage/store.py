@@ -156,6 +156,9 @@ class JobRecord:
     """Of those, built or found in the kernel cache so far."""
     kernels_hit: int = 0
     """Of kernels_done, found in the kernel cache."""
+    unserved: bool = False
+    """Not stored: the coordinator's view of a QUEUED job whose queue no live worker
+    consumes (services/coordinator/farm.py `Farm.watch`)."""
 
     @classmethod
     def from_hash(cls, key: str, h: dict[bytes, bytes]) -> JobRecord:

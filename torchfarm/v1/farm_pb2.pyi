@@ -378,7 +378,7 @@ class StageTiming(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., seconds: _Optional[float] = ..., queued_seconds: _Optional[float] = ..., kernels: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., worker: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit", "error", "stage_id")
+    __slots__ = ("key", "state", "stage", "message", "error_code", "attempts", "queued_seconds", "timings", "artifact_bytes", "worker", "kernels_total", "kernels_done", "kernels_hit", "error", "stage_id", "unserved")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +394,7 @@ class JobStatus(_message.Message):
     KERNELS_HIT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNSERVED_FIELD_NUMBER: _ClassVar[int]
     key: str
     state: JobState
     stage: str
@@ -409,7 +410,8 @@ class JobStatus(_message.Message):
     kernels_hit: int
     error: JobError.Code
     stage_id: Stage.Name
-    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., error: _Optional[_Union[JobError.Code, str]] = ..., stage_id: _Optional[_Union[Stage.Name, str]] = ...) -> None: ...
+    unserved: bool
+    def __init__(self, key: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., error_code: _Optional[str] = ..., attempts: _Optional[int] = ..., queued_seconds: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., artifact_bytes: _Optional[int] = ..., worker: _Optional[str] = ..., kernels_total: _Optional[int] = ..., kernels_done: _Optional[int] = ..., kernels_hit: _Optional[int] = ..., error: _Optional[_Union[JobError.Code, str]] = ..., stage_id: _Optional[_Union[Stage.Name, str]] = ..., unserved: _Optional[bool] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("key", "direct")
