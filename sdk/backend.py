@@ -36,7 +36,7 @@ from sdk.errors import (
 from sdk.metrics import FALLBACKS, SPLITS, rejected
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
-from sdk.scalars import specialize_float_inputs
+from sdk.scalars import fold_constant_operators, specialize_float_inputs
 from sdk.settings import SDKSettings
 from sdk.trust import Trust, untrusted_message
 from torchfarm.fx import global_state, regions
@@ -205,6 +205,7 @@ class FarmBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         if self.client is not None or self.target is not None:
             specialize_float_inputs(gm)  # may restart Dynamo's trace (sdk/scalars.py)
+            fold_constant_operators(gm)  # what the specialized floats left: `-lr` of a constant
         regions.inline_for_training(gm, example_inputs)  # torch 2.13's backward of a reused region is wrong
         with self._lock:
             self._graphs += 1

@@ -88,3 +88,37 @@ def specialize_float_inputs(gm: torch.fx.GraphModule) -> None:
         TensorifyState.specialize(name)
     log.debug("specializing float inputs %s before sending the graph", ", ".join(names))
     raise TensorifyScalarRestartAnalysis
+
+
+_PURE_PYTHON = ("_operator", "math")
+"""Modules of the calls the format takes only with a node operand (torchfarm/graph/graphcheck.py)."""
+
+
+def fold_constant_operators(gm: torch.fx.GraphModule) -> None:
+    """Computes here each Python `operator` or `math` call whose operands are all
+    constants, as a float specialized above leaves (`-lr` once `lr` is a constant), and
+    passes its value to its users. The farm's format refuses such calls: a graph
+    computes only from its inputs. A value the graph returns stays a call."""
+    folded = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or getattr(node.target, "__module__", None) not in _PURE_PYTHON:
+            continue
+        if node.all_input_nodes or any(user.op == "output" for user in node.users):
+            continue
+        value = node.target(*node.args, **node.kwargs)
+        if not isinstance(value, (bool, int, float)):
+            continue
+        _replace_uses(node, value)
+        gm.graph.erase_node(node)
+        folded = True
+    if folded:
+        gm.recompile()
+
+
+def _replace_uses(node: torch.fx.Node, value: bool | int | float) -> None:
+    def swap(arg: torch.fx.Node) -> torch.fx.node.Argument:
+        return value if arg is node else arg
+
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, swap)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, swap)

@@ -126,3 +126,23 @@ def test_a_float_scale_stays_symbolic_one_graph_for_every_value(farm: InProcessF
         ref.sum().backward()
     torch.testing.assert_close(lin.weight.grad, eager.weight.grad)
     assert _farm_graphs(farm) == 1
+
+
+def test_a_float_argument_that_changes_compiles_on_the_farm(farm: InProcessFarm) -> None:
+    """An LR scheduler's `lr` changes between calls of a compiled optimizer step: Dynamo
+    makes it a symbolic float, the SDK specializes it, and the retraced graph computes
+    `-lr` from a constant. Before, that constant operator call was refused by the
+    format (an operator without a node operand), so every step after the first compiled
+    locally; the SDK now folds it before it sends the graph."""
+
+    def sgd(p: torch.Tensor, g: torch.Tensor, lr: float) -> None:
+        p.add_(g, alpha=-lr)
+
+    compiled = torch.compile(sgd, backend=_backend(farm))
+    p, g = torch.randn(8), torch.randn(8)
+    eager = p.clone()
+    for lr in (0.1, 0.05, 0.025):
+        compiled(p, g, lr)
+        sgd(eager, g, lr)
+    torch.testing.assert_close(p, eager)
+    assert _farm_graphs(farm) >= 2
