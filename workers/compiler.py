@@ -36,7 +36,7 @@ import torch
 
 from torchfarm.fx import autotune, internals
 from torchfarm.fx.cpp_kernels import KernelSpec, kernel_name, load_fn_outputs, local_outputs
-from torchfarm.fx.decode import resolve_function
+from torchfarm.fx.decode import STATIC_INPUT, resolve_function
 from torchfarm.fx.encode import NUMPY_PREFIX
 from torchfarm.fx.hooks import count_kernel_builds, record_kernel_loads
 from torchfarm.fx.internals import resolve
@@ -435,7 +435,7 @@ def _serialized_compile(
     patch: dict[str, Any], fake_mode: Any,
 ) -> bytes:
     """`standalone_compile(aot=True)`, serialized; callers map its exceptions."""
-    with cacheable_calls():
+    with cacheable_calls(), static_inputs():
         artifact = internals.standalone_compile(
             gm,
             list(example_inputs),
@@ -526,3 +526,33 @@ def _phases(before: dict[str, float], after: dict[str, float], kernels_s: float)
         "lower": max(inductor - kernels_s, 0.0),
         "kernels": kernels_s,
     }
+
+
+@contextlib.contextmanager
+def static_inputs() -> Iterator[None]:
+    """AOTAutograd takes a decoded graph's parameters and buffers as static inputs, as it
+    takes a Dynamo graph's in a local `torch.compile` (its `_try_get_metadata_from_dynamo`
+    reads them from Dynamo's metadata, which a decoded graph has none of). The partitioner
+    then saves such an input for the backward as it is (`treat_parameters_as_free_to_save`),
+    with its version check. Without it, the forward saved a view of a buffer made by
+    Inductor's `reinterpret_tensor`, which autograd does not version: a buffer changed in
+    place before the backward (a MoCo queue) gave wrong gradients where a local compile
+    raises. CUDA graphs likewise leave static inputs where they are instead of copying them."""
+    module = resolve("aot_autograd")
+    real = module._try_get_metadata_from_dynamo
+
+    def metadata(mod: Any, param_keys: Any, full_args_num: int, full_args_descs: Any) -> Any:
+        sources, static = real(mod, param_keys, full_args_num, full_args_descs)
+        if static or not isinstance(mod, torch.fx.GraphModule):
+            return sources, static
+        marked = [i for i, n in enumerate(mod.graph.find_nodes(op="placeholder")) if n.meta.get(STATIC_INPUT)]
+        if not marked:
+            return sources, static
+        lifted = len(param_keys)  # AOTAutograd's inputs: the module's own tensors, then the graph's
+        return sources, [*range(lifted), *(lifted + i for i in marked)]
+
+    module._try_get_metadata_from_dynamo = metadata
+    try:
+        yield
+    finally:
+        module._try_get_metadata_from_dynamo = real

@@ -535,6 +535,8 @@ class _Decoder:
                 # FX's sanitized node name instead.
                 node.target = node.name
                 inputs.append(self.placeholder(pb))
+                if pb.HasField("tensor") and pb.tensor.kind in (TensorMeta.PARAMETER, TensorMeta.BUFFER):
+                    node.meta[STATIC_INPUT] = True
             elif pb.op == Node.CALL_FUNCTION:
                 fn = fx_library.resolve(custom[pb.target]) if pb.target in custom else resolve_function(pb.target)
                 node = fx.create_node("call_function", fn, args, kwargs, name=pb.name)
@@ -575,6 +577,11 @@ def _as_dynamo_propagates() -> contextlib.AbstractContextManager[None]:
     of a dynamic size) failed with "SymIntArrayRef expected to contain only concrete
     integers" on a graph Dynamo had traced."""
     return cast(contextlib.AbstractContextManager[None], resolve("enable_python_dispatcher")())
+
+
+STATIC_INPUT = "torchfarm_static_input"
+"""Set in the meta of a placeholder that was a parameter or a buffer in the client's
+graph: what Dynamo passes as a static input (workers/compiler.py `static_inputs`)."""
 
 
 def _mark_example_values(gm: torch.fx.GraphModule) -> None:

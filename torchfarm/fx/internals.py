@@ -178,6 +178,11 @@ INTERNALS: dict[str, Internal] = {
     "pick_vec_isa": _i("torch._inductor.cpu_vec_isa", "pick_vec_isa", (), "workers/priming.py"),
     "fresh_cache": _i("torch._inductor.utils", "fresh_cache", ("cache_entries", "dir", "delete"),
                       "workers/priming.py: warm-up in a throw-away cache"),
+    # Which inputs AOTAutograd takes as static (parameters and buffers): workers/compiler.py.
+    "aot_autograd": _i("torch._functorch.aot_autograd", used_by="workers/compiler.py: static inputs"),
+    "_try_get_metadata_from_dynamo": _i("torch._functorch.aot_autograd", "_try_get_metadata_from_dynamo",
+                                        ("mod", "param_keys", "full_args_num", "full_args_descs"),
+                                        "workers/compiler.py: replaced in aot_autograd during a compile"),
     # AOTAutograd's stages: the staged compile's decomposition (workers/aot_seam.py).
     "graph_compile": _i("torch._functorch._aot_autograd.graph_compile", used_by="workers/aot_seam.py"),
     "aot_dispatch_autograd_graph": _i("torch._functorch._aot_autograd.graph_compile",

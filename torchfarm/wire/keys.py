@@ -47,6 +47,13 @@ by their issues. They are in the key: a farm that carries a fix never serves an 
 compiled without it, from its cache or from an older farm's."""
 
 
+WORKER_CHANGES = ("static-parameters",)
+"""Changes to how the workers compile that change an artifact, beyond the fixes above:
+"static-parameters", a graph's parameters and buffers passed to AOTAutograd as static
+inputs, as a local torch.compile passes them (workers/compiler.py `static_inputs`). In
+the key, so an artifact compiled before a change is never served after it."""
+
+
 def graph_digest(graph: graph_pb2.Graph, *, hints: bool = True, rank: bool = True) -> str:
     """A digest of the graph's deterministic protobuf encoding; with `hints=False`, of
     the encoding with every symbol's and size expression's hint cleared; with
@@ -183,6 +190,7 @@ def _canonical(request: farm_pb2.CompileRequest, namespace: str) -> dict[str, An
         },
         "options": options_canonical(request.options),
         "inductor_fixes": list(INDUCTOR_FIXES),
+        "worker_changes": list(WORKER_CHANGES),
     }
     if shared:
         canonical["ranks"] = "shared"  # never a per-rank key, whose graph has rank 0
