@@ -527,5 +527,6 @@ class FarmClient(StubClient):
         waited = f"within {self.settings.connect_timeout_s:g}s (TORCHFARM_CONNECT_TIMEOUT_S)"
         if not _accepts_connections(self.address):
             return f"farm at {self.address} did not answer {waited}"
-        hint = TLS_TO_PLAIN if self.tls else "it may serve TLS only (use grpcs://)"
-        return f"farm at {self.address} accepts connections, but no gRPC channel came up {waited}: {hint}"
+        other = TLS_TO_PLAIN if self.tls else "it may serve TLS only (use grpcs://)"
+        return (f"farm at {self.address} accepts connections, but no gRPC channel came up {waited}: "
+                f"{other}, or it is hung")

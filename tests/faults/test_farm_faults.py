@@ -206,7 +206,8 @@ def test_unreachable_farm_falls_back_within_the_connect_deadline(caplog):
         for name, port in (("refused", free_port()), ("blackhole", hole_port)):
             client = FarmClient(f"grpc://127.0.0.1:{port}", SDKSettings(connect_timeout_s=2.0))
             t0 = time.monotonic()
-            with pytest.raises(FarmUnavailable, match="did not answer"):
+            # Nothing listens, or something that never speaks gRPC (a hung farm).
+            with pytest.raises(FarmUnavailable, match="did not answer|accepts connections.*or it is hung"):
                 client.submit(request)
             took = time.monotonic() - t0
             figures[f"{name}_s"] = round(took, 2)

@@ -10,6 +10,7 @@ import stat
 
 import pytest
 
+from localfarm.stack import free_port
 from sdk import artifact
 from sdk.errors import ArtifactRejected, ConfigError
 from sdk.settings import SDKSettings
@@ -217,11 +218,11 @@ def test_a_pinned_keys_file_that_is_not_json_names_the_file_and_the_variable(tmp
         Trust.from_settings(SDKSettings(trusted_keys_file=str(bad)), "127.0.0.1:50051")
 
 
-def test_a_farm_whose_artifacts_load_unverified_is_warned_of_once(caplog, monkeypatch):
+def test_a_farm_whose_artifacts_load_unverified_is_warned_of_once(caplog):
     from sdk import backend
 
-    monkeypatch.setattr(backend, "_warned_once", set())
-    settings = SDKSettings(remote="grpc://127.0.0.1:50051", trust_unsigned="127.0.0.1:50051")
+    farm = f"127.0.0.1:{free_port()}"  # warned of once a process: a farm no other test named
+    settings = SDKSettings(remote=f"grpc://{farm}", trust_unsigned=farm)
     for name in ("a", "b"):
         backend.FarmBackend(settings, name=name)
     unverified = [r for r in caplog.records if "without a signature check" in r.getMessage()]
