@@ -46,8 +46,16 @@ def _farm(remote: str) -> str:
 
 
 def names_farm(trust_unsigned: str, address: str) -> bool:
-    """Whether the TORCHFARM_TRUST_UNSIGNED list names the farm at "host:port" exactly."""
-    return _farm(address) in {_farm(a) for a in trust_unsigned.split(",") if ":" in a}
+    """Whether the TORCHFARM_TRUST_UNSIGNED list names the farm at "host:port" exactly;
+    ConfigError for an entry that names no farm (`yes`, `*`)."""
+    named = {_farm(a) for a in trust_unsigned.split(",") if a.strip()}
+    unnamed = sorted(a for a in named if ":" not in a)
+    if unnamed:
+        raise ConfigError(
+            f"TORCHFARM_TRUST_UNSIGNED: {unnamed[0]!r} is not a farm address "
+            "(host:port, or grpc://host:port, each farm named exactly)"
+        )
+    return _farm(address) in named
 
 
 @dataclass(frozen=True)
@@ -87,13 +95,7 @@ class Trust:
                 namespace = namespace_of(settings.token)
             except TokenError as e:
                 raise ConfigError(f"TORCHFARM_TOKEN: {e}") from e
-        unnamed = [a.strip() for a in settings.trust_unsigned.split(",") if a.strip() and ":" not in a]
-        if unnamed:
-            raise ConfigError(
-                f"TORCHFARM_TRUST_UNSIGNED: {unnamed[0]!r} is not a farm address "
-                "(host:port, or grpc://host:port, each farm named exactly)"
-            )
-        unsigned = not keys and names_farm(settings.trust_unsigned, address)
+        unsigned = names_farm(settings.trust_unsigned, address) and not keys
         return cls(keys=keys, namespace=namespace, unsigned=unsigned, keys_from=keys_from)
 
 

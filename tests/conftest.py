@@ -143,6 +143,22 @@ def any_stack(request, monkeypatch):
 
 
 @pytest.fixture
+def compiling_farm(tmp_path, monkeypatch):
+    """A farm in this process (localfarm/fakes.py) whose inline worker compiles, with an
+    Inductor cache of its own; Dynamo is reset around the test."""
+    import torch
+
+    from localfarm.fakes import InProcessFarm
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    farm = InProcessFarm()
+    farm.register_worker()
+    torch._dynamo.reset()
+    yield farm
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def client_cache_dir(tmp_path, monkeypatch):
     """An empty Inductor cache dir for this test's client process."""
     d = tmp_path / "client-inductor"

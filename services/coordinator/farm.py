@@ -238,7 +238,7 @@ class Farm:
             )
         # The queue names the exact target, the build and the job kind (torchfarm/wire/routing.py).
         workers = store.live_workers()
-        if not any(queue in w.get("queues", ()) for w in workers.values()):
+        if queue not in routing.live_queues(workers):
             if not self._known_queue(store, queue):
                 raise _no_worker(request, workers)
             log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
@@ -408,7 +408,7 @@ class Farm:
         read_at, queues = self._served
         now = time.monotonic()
         if now - read_at >= self.settings.watch_poll_s:
-            queues = frozenset(q for w in self.store.live_workers().values() for q in w.get("queues", ()))
+            queues = routing.live_queues(self.store.live_workers())
             self._served = (now, queues)
         return queues
 
@@ -533,7 +533,7 @@ class Farm:
     def _status_sync(self, tenant: Tenant = OPEN) -> FarmState:
         workers = self.store.live_workers()
         jobs = self.store.tenant(tenant.namespace).recent_jobs()
-        served = {q for w in workers.values() for q in w.get("queues", ())}
+        served = routing.live_queues(workers)
         names = sorted(served | {j.queue for j in jobs if j.queue})
         queues = [
             QueueDepth(

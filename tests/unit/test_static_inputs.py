@@ -11,8 +11,6 @@ partition saves the buffer itself, versioned). In process (localfarm/fakes.py)."
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -38,16 +36,6 @@ class Queue(nn.Module):
         return out
 
 
-@pytest.fixture
-def farm(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessFarm]:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    farm = InProcessFarm()
-    farm.register_worker()
-    torch._dynamo.reset()
-    yield farm
-    torch._dynamo.reset()
-
-
 def _backward_error(model: nn.Module, x: torch.Tensor) -> str:
     try:
         model(x).backward()
@@ -56,23 +44,23 @@ def _backward_error(model: nn.Module, x: torch.Tensor) -> str:
     return ""
 
 
-def test_a_buffer_changed_before_the_backward_fails_as_a_local_compile_does(farm: InProcessFarm) -> None:
+def test_a_buffer_changed_before_the_backward_fails_as_a_local_compile_does(compiling_farm: InProcessFarm) -> None:
     torch.manual_seed(0)
     model, x = Queue(), torch.randn(4, 8)
-    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
+    backend = FarmBackend(compiling_farm.sdk_settings(fallback="error"), client=compiling_farm.client())
     on_farm = _backward_error(torch.compile(copy.deepcopy(model), backend=backend), x)
     torch._dynamo.reset()
     local = _backward_error(torch.compile(copy.deepcopy(model)), x)
     assert "modified by an inplace operation" in local
     assert "modified by an inplace operation" in on_farm
-    assert farm.store.recent_jobs()  # the graph was compiled by the farm, not here
+    assert compiling_farm.store.recent_jobs()  # the graph was compiled by the farm, not here
 
 
-def test_parameters_and_buffers_train_as_in_eager(farm: InProcessFarm) -> None:
+def test_parameters_and_buffers_train_as_in_eager(compiling_farm: InProcessFarm) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
     twin = copy.deepcopy(model)
-    backend = FarmBackend(farm.sdk_settings(fallback="error"), client=farm.client())
+    backend = FarmBackend(compiling_farm.sdk_settings(fallback="error"), client=compiling_farm.client())
     compiled = torch.compile(model, backend=backend)
     for _ in range(2):
         x = torch.randn(6, 8)

@@ -158,6 +158,11 @@ def served_targets(worker: dict[str, Any]) -> dict[str, set[str]]:
     return served
 
 
+def live_queues(workers: dict[str, dict[str, Any]]) -> frozenset[str]:
+    """The queues the workers (`Store.live_workers`) consume."""
+    return frozenset(q for w in workers.values() for q in w.get("queues", ()))
+
+
 def unserved_message(target: str, kind: str, workers: dict[str, dict[str, Any]]) -> str:
     """Why `target` cannot be served, naming it and what the live workers do serve."""
     live: dict[str, set[str]] = {}
