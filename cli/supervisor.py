@@ -62,13 +62,19 @@ class _Child:
     restarts: deque[float] = field(default_factory=deque)
 
 
+LEFT_OVER_GRACE_S = 5.0
+"""How long a stop waits for what the children started outside their process groups
+to end on its own."""
+
+
 class Supervisor:
     """Starts children and keeps them running; `check` restarts the dead ones."""
 
     def __init__(self, max_restarts: int = MAX_RESTARTS, window_s: float = RESTART_WINDOW_S,
-                 out: TextIO | None = None):
+                 out: TextIO | None = None, left_over_grace_s: float = LEFT_OVER_GRACE_S):
         self.max_restarts = max_restarts
         self.window_s = window_s
+        self.left_over_grace_s = left_over_grace_s
         self.out = out or sys.stderr
         self.children: dict[str, _Child] = {}
 
@@ -116,11 +122,17 @@ class Supervisor:
         left = set().union(*(descendants(p.pid) for p in procs.values()))
         launch.stop(procs, timeout_s)
         # A worker's sandbox server runs in a session of its own (bubblewrap's
-        # --new-session), out of reach of the group kill, and has been seen to outlive a
-        # worker stopped by SIGTERM.
+        # --new-session), out of reach of the group kill. It ends when its worker's pipe
+        # closes, a moment after the worker, or, stopped while it prebuilds its headers,
+        # once they are built: one still running after `left_over_grace_s` is stopped
+        # here, as a normal stop.
+        deadline = time.monotonic() + self.left_over_grace_s
+        while any(map(_alive, left)) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for pid in sorted(left):
             if _alive(pid):
-                log.warning("pid %d, started by the farm, outlived its parent; stopping it", pid)
+                log.info("pid %d, started by the farm, outlived its parent by %.0fs; stopping it",
+                         pid, self.left_over_grace_s)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
 

@@ -277,6 +277,10 @@ class _Farm:
             print(f"  export TORCHFARM_TOKEN={self.token}", flush=True)
         else:
             print("torchfarm: authentication is off (loopback only); --auth TENANT turns it on", flush=True)
+        # The published file is this user's; the pins are what another user or machine copies.
+        kept = "" if self.layout.persistent else " (a new key at each start; --data-dir keeps one)"
+        print(f"torchfarm: for other users and machines, copy {self.pins} and set "
+              f"TORCHFARM_TRUSTED_KEYS_FILE to the copy{kept}", flush=True)
         if self.args.metrics_port:
             ports = [self.args.metrics_port + i for i in range(self.args.workers + 1)]
             print(f"torchfarm: /metrics on ports {', '.join(map(str, ports))}", flush=True)

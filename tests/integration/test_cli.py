@@ -55,6 +55,13 @@ def test_up_prints_address_serves_status_and_stops_clean():
         assert f"signing key published in {published}" in proc.stdout.readline()
         assert published.stat().st_mode & 0o777 == 0o600
         assert len(json.loads(published.read_text())) == 1
+        # Another user or machine is told which file to copy and pin.
+        told = ""
+        while "TORCHFARM_TRUSTED_KEYS_FILE" not in told:
+            told = proc.stdout.readline()
+            assert told, "torchfarm up did not say where its pins are"
+        pins = Path(told.split("copy ", 1)[1].split(" and set", 1)[0])
+        assert json.loads(pins.read_text()) == json.loads(published.read_text())
 
         remote = f"grpc://127.0.0.1:{port}"
         out = subprocess.run(

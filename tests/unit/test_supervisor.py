@@ -56,7 +56,7 @@ def test_a_child_killed_while_the_farm_starts_is_not_restarted(tmp_path):
 def test_stop_ends_what_a_child_left_outside_its_group(tmp_path):
     # setsid: a grandchild in a session of its own, as a worker's sandbox server is.
     start, log = child(tmp_path, "setsid sleep 60 & wait")
-    sup = Supervisor(out=io.StringIO())
+    sup = Supervisor(out=io.StringIO(), left_over_grace_s=0.2)
     sup.start("worker0", start, log)
     proc = sup.children["worker0"].proc
     for _ in range(100):
@@ -70,6 +70,22 @@ def test_stop_ends_what_a_child_left_outside_its_group(tmp_path):
             return
         threading.Event().wait(0.05)
     raise AssertionError(f"{[pid for pid in family if _running(pid)]} outlived the stop")
+
+
+def test_stop_waits_for_what_ends_on_its_own_before_calling_it_left_over(tmp_path, caplog):
+    # A sandbox server ends when its worker's pipe closes, a moment after the worker:
+    # a normal stop, which must not read as something gone wrong.
+    start, log = child(tmp_path, "setsid sleep 0.5 & wait")
+    sup = Supervisor(out=io.StringIO())
+    sup.start("worker0", start, log)
+    proc = sup.children["worker0"].proc
+    for _ in range(100):
+        if descendants(proc.pid):
+            break
+        threading.Event().wait(0.05)
+    with caplog.at_level("WARNING", logger="cli.supervisor"):
+        sup.stop(["worker0"], timeout_s=5)
+    assert "outlived" not in caplog.text
 
 
 def _running(pid: int) -> bool:
