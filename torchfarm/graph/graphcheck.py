@@ -12,7 +12,8 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
 - unique node names that are Python identifiers; placeholders first; exactly one OUTPUT
   node, last; arguments only reference earlier nodes;
 - every call_function / call_method target on the allow-list, every get_attr naming a
-  declared constant;
+  declared constant; a higher-order op's constants of the kinds their places take, text
+  only where it takes text (`torchfarm.graph.hopcheck`);
 - placeholder metadata: one of tensor meta, a symint or a device mesh, and DTensor
   metadata only beside tensor meta; known dtype/device, bounded rank, non-negative sizes;
 - functional collectives naming declared, well-formed process groups
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm.graph import allowlist, collectives, customops, dtensor, graphbounds
+from torchfarm.graph.hopcheck import check_hop_constants
 from torchfarm.graph.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.v1 import graph_pb2
 from torchfarm.wire import options as farm_options
@@ -633,6 +635,8 @@ class _Checker:
             self.custom_call(node, where)
         elif not allowlist.is_allowed_function(node.target):
             raise DisallowedOp(node.target, kind="higher-order op" if self.takes_subgraphs else "op")
+        if self.takes_subgraphs:
+            check_hop_constants(node, where)
         if node.target == GETATTR:
             _check_getattr(node, where)
         elif node.target in (SDPA_BACKEND, SET_SDPA_KERNEL):
