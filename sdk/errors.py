@@ -34,13 +34,15 @@ With `fallback="local"` the backend compiles a graph locally on any error whose
 from __future__ import annotations
 
 from torchfarm.wire.codes import JOB_ERRORS, JobError
+from torchfarm.wire.labels import printable
 
 
 class FarmError(Exception):
     fallback = True
 
     def __init__(self, message: str, code: str = ""):
-        super().__init__(message)
+        # Much of a message is the farm's text, which a warning writes to a terminal.
+        super().__init__(printable(message))
         self.code = code
 
 

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchfarm.wire.labels import printable
+
 _WIDE = 100_000
 """The width a table is drawn at when stdout is no terminal: no row is folded."""
 
@@ -30,7 +32,8 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str], right: Iterab
     for name in header:
         t.add_column(name, justify="right" if name in right else "left", no_wrap=not tty)
     for row in rows:
-        t.add_row(*(Text(str(c)) for c in row))  # Text: no markup read in a cell
+        # Text: no markup read in a cell; a cell is one line, whatever a farm sent.
+        t.add_row(*(Text(printable(str(c), newlines=False)) for c in row))
     out = io.StringIO()
     width = shutil.get_terminal_size().columns if tty else _WIDE
     Console(file=out, width=width, no_color=True, highlight=False, emoji=False,
