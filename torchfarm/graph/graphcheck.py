@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfarm.graph import allowlist, collectives, customops, dtensor, graphbounds
-from torchfarm.graph.hopcheck import check_hop_constants
 from torchfarm.graph.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
+from torchfarm.graph.hopcheck import check_hop_constants
 from torchfarm.v1 import graph_pb2
 from torchfarm.wire import options as farm_options
 
