@@ -130,6 +130,9 @@ def run_delivery(
     SUCCEEDED or FAILED. Returns what `work` stored; None when the job ended otherwise
     or, staged, when later stage jobs finish it (workers/jobs/)."""
     attempt = store.incr_attempts(key)
+    if attempt == 0:  # its record expired in the queue: no one waits for it
+        log.warning("job %s: its record expired before this delivery; dropped", key[:12])
+        return None
     try:
         if finished(store):
             store.update_job(key, state=JobState.SUCCEEDED, stage=Stage.DONE)

@@ -138,3 +138,24 @@ def test_a_kernel_request_record_is_deleted_when_its_job_ends(store):
     assert store.get_kernel_request("k1") == b"kreq"
     store.fail_job("k1", "INVALID_KERNEL", "no", ttl_s=60)
     assert store.get_kernel_request("k1") is None
+
+
+def test_a_job_that_moves_on_keeps_its_record_and_request_for_another_ttl(store):
+    # A job queued or compiling longer than its record's TTL lost the record and the
+    # request mid-run: its watcher saw it vanish, and a later stage found no request.
+    store.create_job("k1", "cpu", "", ttl_s=600, request=b"r")
+    for name in ("tf:job:k1", "tf:req:k1"):
+        store.r.expire(name, 5)  # most of its TTL spent waiting in the queue
+    store.update_job("k1", state=JobState.RUNNING, stage="decode")
+    assert store.r.ttl("tf:job:k1") > 500 and store.r.ttl("tf:req:k1") > 500
+
+
+def test_a_record_that_expired_is_not_written_again(store):
+    # HSET on a gone record made one with no TTL, in the Redis that never evicts.
+    store.create_job("k1", "cpu", "", ttl_s=600, request=b"r")
+    store.r.delete("tf:job:k1", "tf:req:k1")  # what its expiry does
+    store.incr_attempts("k1")
+    store.update_job("k1", state=JobState.RUNNING, stage="lowering")
+    assert not store.r.exists("tf:job:k1")
+    store.fail_job("k1", "COMPILE_FAILED", "gone", ttl_s=60)
+    assert not store.r.exists("tf:job:k1")

@@ -162,6 +162,16 @@ def test_the_in_process_client_queues_and_watches_a_job():
     assert failed.value.code == "X"
 
 
+def test_a_job_whose_record_expired_in_the_queue_is_dropped_unrun(caplog):
+    farm = InProcessFarm()
+    farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)
+    key = farm.client(run_jobs=False).submit(relu_request()).key
+    farm.store.r.delete(f"tf:job:{key}")  # what its expiry does
+    assert farm.run_jobs() == 1
+    assert farm.store.get_job(key) is None and not farm.store.r.exists(f"tf:job:{key}")
+    assert "its record expired before this delivery" in caplog.text
+
+
 def test_a_watch_of_a_job_nobody_runs_ends_at_its_deadline():
     farm = InProcessFarm()
     farm.store.heartbeat("w1", [RELU_QUEUE], "test", ttl_s=30)

@@ -59,7 +59,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
-from redis.typing import FieldT
 
 from torchfarm.storage import redisconn
 from torchfarm.storage.blobs import BlobStore, open_blobs
@@ -82,7 +81,8 @@ _CREATE_JOB = """
 if redis.call('HSETNX', KEYS[1], 'created', ARGV[1]) == 0 then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'queue', ARGV[3], 'label', ARGV[4], 'updated', ARGV[1])
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'queue', ARGV[3], 'label', ARGV[4], 'updated', ARGV[1],
+           'ttl', ARGV[5])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
@@ -93,6 +93,40 @@ redis.call('PUBLISH', KEYS[4], 'created')
 return 1
 """
 """Creates a job whole or not at all (Store.create_job), in the state Redis."""
+
+_UPDATE_JOB = """
+-- KEYS: job record, request, kernel request, the job's event channel.
+-- ARGV: "1" when the update ends the job, then field, value pairs.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local unpack = unpack or table.unpack
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+if ARGV[1] == '1' then
+  redis.call('DEL', KEYS[2], KEYS[3])
+else
+  local ttl = redis.call('HGET', KEYS[1], 'ttl')
+  if ttl then
+    redis.call('EXPIRE', KEYS[1], ttl)
+    redis.call('EXPIRE', KEYS[2], ttl)
+    redis.call('EXPIRE', KEYS[3], ttl)
+  end
+end
+redis.call('PUBLISH', KEYS[4], 'updated')
+return 1
+"""
+"""Writes a job record that exists (Store.update_job), in the state Redis."""
+
+_COUNT_ATTEMPT = """
+-- KEYS: job record, the job's event channel. ARGV: the counter.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('PUBLISH', KEYS[2], 'attempt')
+return n
+"""
+"""Counts a delivery of a job whose record exists (Store.incr_attempts)."""
 
 EVICTING_STATE = "the state Redis may evict"
 """Starts `check_state_redis`'s refusal, which names the policy (`maxmemory-policy`)."""
@@ -199,6 +233,8 @@ class Store:
         self.prefix = prefix
         self.namespace = namespace
         self._create_job = client.register_script(_CREATE_JOB)
+        self._update_job = client.register_script(_UPDATE_JOB)
+        self._count_attempt = client.register_script(_COUNT_ATTEMPT)
         self.blobs = blobs if blobs is not None else open_blobs("", self.c, prefix)
         """Where blob bytes live (torchfarm/storage/blobs.py); the cache Redis unless configured."""
 
@@ -391,21 +427,21 @@ class Store:
         return JobRecord.from_hash(key, h) if h and b"state" in h else None
 
     def update_job(self, key: str, **fields: object) -> None:
-        """Writes fields of the job record. A job that ends (SUCCEEDED, or FAILED, which
-        is never retried) drops its request in the same round trip: nothing reads it
-        again, and a resubmit after the record expires stores it anew."""
-        mapping: dict[FieldT, Any] = {
-            k: json.dumps(v) if isinstance(v, (dict, list)) else v
-            for k, v in fields.items()
-            if v is not None
-        }
-        mapping["updated"] = time.time()
-        pipe = self.r.pipeline()
-        pipe.hset(self._j("job", key), mapping=mapping)
-        if fields.get("state") in JobState.TERMINAL:
-            pipe.delete(self._j("req", key), self._j("kreq", key))
-        pipe.publish(self.job_channel(key), "updated")
-        pipe.execute()
+        """Writes fields of the job record, if it has not expired: one written again would
+        have no TTL, in the Redis that never evicts. A job that moves on keeps its record
+        and request for another TTL from now (a job queued most of its TTL, then
+        compiling, lost both mid-run). A job that ends (SUCCEEDED, or FAILED, which is
+        never retried) drops its request in the same round trip: nothing reads it again,
+        and a resubmit after the record expires stores it anew."""
+        pairs: list[Any] = []
+        for name, value in {**fields, "updated": time.time()}.items():
+            if value is not None:
+                pairs += [name, json.dumps(value) if isinstance(value, (dict, list)) else value]
+        ends = "1" if fields.get("state") in JobState.TERMINAL else "0"
+        self._update_job(
+            keys=[self._j("job", key), self._j("req", key), self._j("kreq", key), self.job_channel(key)],
+            args=[ends, *pairs],
+        )
 
     def job_channel(self, key: str) -> str:
         """The pub/sub channel on which every change of the job's record is announced, so
@@ -416,10 +452,8 @@ class Store:
         return self._j("jobev", key)
 
     def incr_attempts(self, key: str) -> int:
-        pipe = self.r.pipeline()
-        pipe.hincrby(self._j("job", key), Attempts.JOB, 1)
-        pipe.publish(self.job_channel(key), "attempt")
-        return int(pipe.execute()[0])
+        """Counts a delivery of the job; 0 when its record has expired."""
+        return int(self._count_attempt(keys=[self._j("job", key), self.job_channel(key)], args=[Attempts.JOB]))
 
     def expire_job(self, key: str, ttl_s: int) -> None:
         self.r.expire(self._j("job", key), ttl_s)
