@@ -38,6 +38,7 @@ from sdk.nonblocking import Swapper
 from sdk.progress import Progress
 from sdk.scalars import fold_constant_operators, specialize_float_inputs
 from sdk.settings import SDKSettings
+from sdk.settings import load as load_settings
 from sdk.trust import Trust, untrusted_message
 from torchfarm.fx import global_state, regions
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
@@ -126,6 +127,29 @@ class _Prepared:
     """Dynamo's compile that captured the graph: where its TORCH_TRACE record goes."""
 
 
+@dataclass(frozen=True)
+class _Given:
+    """What an `sdk.compile` call gave its backend, and all a pickle of it carries."""
+
+    remote: str
+    fallback: str
+    mode: str | None
+    options: dict[str, Any] | None
+    dynamic: bool | None
+    name: str
+    target: Target | None
+    wait: bool
+
+
+def _made_again(given: _Given) -> FarmBackend:
+    """A pickled backend, made again with this process's settings."""
+    settings = dataclasses.replace(load_settings(), remote=given.remote, fallback=given.fallback)
+    return FarmBackend(
+        settings, mode=given.mode, options=given.options, dynamic=given.dynamic, name=given.name,
+        target=given.target, wait=given.wait,
+    )
+
+
 class FarmBackend:
     """A Dynamo backend that compiles on the farm. One instance per `sdk.compile` call.
 
@@ -145,6 +169,7 @@ class FarmBackend:
     ):
         self.settings = settings
         self.mode = mode or ""
+        self._given = _Given(settings.remote, settings.fallback, mode, options, dynamic, name, target, wait)
         self.target = target
         """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
         # The same wrapper torch.compile builds: it turns mode and options into the
@@ -173,6 +198,17 @@ class FarmBackend:
         """id of each callable this backend returned for a farm artifact → (it, its key):
         what a precompiled package names for each of its frames' backends."""
         self._say_where()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FarmBackend:
+        """A copy of a compiled module (an EMA model) compiles through this backend: one
+        client, one channel and one count of graphs in a process."""
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., FarmBackend], tuple[_Given]]:
+        """A pickled compiled module (`torch.save(model)`) carries what the call gave,
+        never the settings' token or keys: where it loads, the backend is made again
+        from that process's settings (TORCHFARM_*)."""
+        return (_made_again, (self._given,))
 
     def _say_where(self) -> None:
         """Warns, once a process, of a model that no farm compiles because none is
