@@ -176,6 +176,7 @@ class FarmBackend:
         # Inductor config patch, and it is the local fallback compiler.
         self.local = resolve("TorchCompileInductorWrapper")(mode, options, dynamic)
         self.name = name
+        self._own_client = client is None
         if client is None and settings.remote:
             client = FarmClient(settings.remote, settings)
         self.client = client
@@ -198,6 +199,20 @@ class FarmBackend:
         """id of each callable this backend returned for a farm artifact → (it, its key):
         what a precompiled package names for each of its frames' backends."""
         self._say_where()
+
+    def __eq__(self, other: object) -> bool:
+        """Backends of equal calls are equal, as torch.compile's are: Dynamo shares a
+        code's graphs only between equal backends, so blocks compiled one by one (each
+        transformer block, as torchtitan and FSDP2 code does) were each a recompile of
+        the same code, and past the recompile limit ran eagerly. A backend that swaps
+        graphs in (wait=False) is equal only to itself: its swapper is its model's."""
+        if not isinstance(other, FarmBackend) or not (self._given.wait and other._given.wait):
+            return self is other
+        same_client = (self._own_client and other._own_client) or self.client is other.client
+        return same_client and self._given == other._given and self.settings == other.settings
+
+    def __hash__(self) -> int:
+        return hash((self._given.remote, self._given.mode, self._given.name, self._given.wait))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FarmBackend:
         """A copy of a compiled module (an EMA model) compiles through this backend: one

@@ -66,3 +66,50 @@ def test_a_pickled_compiled_module_carries_no_token_and_loads_with_a_backend_of_
     assert backend.settings.remote == "grpc://farm.example:50051" and backend.settings.fallback == "local"
     assert backend.settings.token == loader  # the loading process's own
     assert backend.mode == "max-autotune-no-cudagraphs" and backend.name == "M"
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(self.lin(x)) + x
+
+
+def _graphs_of_blocks_compiled_one_by_one(compile_block) -> int:
+    """How many graphs Dynamo compiles for 12 identical blocks compiled separately, as
+    torchtitan and FSDP2 code compiles each transformer block."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(4, 16)
+    for block in [compile_block(Block()) for _ in range(12)]:
+        x = block(x)
+    return counters["stats"]["unique_graphs"]
+
+
+def test_blocks_compiled_one_by_one_share_their_graphs_as_torch_compiles_do(compiling_farm: InProcessFarm) -> None:
+    # Each sdk.compile made a backend Dynamo found unequal to the last: every block was a
+    # recompile of the same code, and past the recompile limit (8) the rest ran eagerly.
+    settings, client = compiling_farm.sdk_settings(fallback="error"), compiling_farm.client()
+    local = _graphs_of_blocks_compiled_one_by_one(torch.compile)
+    farm = _graphs_of_blocks_compiled_one_by_one(
+        lambda block: torch.compile(block, backend=FarmBackend(settings, name="Block", client=client))
+    )
+    assert farm == local <= 2
+    # A backend that swaps compiled graphs in (wait=False) keeps its own.
+    assert FarmBackend(settings, name="Block", client=client, wait=False) != FarmBackend(
+        settings, name="Block", client=client, wait=False
+    )
+
+
+def test_blocks_given_to_sdk_compile_one_by_one_share_their_graphs(monkeypatch) -> None:
+    import sdk
+    from localfarm.stack import free_port
+
+    # A farm that is down: each graph compiles here, and what counts is Dynamo's cache.
+    monkeypatch.setenv("TORCHFARM_REMOTE", f"grpc://127.0.0.1:{free_port()}")
+    local = _graphs_of_blocks_compiled_one_by_one(torch.compile)
+    assert _graphs_of_blocks_compiled_one_by_one(sdk.compile) == local <= 2
