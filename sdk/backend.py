@@ -209,10 +209,14 @@ class FarmBackend:
         if not isinstance(other, FarmBackend) or not (self._given.wait and other._given.wait):
             return self is other
         same_client = (self._own_client and other._own_client) or self.client is other.client
-        return same_client and self._given == other._given and self.settings == other.settings
+        return same_client and self._compile() == other._compile() and self.settings == other.settings
 
     def __hash__(self) -> int:
-        return hash((self._given.remote, self._given.mode, self._given.name, self._given.wait))
+        return hash((self._given.remote, self._given.mode, self._given.wait))
+
+    def _compile(self) -> _Given:
+        """What the call gave that changes a compile: the model's name only labels it."""
+        return dataclasses.replace(self._given, name="")
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FarmBackend:
         """A copy of a compiled module (an EMA model) compiles through this backend: one

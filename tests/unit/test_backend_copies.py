@@ -95,8 +95,9 @@ def test_blocks_compiled_one_by_one_share_their_graphs_as_torch_compiles_do(comp
     # recompile of the same code, and past the recompile limit (8) the rest ran eagerly.
     settings, client = compiling_farm.sdk_settings(fallback="error"), compiling_farm.client()
     local = _graphs_of_blocks_compiled_one_by_one(torch.compile)
+    names = iter(range(12))  # blocks compiled at different lines are named apart
     farm = _graphs_of_blocks_compiled_one_by_one(
-        lambda block: torch.compile(block, backend=FarmBackend(settings, name="Block", client=client))
+        lambda block: torch.compile(block, backend=FarmBackend(settings, name=f"Block {next(names)}", client=client))
     )
     assert farm == local <= 2
     # A backend that swaps compiled graphs in (wait=False) keeps its own.
