@@ -140,3 +140,15 @@ def test_a_checkpoint_determinism_check_torch_does_not_have_is_refused(checkpoin
     option.value.str_value = "none\n#include </etc/shadow>"
     with pytest.raises(MalformedGraph, match="determinism_check"):
         validate_graph(hostile)
+
+
+def test_the_fixed_sets_are_torchs():
+    import typing
+
+    import torch.nn.attention.flex_attention as flex_module
+    import torch.utils.checkpoint as checkpoint
+
+    from torchfarm.graph import hopcheck
+
+    assert hopcheck.FLEX_BACKENDS == set(typing.get_args(flex_module._Backend))
+    assert hopcheck.DETERMINISM_CHECKS == set(checkpoint._allowed_determinism_checks_to_fns)
