@@ -39,4 +39,12 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         # A subcommand's parser sets its defaults after its parent's: the deepest wins.
-        self.set_defaults(prog=self.prog)
+        self.set_defaults(prog=self.prog, command_parser=self)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """argparse's, except that an argument no parser took is reported by the
+        command's own parser, with its usage, not by the top level's."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            parsed.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed

@@ -146,6 +146,13 @@ def test_bad_age_is_a_usage_error():
     assert "not an age" in one_line_error(out, "torchfarm cache gc") and out.returncode == 2
 
 
+def test_a_stray_argument_is_named_by_its_command():
+    # argparse's top-level parser reported it, with the top-level usage.
+    out = run("cache", "ls", "--older-than", "3", "days")
+    assert out.returncode == 2 and out.stderr.startswith("usage: torchfarm cache ls"), out.stderr
+    assert "torchfarm cache ls: error: unrecognized arguments: days" in out.stderr, out.stderr
+
+
 def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     yield path, parser
     for action in parser._actions:
