@@ -40,7 +40,7 @@ from torchfarm.fx import torch_library as fx_library
 from torchfarm.fx.internals import resolve
 from torchfarm.fx.noops import droppable_nodes, own_qualname
 from torchfarm.fx.process_groups import UnresolvedGroup, describe_groups
-from torchfarm.graph import allowlist, customops
+from torchfarm.graph import allowlist, customops, textcheck
 from torchfarm.graph.graph_errors import GraphError
 from torchfarm.graph.graphcheck import DTYPE_ITEMSIZE, GraphLimits, validate_graph
 from torchfarm.v1 import graph_pb2
@@ -555,9 +555,14 @@ class _Encoder:
             out.target = "output"
         else:
             raise UnsupportedGraph(f"node {node.name}: {node.op} nodes are not supported")
+        kwargs = dict(node.kwargs)
+        if out.op == Node.CALL_FUNCTION and textcheck.is_message(out.target):
+            # An assert's quotes would have the farm refuse the graph (textcheck.py).
+            args = [textcheck.as_message(a) if isinstance(a, str) else a for a in args]
+            kwargs = {k: textcheck.as_message(v) if isinstance(v, str) else v for k, v in kwargs.items()}
         out.args.extend(self.arg(a) for a in args)
-        for key in sorted(node.kwargs):
-            out.kwargs.add(name=key, value=self.arg(node.kwargs[key]))
+        for key in sorted(kwargs):
+            out.kwargs.add(name=key, value=self.arg(kwargs[key]))
 
 
     def encode_nodes(self, example_inputs: Sequence[object]) -> None:

@@ -13,7 +13,8 @@ rules as written in `proto/torchfarm/v1/graph.proto`:
   node, last; arguments only reference earlier nodes;
 - every call_function / call_method target on the allow-list, every get_attr naming a
   declared constant; a higher-order op's constants of the kinds their places take, text
-  only where it takes text (`torchfarm.graph.hopcheck`);
+  only where it takes text (`torchfarm.graph.hopcheck`); text of a kind no generated
+  source can run (`torchfarm.graph.textcheck`);
 - placeholder metadata: one of tensor meta, a symint or a device mesh, and DTensor
   metadata only beside tensor meta; known dtype/device, bounded rank, non-negative sizes;
 - functional collectives naming declared, well-formed process groups
@@ -38,7 +39,7 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm.graph import allowlist, collectives, customops, dtensor, graphbounds
+from torchfarm.graph import allowlist, collectives, customops, dtensor, graphbounds, textcheck
 from torchfarm.graph.graph_errors import DisallowedOp, GraphTooLarge, MalformedGraph
 from torchfarm.graph.hopcheck import check_hop_constants
 from torchfarm.v1 import graph_pb2
@@ -592,6 +593,9 @@ class _Checker:
                 raise MalformedGraph(f"{where}: kwargs must be unique and sorted by name")
             previous = kw.name
             self.argument(kw.value, where, 1)
+        textcheck.check_node_texts(
+            node, where, message=node.target in self.custom_ops or textcheck.is_message(node.target)
+        )
 
     def count_calls(self, node: graph_pb2.Node) -> None:
         """Adds what a higher-order op's bodies run at this call to `traced`."""

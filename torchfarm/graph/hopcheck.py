@@ -13,9 +13,10 @@ calls `check_hop_constants` for each higher-order op's call).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from torchfarm.graph.graph_errors import MalformedGraph
+from torchfarm.graph.textcheck import texts
 from torchfarm.v1 import graph_pb2
 
 FLEX_ATTENTION = "torch.ops.higher_order.flex_attention"
@@ -51,21 +52,8 @@ def check_hop_constants(node: graph_pb2.Node, where: str) -> None:
         check = places.get(place)
         if check is not None:
             check(arg, where)
-        elif next(_texts(arg), None) is not None:
+        elif next(texts(arg), None) is not None:
             raise MalformedGraph(f"{where}: {node.target} takes no text as its argument {place!r}")
-
-
-def _texts(arg: graph_pb2.Argument) -> Iterator[str]:
-    """Every string in `arg`, dict keys included."""
-    kind = arg.WhichOneof("kind")
-    if kind == "str_value":
-        yield arg.str_value
-    elif kind in ("list", "tuple", "immutable_dict"):
-        for item in getattr(arg, kind).items:
-            yield from _texts(item)
-    elif kind == "slice":
-        for part in (arg.slice.start, arg.slice.stop, arg.slice.step):
-            yield from _texts(part)
 
 
 def _scale(arg: graph_pb2.Argument, where: str) -> None:
