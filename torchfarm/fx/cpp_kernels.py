@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,20 @@ class KernelSpec:
         return self.output == self.outputs - 1
 
 
+_NOT_INDUCTORS = re.compile(r"\b(?:asm|__asm__|__asm|constructor)\b|\.incbin|\.init_array")
+"""What Inductor's generated kernel source never holds and an injection into it needs:
+inline assembly (an `.incbin` of a file, an `.init_array` entry) or a constructor."""
+
+
+def check_source(code: str) -> None:
+    """Raises KernelSpecError if a kernel's C++ source holds what Inductor never writes
+    (`_NOT_INDUCTORS`): behind graphcheck's checks of what reaches the source, the worker
+    builds no such kernel."""
+    found = _NOT_INDUCTORS.search(code)
+    if found is not None:
+        raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
+
+
 def _check_args(args: dict[str, Any]) -> None:
     if set(args) != set(SPEC_ARGS):
         raise ValueError(f"arguments {sorted(args)} != {sorted(SPEC_ARGS)}")
@@ -115,6 +130,8 @@ def _check_args(args: dict[str, Any]) -> None:
     )
     if not ok:
         raise ValueError("argument of the wrong type")
+    check_source(args["main_code"])
+    check_source(args["optimized_code"] or "")
 
 
 def spec_args(bound: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm.fx.cpp_kernels import load_fn_outputs, spec_args
+from torchfarm.fx.cpp_kernels import check_source, load_fn_outputs, spec_args
 from torchfarm.fx.internals import resolve
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,12 @@ def _wrap_load_async(original: classmethod, hook: _ClassHook) -> classmethod:
 
     @functools.wraps(func)
     def load_async(cls: type, *args: Any, **kwargs: Any) -> Any:
-        load_fn = func(cls, *args, **kwargs)
         bound = signature.bind(cls, *args, **kwargs)
         bound.apply_defaults()
+        # Before the build starts: the worker builds no kernel Inductor would not write.
+        check_source(bound.arguments["main_code"])
+        check_source(bound.arguments.get("optimized_code") or "")
+        load_fn = func(cls, *args, **kwargs)
         key, targets = load_fn_outputs(cls, load_fn)
         record = KernelLoad(cls.__name__, spec_args(bound.arguments), key, tuple(targets))
         for records in hook.listeners():

@@ -1,0 +1,51 @@
+"""Defence in depth behind graphcheck's text and constant checks: the worker builds no
+C++ kernel whose source holds what Inductor never writes and an injection needs (inline
+assembly, which can `.incbin` a file into the binary or add an `.init_array` entry; a
+constructor attribute). Two holes of one day (a flex attention scale of text, an assert
+message with a quote) each wrote such C++ into a kernel the worker built and signed
+(torchfarm/fx/cpp_kernels.py `check_source`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, check_source, spec_args
+from torchfarm.fx.hooks import record_kernel_loads
+from torchfarm.fx.internals import resolve
+
+INJECTED = [
+    'asm(".incbin \\"/etc/hostname\\"");',
+    '__asm__ volatile("nop");',
+    "__attribute__((constructor)) static void f() {}",
+    'asm(".pushsection .init_array");',
+]
+
+
+@pytest.mark.parametrize("code", INJECTED)
+def test_a_kernel_spec_whose_source_holds_an_injection_is_refused(code):
+    args = spec_args({"main_code": f"extern \"C\" void kernel() {{ {code} }}", "device_type": "cpu"})
+    spec = json.dumps({"format": "torchfarm.cpp-kernel/1", "cache": "CppCodeCache", "args": args,
+                       "output": 0, "outputs": 1}).encode()
+    with pytest.raises(KernelSpecError, match="Inductor never writes"):
+        KernelSpec.from_bytes(spec)
+
+
+def test_a_load_under_the_hook_is_refused_before_it_builds():
+    with record_kernel_loads(), pytest.raises(KernelSpecError, match="Inductor never writes"):
+        resolve("CppCodeCache").load_async(f'extern "C" void kernel() {{ {INJECTED[0]} }}')
+
+
+def test_the_sources_inductor_writes_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+    with record_kernel_loads() as loads:
+        out = torch.compile(model)(torch.randn(4, 8, requires_grad=True))
+        out.sum().backward()
+    torch._dynamo.reset()
+    assert loads
+    for load in loads:
+        check_source(load.args["main_code"])
