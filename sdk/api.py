@@ -11,7 +11,7 @@ import torch
 from sdk import naming, nonblocking, precompile, warm_mode
 from sdk import settings as sdk_settings
 from sdk.backend import FarmBackend
-from sdk.errors import ConfigError
+from sdk.errors import CompileArgumentError, ConfigError
 from torchfarm.fx import fingerprint as sdk_target
 from torchfarm.wire.targets import TargetError
 
@@ -48,7 +48,7 @@ def compile(
     """
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
     if unknown:
-        raise ConfigError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
+        raise CompileArgumentError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
     settings = sdk_settings.load()
     fallback = settings.fallback if fallback is None else fallback
     if fallback not in ("local", "error"):
@@ -65,7 +65,7 @@ def compile(
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if mode is not None and options is not None:
-        raise ConfigError("either mode or options can be specified, not both (as torch.compile)")
+        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
 
     settings = dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
 

@@ -21,6 +21,8 @@
     ├── KernelRejected         True    the farm refused or could not compile a Triton kernel
     │                                  (source not allowed, Triton's compile error)
     └── ConfigError            False   bad arguments or settings; always raised
+        └── CompileArgumentError   an argument torch.compile refuses too; also the
+                                   TypeError and RuntimeError torch.compile raises
 
 `code` is the farm's stable reason when it gave one (a `torchfarm.wire.codes.Reason` name
 from the `torchfarm-reason` trailing metadata, or a `torchfarm.wire.codes.JobError` name:
@@ -110,3 +112,9 @@ class KernelRejected(FarmError):
 
 class ConfigError(FarmError):
     fallback = False
+
+
+class CompileArgumentError(ConfigError, TypeError, RuntimeError):
+    """An `sdk.compile` argument that `torch.compile` refuses too (an unknown keyword,
+    mode with options): code that catches torch.compile's TypeError or RuntimeError
+    around the call catches it."""

@@ -99,3 +99,20 @@ def test_a_bad_fallback_names_the_argument_and_the_variable(monkeypatch):
     monkeypatch.setenv("TORCHFARM_FALLBACK", "bogus")
     with pytest.raises(ConfigError, match="TORCHFARM_FALLBACK"):
         sdk.compile(lambda x: x)
+
+
+@pytest.mark.parametrize(("kwargs", "torchs"), [
+    ({"mode": "max-autotune", "options": {"epilogue_fusion": True}}, RuntimeError),
+    ({"fulgraph": True}, TypeError),
+])
+def test_a_compile_argument_torch_refuses_is_refused_as_torch_refuses_it(kwargs, torchs):
+    import torch
+
+    import sdk
+    from sdk.errors import ConfigError
+
+    with pytest.raises(torchs):
+        torch.compile(lambda x: x, **kwargs)
+    with pytest.raises(torchs) as raised:  # code that catches torch.compile's error catches it
+        sdk.compile(lambda x: x, **kwargs)
+    assert isinstance(raised.value, ConfigError)
