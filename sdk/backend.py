@@ -209,7 +209,13 @@ class FarmBackend:
         if not isinstance(other, FarmBackend) or not (self._given.wait and other._given.wait):
             return self is other
         same_client = (self._own_client and other._own_client) or self.client is other.client
-        return same_client and self._compile() == other._compile() and self.settings == other.settings
+        # A backend made while `sdk.warm` collects reports its graphs there: another warm's
+        # graphs must come to its own backend, not to this one's Dynamo cache entries.
+        same_sinks = len(self.reports) == len(other.reports) and all(
+            mine is theirs for mine, theirs in zip(self.reports, other.reports, strict=True)
+        )
+        return (same_client and same_sinks and self._compile() == other._compile()
+                and self.settings == other.settings)
 
     def __hash__(self) -> int:
         return hash((self._given.remote, self._given.mode, self._given.wait))

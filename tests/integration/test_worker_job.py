@@ -90,6 +90,7 @@ def test_a_key_from_another_namespace_is_refused(ctx, store, monkeypatch):
     monkeypatch.setattr(inprocess, "compile_graph", _compile_returning(b"payload"))
     key = _submit(store, "alice")
     bob = store.tenant("bob")
+    bob.create_job(key, "cpu", "test", 60)
     bob.put_request(key, store.tenant("alice").get_request(key), 60)  # Alice's request under Bob
     run_job(key, ctx, "bob")
     assert bob.get_job(key).error_code == "MALFORMED_REQUEST"
