@@ -52,7 +52,7 @@ def check_text(text: str, where: str, *, message: bool) -> None:
         if len(text) > MAX_MESSAGE_CHARS or not text.isprintable() or any(s in text for s in _OUT_OF_LITERAL):
             raise MalformedGraph(
                 f"{where}: a message is at most {MAX_MESSAGE_CHARS} printable characters without "
-                f"'\"', '\\\\' or '??'"
+                f"'\"', '\\' or '??'"
             )
     elif len(text) > MAX_TEXT_CHARS or not PLAIN.match(text):
         raise MalformedGraph(
