@@ -168,14 +168,10 @@ class FarmBackend:
         client: CompileClient | None = None,
     ):
         self.settings = settings
-        self.mode = mode or ""
         self._given = _Given(settings.remote, settings.fallback, mode, options, dynamic, name, target, wait)
-        self.target = target
-        """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
         # The same wrapper torch.compile builds: it turns mode and options into the
         # Inductor config patch, and it is the local fallback compiler.
         self.local = resolve("TorchCompileInductorWrapper")(mode, options, dynamic)
-        self.name = name
         self._own_client = client is None
         if client is None and settings.remote:
             client = FarmClient(settings.remote, settings)
@@ -199,6 +195,19 @@ class FarmBackend:
         """id of each callable this backend returned for a farm artifact → (it, its key):
         what a precompiled package names for each of its frames' backends."""
         self._say_where()
+
+    @property
+    def mode(self) -> str:
+        return self._given.mode or ""
+
+    @property
+    def target(self) -> Target | None:
+        """The target asked for; None is this process's own (torchfarm/fx/fingerprint.py)."""
+        return self._given.target
+
+    @property
+    def name(self) -> str:
+        return self._given.name
 
     def __eq__(self, other: object) -> bool:
         """Backends of equal calls are equal, as torch.compile's are: Dynamo shares a

@@ -312,9 +312,10 @@ def start_kernel_build(source: bytes) -> Callable[[], Kernel]:
     with its binary. Ready builds one at a time (this registers the kernel's loader in
     Inductor's code cache, as Inductor itself does from one thread); the returned
     functions may run in threads at once, as Inductor's own compile pool runs them."""
-    from torchfarm.fx.cpp_kernels import call_args, code_cache
+    from torchfarm.fx.cpp_kernels import call_args, check_sources, code_cache
 
     spec = KernelSpec.from_bytes(source)
+    check_sources(spec.args)
     cache_cls = code_cache(spec.cache)
     load_fn = cache_cls.load_async(**call_args(spec.args))
     # load_fn() would also dlopen the library into this process; its worker_fn only

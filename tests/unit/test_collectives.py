@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from tests.graphs import captured_graph
 from torchfarm.fx.decode import decode_graph
-from torchfarm.fx.encode import encode_graph
 from torchfarm.graph import collectives
 from torchfarm.graph.graph_errors import MalformedGraph
 from torchfarm.graph.graphcheck import validate_graph
@@ -48,19 +48,6 @@ def every_collective(x: torch.Tensor) -> torch.Tensor:
     return funcol.broadcast(y, 0, group) + funcol.all_reduce(x, "max", group)
 
 
-def capture(fn, *inputs) -> graph_pb2.Graph:
-    graphs: list[graph_pb2.Graph] = []
-
-    def backend(gm, example_inputs):
-        graphs.append(encode_graph(gm, example_inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True)(*inputs)
-    (graph,) = graphs
-    return graph
-
-
 def tp_inputs() -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     return torch.randn(4, 8, generator=g), torch.randn(8, 6, generator=g), torch.randn(6, 8, generator=g)
@@ -70,7 +57,7 @@ def test_the_graph_names_its_group_and_is_the_same_on_every_rank():
     encoded = []
     for rank in (0, 1):
         with fake_world(rank, 2):
-            encoded.append(capture(tp_step, *tp_inputs()))
+            encoded.append(captured_graph(tp_step, *tp_inputs()))
     assert encoded[0].SerializeToString(deterministic=True) == encoded[1].SerializeToString(
         deterministic=True
     )
@@ -83,7 +70,7 @@ def test_the_graph_names_its_group_and_is_the_same_on_every_rank():
 
 def test_every_allowed_collective_is_captured_and_valid():
     with fake_world(0, 2):
-        graph = capture(every_collective, torch.randn(4, 2))
+        graph = captured_graph(every_collective, torch.randn(4, 2))
     used = {collectives.collective_name(n.target) for n in graph.nodes} - {None}
     assert used == {*collectives.COLLECTIVE_OPS, collectives.WAIT}
     validate_graph(graph)
@@ -99,7 +86,7 @@ def test_allow_list_holds_the_collectives_and_no_point_to_point():
 
 def _tp_graph() -> graph_pb2.Graph:
     with fake_world(0, 2):
-        return capture(tp_step, *tp_inputs())
+        return captured_graph(tp_step, *tp_inputs())
 
 
 def _collective_node(graph: graph_pb2.Graph) -> graph_pb2.Node:
@@ -167,7 +154,7 @@ def test_validation_refuses_collectives_without_a_proper_group(break_it):
 
 def test_group_size_must_match_the_declared_group():
     with fake_world(0, 2):
-        graph = capture(every_collective, torch.randn(4, 2))
+        graph = captured_graph(every_collective, torch.randn(4, 2))
     gather = next(n for n in graph.nodes if n.target.endswith("all_gather_into_tensor"))
     gather.args[1].int_value = 4
     with pytest.raises(MalformedGraph, match="group size"):
@@ -219,7 +206,7 @@ def test_fake_groups_refuse_a_process_with_a_real_group():
 
 
 def test_a_graph_without_collectives_declares_no_group():
-    graph = capture(lambda x: x.relu() + 1, torch.randn(3))
+    graph = captured_graph(lambda x: x.relu() + 1, torch.randn(3))
     assert not graph.groups
     with fake_groups(graph):
         assert not dist.is_initialized()
@@ -233,7 +220,7 @@ def _checkpointed_tp_graph() -> graph_pb2.Graph:
 
     x, w1, w2 = tp_inputs()
     with fake_world(0, 2):
-        return capture(step, x, w1.requires_grad_(), w2.requires_grad_())
+        return captured_graph(step, x, w1.requires_grad_(), w2.requires_grad_())
 
 
 def test_a_collective_inside_a_subgraph_names_the_outermost_graphs_group():

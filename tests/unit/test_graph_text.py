@@ -16,7 +16,7 @@ import torch
 from localfarm.fakes import InProcessFarm
 from sdk.backend import build_request
 from sdk.errors import GraphRejected
-from torchfarm.fx.encode import encode_graph
+from tests.graphs import captured_graph
 from torchfarm.fx.fingerprint import local_fingerprint
 from torchfarm.graph import textcheck
 from torchfarm.graph.graph_errors import MalformedGraph
@@ -25,20 +25,6 @@ from torchfarm.v1 import graph_pb2
 from torchfarm.wire import keys
 
 BREAKOUT = 'x"), 0));\nasm(".incbin \\"/etc/hostname\\"");\n(0 ? 0 : (throw std::runtime_error("y'
-
-
-def _capture(fn, *args) -> graph_pb2.Graph:
-    seen: list[graph_pb2.Graph] = []
-
-    def backend(gm, example_inputs):
-        seen.append(encode_graph(gm, example_inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    torch._dynamo.reset()
-    assert len(seen) == 1
-    return seen[0]
 
 
 def _texts(graph: graph_pb2.Graph) -> list[graph_pb2.Argument]:
@@ -57,12 +43,12 @@ def _asserting(x):
 
 @pytest.fixture(scope="module")
 def asserting() -> graph_pb2.Graph:
-    return _capture(_asserting, torch.randn(8) * 0.1)
+    return captured_graph(_asserting, torch.randn(8) * 0.1)
 
 
 @pytest.fixture(scope="module")
 def segments() -> graph_pb2.Graph:
-    return _capture(lambda x: torch.segment_reduce(x, "sum", lengths=torch.tensor([2, 2])), torch.randn(4))
+    return captured_graph(lambda x: torch.segment_reduce(x, "sum", lengths=torch.tensor([2, 2])), torch.randn(4))
 
 
 def test_an_honest_message_reaches_the_farm_quotes_and_all(asserting):
@@ -90,7 +76,7 @@ def test_other_text_is_plain(segments, text):
 
 
 def test_the_text_real_graphs_hold_passes():
-    graph = _capture(
+    graph = captured_graph(
         lambda x: torch.einsum("ij,jk->ik", x, x) + torch.nn.functional.gelu(x, approximate="tanh")
         + torch.einsum("...ij, ...jk -> ...ik", x, x),
         torch.randn(3, 3),

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from torchfarm.fx.encode import encode_graph
+from tests.graphs import captured_graph
 from torchfarm.graph.graph_errors import MalformedGraph
 from torchfarm.graph.graphcheck import validate_graph
 from torchfarm.v1 import graph_pb2
@@ -23,20 +23,6 @@ FLEX = "torch.ops.higher_order.flex_attention"
 SCALE, KERNEL_OPTIONS = 5, 6
 
 INJECTED = '0.25;\nasm(".pushsection .rodata\\n.incbin \\"/etc/hostname\\"\\n.popsection\\n")'
-
-
-def _capture(fn, *args) -> graph_pb2.Graph:
-    seen: list[graph_pb2.Graph] = []
-
-    def backend(gm, example_inputs):
-        seen.append(encode_graph(gm, example_inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    torch._dynamo.reset()
-    assert len(seen) == 1
-    return seen[0]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +35,7 @@ def flex() -> graph_pb2.Graph:
         return flex_attention(q, q, q, block_mask=mask, scale=0.3,
                               kernel_options={"BACKEND": "TRITON", "fwd_BLOCK_M": 64})
 
-    return _capture(attend, torch.randn(1, 2, 128, 16))
+    return captured_graph(attend, torch.randn(1, 2, 128, 16))
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +43,7 @@ def checkpointed() -> graph_pb2.Graph:
     import torch.utils.checkpoint as checkpoint
 
     lin = torch.nn.Linear(8, 8)
-    return _capture(
+    return captured_graph(
         lambda x: checkpoint.checkpoint(lambda y: lin(y).relu(), x, use_reentrant=False, determinism_check="none"),
         torch.randn(4, 8, requires_grad=True),
     )

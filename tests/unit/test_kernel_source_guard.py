@@ -3,7 +3,7 @@ C++ kernel whose source holds what Inductor never writes and an injection needs 
 assembly, which can `.incbin` a file into the binary or add an `.init_array` entry; a
 constructor attribute). Two holes of one day (a flex attention scale of text, an assert
 message with a quote) each wrote such C++ into a kernel the worker built and signed
-(torchfarm/fx/cpp_kernels.py `check_source`)."""
+(torchfarm/fx/cpp_kernels.py `check_sources`, called by the worker's build)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import json
 import pytest
 import torch
 
-from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, check_source, spec_args
+from torchfarm.fx.cpp_kernels import KernelSpecError, check_sources, spec_args
 from torchfarm.fx.hooks import record_kernel_loads
 from torchfarm.fx.internals import resolve
+from workers.compiler import build_kernel
 
 INJECTED = [
     'asm(".incbin \\"/etc/hostname\\"");',
@@ -30,7 +31,7 @@ def test_a_kernel_spec_whose_source_holds_an_injection_is_refused(code):
     spec = json.dumps({"format": "torchfarm.cpp-kernel/1", "cache": "CppCodeCache", "args": args,
                        "output": 0, "outputs": 1}).encode()
     with pytest.raises(KernelSpecError, match="Inductor never writes"):
-        KernelSpec.from_bytes(spec)
+        build_kernel(spec)
 
 
 def test_a_load_under_the_hook_is_refused_before_it_builds():
@@ -48,4 +49,4 @@ def test_the_sources_inductor_writes_pass(tmp_path, monkeypatch):
     torch._dynamo.reset()
     assert loads
     for load in loads:
-        check_source(load.args["main_code"])
+        check_sources(load.args)

@@ -108,13 +108,15 @@ _NOT_INDUCTORS = re.compile(r"\b(?:asm|__asm__|__asm|constructor)\b|\.incbin|\.i
 inline assembly (an `.incbin` of a file, an `.init_array` entry) or a constructor."""
 
 
-def check_source(code: str) -> None:
-    """Raises KernelSpecError if a kernel's C++ source holds what Inductor never writes
-    (`_NOT_INDUCTORS`): behind graphcheck's checks of what reaches the source, the worker
-    builds no such kernel."""
-    found = _NOT_INDUCTORS.search(code)
-    if found is not None:
-        raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
+def check_sources(args: dict[str, Any]) -> None:
+    """Raises KernelSpecError if a `load_async` call's C++ sources (`main_code`,
+    `optimized_code`) hold what Inductor never writes (`_NOT_INDUCTORS`): behind
+    graphcheck's checks of what reaches the source, the worker builds no such kernel.
+    The worker's build calls it; a client loads signed binaries and does not."""
+    for code in (args["main_code"], args.get("optimized_code") or ""):
+        found = _NOT_INDUCTORS.search(code)
+        if found is not None:
+            raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
 
 
 def _check_args(args: dict[str, Any]) -> None:
@@ -130,8 +132,6 @@ def _check_args(args: dict[str, Any]) -> None:
     )
     if not ok:
         raise ValueError("argument of the wrong type")
-    check_source(args["main_code"])
-    check_source(args["optimized_code"] or "")
 
 
 def spec_args(bound: dict[str, Any]) -> dict[str, Any]:

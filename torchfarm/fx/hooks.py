@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm.fx.cpp_kernels import check_source, load_fn_outputs, spec_args
+from torchfarm.fx.cpp_kernels import check_sources, load_fn_outputs, spec_args
 from torchfarm.fx.internals import resolve
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,7 @@ def _wrap_load_async(original: classmethod, hook: _ClassHook) -> classmethod:
         bound = signature.bind(cls, *args, **kwargs)
         bound.apply_defaults()
         # Before the build starts: the worker builds no kernel Inductor would not write.
-        check_source(bound.arguments["main_code"])
-        check_source(bound.arguments.get("optimized_code") or "")
+        check_sources(bound.arguments)
         load_fn = func(cls, *args, **kwargs)
         key, targets = load_fn_outputs(cls, load_fn)
         record = KernelLoad(cls.__name__, spec_args(bound.arguments), key, tuple(targets))
