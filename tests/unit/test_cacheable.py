@@ -11,7 +11,7 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  registers the prims the allow-list names
 from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_node_safe
 
-from tests.unit.test_collectives import capture
+from tests.graphs import captured_graph
 from torchfarm.fx import internals
 from torchfarm.fx.decode import resolve_function
 from torchfarm.graph import dtensor
@@ -69,7 +69,7 @@ def test_autocast_inside_the_compiled_code_compiles_to_an_artifact():
         return y.cos() + x
 
     try:
-        graph = decoded(capture(fn, torch.randn(4, 4, requires_grad=True)))
+        graph = decoded(captured_graph(fn, torch.randn(4, 4, requires_grad=True)))
     finally:
         torch._dynamo.reset()
     result = compile_graph(graph.gm, graph.example_inputs, fake_mode=graph.fake_mode)

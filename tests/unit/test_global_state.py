@@ -81,12 +81,12 @@ def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
     leaves it would leave the worker thread inside vmap for the next tenant's jobs."""
     import contextlib
 
-    from tests.unit.test_collectives import capture
+    from tests.graphs import captured_graph
     from workers.compiler import CompileFailed, compile_graph
     from workers.fakepg import decoded
 
     try:
-        graph = capture(lambda x: torch.vmap(torch.sin)(x) + 1, torch.randn(3, 4))
+        graph = captured_graph(lambda x: torch.vmap(torch.sin)(x) + 1, torch.randn(3, 4))
     finally:
         torch._dynamo.reset()
     kept = [n for n in graph.nodes if not n.target.endswith("_vmap_decrement_nesting")]

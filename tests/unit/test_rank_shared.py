@@ -18,7 +18,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tests.unit.test_collectives import capture, fake_world
+from tests.graphs import captured_graph
+from tests.unit.test_collectives import fake_world
 from tests.unit.test_dtensor_format import capture_tp, skip_before_recorded_from_local
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -47,7 +48,7 @@ def capture_vocab_parallel(rank: int, world: int = 2) -> graph_pb2.Graph:
     with fake_world(rank, world):
         mesh = init_device_mesh("cpu", (world,))
         model = parallelize_module(VocabParallel(), mesh, {"emb": RowwiseParallel()})
-        return capture(model, torch.randint(0, 16, (4,)))
+        return captured_graph(model, torch.randint(0, 16, (4,)))
 
 
 def _job(graph: graph_pb2.Graph, **fields: bool) -> Prepared:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch._dynamo.exc import BackendCompilerFailed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tests.unit.test_collectives import capture
+from tests.graphs import captured_graph
 from torchfarm.fx import global_state
 from torchfarm.fx.encode import UnsupportedGraph
 from torchfarm.graph.allowlist import load_allowlist
@@ -29,7 +29,7 @@ def _attention(q: torch.Tensor) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def sdpa_graph() -> graph_pb2.Graph:
     try:
-        return capture(_attention, torch.randn(2, 4, 8, 16))
+        return captured_graph(_attention, torch.randn(2, 4, 8, 16))
     except BackendCompilerFailed as e:
         if load_allowlist().torch_version == torch.__version__ or not isinstance(e.inner_exception, UnsupportedGraph):
             raise
