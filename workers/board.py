@@ -149,22 +149,47 @@ local n_strays = tonumber(ARGV[6])
 if n_strays > 0 then
   redis.call('SREM', KEYS[1], unpack(ARGV, 7, 6 + n_strays))
 end
-if ARGV[5] ~= '' then
-  redis.call('HSETNX', KEYS[2], 'k_sent', ARGV[5])
-end
 redis.call('SREM', KEYS[1], ARGV[4])
 local left = redis.call('SCARD', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-local total = tonumber(ARGV[2])
-redis.call('HSET', KEYS[2], 'kernels_total', total, 'kernels_done', total - left)
-redis.call('HINCRBY', KEYS[2], 'kernels_hit', ARGV[3])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  if ARGV[5] ~= '' then
+    redis.call('HSETNX', KEYS[2], 'k_sent', ARGV[5])
+  end
+  local total = tonumber(ARGV[2])
+  redis.call('HSET', KEYS[2], 'kernels_total', total, 'kernels_done', total - left)
+  redis.call('HINCRBY', KEYS[2], 'kernels_hit', ARGV[3])
+end
 return left
 """
 """Ends the lowering's hold on a job's pending set, atomically: drops the kernels sent
 while lowering that the artifact does not load (strays), removes `LOWERING`, sets the
-job's kernel counts and, if it now sends builds, when the first were sent; returns how
-many are pending. ARGV: TTL, total kernels, cache hits, `LOWERING`, now or "" (no
+job's kernel counts (on a record that still exists) and, if it now sends builds, when the
+first were sent; returns how many are pending. ARGV: TTL, total kernels, cache hits, `LOWERING`, now or "" (no
 builds sent), the number of strays, the strays."""
+
+
+_NOTE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for i = 1, #ARGV, 3 do
+  local op, name, value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if op == 'set' then
+    redis.call('HSET', KEYS[1], name, value)
+  elseif op == 'setnx' then
+    redis.call('HSETNX', KEYS[1], name, value)
+  elseif op == 'incr' then
+    redis.call('HINCRBY', KEYS[1], name, value)
+  elseif op == 'del' then
+    redis.call('HDEL', KEYS[1], name)
+  end
+end
+return 1
+"""
+"""Writes a job record's fields only while the record exists: a write to one that
+expired would make it again with no TTL, in the state Redis, which never evicts. ARGV:
+triples of op (set, setnx, incr, del), field, value."""
 
 
 def waiter_name(namespace: str, key: str, target: str) -> str:
@@ -270,6 +295,7 @@ class StageBoard:
         self._claim = self.r.register_script(_CLAIM)
         self._settle = self.r.register_script(_SETTLE)
         self._hand_over = self.r.register_script(_HAND_OVER)
+        self._note = self.r.register_script(_NOTE)
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.store.prefix, *parts))
@@ -368,14 +394,16 @@ class StageBoard:
     def open_lowering(self, key: str, ttl_s: int) -> None:
         """Starts a lowering's hold on the job's pending set (a redelivered lowering
         starts afresh): the set holds only `LOWERING`, and the kernel counts are zero."""
-        pk, job = self._k("pending", self.store.ref(key)), self._job(key)
+        pk = self._k("pending", self.store.ref(key))
         pipe = self.r.pipeline()
         pipe.delete(pk)
         pipe.sadd(pk, LOWERING)
         pipe.expire(pk, ttl_s)
-        pipe.hdel(job, "k_sent", "k_started", "k_ended", "k_busy")
-        pipe.hset(job, mapping={"kernels_total": 0, "kernels_done": 0, "kernels_hit": 0})
         pipe.execute()
+        self._note_job(
+            key, *(("del", name, "") for name in ("k_sent", "k_started", "k_ended", "k_busy")),
+            *(("set", name, 0) for name in ("kernels_total", "kernels_done", "kernels_hit")),
+        )
 
     def abandon_lowering(self, key: str, ttl_s: int) -> None:
         """The lowering gave way: the pending set holds only `ABANDONED`, so the builds
@@ -390,11 +418,8 @@ class StageBoard:
     def note_waiting(self, key: str, kernels: int, sent: bool) -> None:
         """Counts kernels the job now waits for in its total so far (`close_lowering`
         sets the exact total); `sent`: it sent build jobs for some."""
-        pipe = self.r.pipeline()
-        pipe.hincrby(self._job(key), "kernels_total", kernels)
-        if sent:
-            pipe.hsetnx(self._job(key), "k_sent", time.time())
-        pipe.execute()
+        sending = [("setnx", "k_sent", time.time())] if sent else []
+        self._note_job(key, ("incr", "kernels_total", kernels), *sending)
 
     def close_lowering(
         self, key: str, total: int, hits: int, strays: list[str], sends_builds: bool, ttl_s: int
@@ -481,14 +506,16 @@ class StageBoard:
 
     def note_kernel_start(self, key: str, worker: str) -> None:
         """The first kernel job's start (HSETNX), and which workers built the job's kernels."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hsetnx(self._job(key), "k_started", time.time())
-        pipe.hset(self._job(key), f"kworker:{worker}", 1)
-        pipe.execute()
+        self._note_job(key, ("setnx", "k_started", time.time()), ("set", f"kworker:{worker}", 1))
 
     def count(self, key: str, name: str) -> int:
-        """Increments a counter on the job record (attempts of one stage job)."""
-        return int(self.r.hincrby(self._job(key), name, 1))
+        """Increments a counter on the job record (attempts of one stage job); 0 when the
+        record has expired."""
+        return self.store.incr_attempts(key, name)
+
+    def _note_job(self, key: str, *ops: tuple[str, str, object]) -> None:
+        """Applies `ops` (`_NOTE`'s op, field, value) to the job record, if it exists."""
+        self._note(keys=[self._job(key)], args=[part for op in ops for part in op])
 
     def job_fields(self, key: str) -> dict[str, str]:
         fields = cast("dict[bytes, bytes]", self.r.hgetall(self._job(key)))

@@ -14,8 +14,9 @@ from localfarm.fakes import InlineDispatcher
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
-from torchfarm.storage.store import JobState
+from torchfarm.storage.store import Attempts, JobState
 from torchfarm.wire import keys
+from workers.board import StageBoard
 
 pytestmark = pytest.mark.integration
 
@@ -158,4 +159,18 @@ def test_a_record_that_expired_is_not_written_again(store):
     store.update_job("k1", state=JobState.RUNNING, stage="lowering")
     assert not store.r.exists("tf:job:k1")
     store.fail_job("k1", "COMPILE_FAILED", "gone", ttl_s=60)
+    assert not store.r.exists("tf:job:k1")
+
+
+def test_a_staged_job_whose_record_expired_is_not_written_again(store):
+    # The lowering's and the kernel builds' notes on the record made it again with no TTL.
+    board = StageBoard(store)
+    store.create_job("k1", "cpu", "", ttl_s=600, request=b"r")
+    store.r.delete("tf:job:k1", "tf:req:k1")  # what its expiry does, mid-stage
+    assert board.count("k1", Attempts.LOWERING) == 0
+    board.open_lowering("k1", ttl_s=60)
+    board.note_waiting("k1", 2, sent=True)
+    board.note_kernel_start("k1", "w1")
+    board.close_lowering("k1", total=2, hits=0, strays=[], sends_builds=True, ttl_s=60)
+    board.release("k1", ["c1"], hits=0, busy_s=0.1)
     assert not store.r.exists("tf:job:k1")

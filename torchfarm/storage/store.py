@@ -451,9 +451,10 @@ class Store:
         poll picks those up."""
         return self._j("jobev", key)
 
-    def incr_attempts(self, key: str) -> int:
-        """Counts a delivery of the job; 0 when its record has expired."""
-        return int(self._count_attempt(keys=[self._j("job", key), self.job_channel(key)], args=[Attempts.JOB]))
+    def incr_attempts(self, key: str, counter: str = Attempts.JOB) -> int:
+        """Counts a delivery of the job (or of one of its stage jobs: `counter`); 0 when
+        its record has expired."""
+        return int(self._count_attempt(keys=[self._j("job", key), self.job_channel(key)], args=[counter]))
 
     def expire_job(self, key: str, ttl_s: int) -> None:
         self.r.expire(self._j("job", key), ttl_s)

@@ -61,7 +61,10 @@ def _assemble(key: str, ctx: WorkerContext, plan: Plan, board: StageBoard) -> Ma
     binaries = {k: ref for k, (ref, _) in cached.items()}
     missing = [k for k in wanted if k not in binaries]
     if missing:
-        if board.count(key, "kernel_resends") > ctx.settings.max_attempts:
+        resends = board.count(key, "kernel_resends")
+        if resends == 0:  # the job's record expired: no one waits for it
+            return None
+        if resends > ctx.settings.max_attempts:
             raise JobFailed(JobError.KERNELS_LOST, f"{len(missing)} kernel binaries left the cache again")
         log.warning("job key=%s: %d kernel binaries missing at assembly; building them again",
                     keys.short(key), len(missing))

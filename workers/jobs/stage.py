@@ -1,20 +1,24 @@
 """One delivery of a stage job (the lowering, a kernel-build batch, the assembly), as
 `runtime.run_delivery` is one of a graph or export job: the job's artifact already
-stored ends it at once, an ended job drops it, a delivery past the worker's attempt
-cap fails the job TOO_MANY_ATTEMPTS (its counter on the job record: `Attempts`),
-a `JobFailed` from the work is recorded, and an artifact the work stored ends the job
+stored ends it at once, an ended job or one whose record expired drops it, a delivery
+past the worker's attempt cap fails the job TOO_MANY_ATTEMPTS (its counter on the job
+record: `Attempts`), a `JobFailed` from the work is recorded, and an artifact the work stored ends the job
 SUCCEEDED and clears its stage records. Every stage is idempotent: a redelivery does
 its work again."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from torchfarm.storage.store import JobState
+from torchfarm.wire import keys
 from torchfarm.wire.codes import JobError, Stage
 from torchfarm.wire.manifest import Manifest
 from workers.board import StageBoard
 from workers.runtime import JobFailed, WorkerContext, live_job, record_failure
+
+log = logging.getLogger(__name__)
 
 
 def run_stage(
@@ -32,6 +36,9 @@ def run_stage(
         return None
     try:
         attempt = board.count(key, attempts)
+        if attempt == 0:  # its record expired since `live_job`: no one waits for it
+            log.warning("job key=%s: its record expired before this %s; dropped", keys.short(key), what)
+            return None
         if attempt > ctx.settings.max_attempts:
             raise JobFailed(
                 JobError.TOO_MANY_ATTEMPTS,
