@@ -142,11 +142,16 @@ class _Given:
 
 
 def _made_again(given: _Given) -> FarmBackend:
-    """A pickled backend, made again with this process's settings."""
+    """A pickled backend, made again with this process's settings. One that swapped
+    compiled graphs in (wait=False) waits for each compile instead: the swaps happen at a
+    hook on the compiled module (sdk/nonblocking.py), which its pickle does not carry."""
     settings = dataclasses.replace(load_settings(), remote=given.remote, fallback=given.fallback)
+    if not given.wait:
+        log.info("torchfarm: %s was compiled with wait=False; loaded from a pickle, it waits "
+                 "for each graph's compile (mostly hits of its earlier ones)", given.name)
     return FarmBackend(
         settings, mode=given.mode, options=given.options, dynamic=given.dynamic, name=given.name,
-        target=given.target, wait=given.wait,
+        target=given.target,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import pickle
 
 import pytest
@@ -114,3 +115,15 @@ def test_blocks_given_to_sdk_compile_one_by_one_share_their_graphs(monkeypatch) 
     monkeypatch.setenv("TORCHFARM_REMOTE", f"grpc://127.0.0.1:{free_port()}")
     local = _graphs_of_blocks_compiled_one_by_one(torch.compile)
     assert _graphs_of_blocks_compiled_one_by_one(sdk.compile) == local <= 2
+
+
+def test_a_pickled_model_that_swapped_graphs_in_loads_compiling_before_it_runs(caplog) -> None:
+    # wait=False swaps at a hook on the compiled module, which its pickle does not
+    # carry: loaded, its graphs ran eagerly for good. It loads waiting for each compile.
+    settings = SDKSettings(remote="grpc://farm.example:50051", fallback="local")
+    compiled = torch.compile(_model(), backend=FarmBackend(settings, name="M", wait=False))
+    with caplog.at_level(logging.INFO, logger="sdk.backend"):
+        loaded = pickle.loads(pickle.dumps(compiled))
+    [backend] = {id(b): b for b in _farm_backends(loaded.dynamo_ctx)}.values()
+    assert backend.swapper is None
+    assert "waits for each graph's compile" in caplog.text
