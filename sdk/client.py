@@ -83,8 +83,10 @@ def parse_remote(remote: str) -> tuple[str, bool]:
     tls = remote.startswith("grpcs://")
     address = remote.removeprefix("grpcs://").removeprefix("grpc://")
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or "/" in address:
-        raise ConfigError(f"farm address {remote!r} is not grpc://host:port or grpcs://host:port")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
+        raise ConfigError(
+            f"farm address {remote!r} is not grpc://host:port, grpcs://host:port or host:port"
+        )
     return address, tls
 
 

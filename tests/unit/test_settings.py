@@ -116,3 +116,23 @@ def test_a_compile_argument_torch_refuses_is_refused_as_torch_refuses_it(kwargs,
     with pytest.raises(torchs) as raised:  # code that catches torch.compile's error catches it
         sdk.compile(lambda x: x, **kwargs)
     assert isinstance(raised.value, ConfigError)
+
+
+@pytest.mark.parametrize(
+    ("remote", "expected"),
+    [("grpc://farm:50051", ("farm:50051", False)), ("grpcs://farm:443", ("farm:443", True)),
+     ("farm:50051", ("farm:50051", False)), ("grpc://[::1]:50051", ("[::1]:50051", False))],
+)
+def test_a_farm_address_is_grpc_grpcs_or_bare(remote, expected):
+    from sdk.client import parse_remote
+
+    assert parse_remote(remote) == expected
+
+
+@pytest.mark.parametrize("remote", ["http://farm:50051", "farm", "grpc://farm:", "farm:70000", "grpc://farm:0"])
+def test_a_bad_farm_address_names_the_forms_it_may_take(remote):
+    from sdk.client import parse_remote
+    from sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"is not grpc://host:port, grpcs://host:port or host:port"):
+        parse_remote(remote)
