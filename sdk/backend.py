@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from sdk import artifact, changed_settings, lifting, outcomes, report, split, warm_mode
-from sdk.client import CompileClient, FarmClient
+from sdk.client import CompileClient, shared_client
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -179,10 +179,11 @@ class FarmBackend:
         self.local = resolve("TorchCompileInductorWrapper")(mode, options, dynamic)
         self._own_client = client is None
         if client is None and settings.remote:
-            client = FarmClient(settings.remote, settings)
+            client = shared_client(settings)
         self.client = client
-        """The farm's client: `client` if given (an in-process one, say), else a gRPC
-        `FarmClient` for `settings.remote`; None: no farm, every graph compiles here."""
+        """The farm's client: `client` if given (an in-process one, say), else the
+        process's gRPC `FarmClient` for `settings.remote`; None: no farm, every graph
+        compiles here."""
         self.trust = Trust.from_settings(settings, client.address) if client is not None else None
         self._graphs = 0
         self._lock = threading.Lock()

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -507,6 +509,9 @@ class FarmClient(StubClient):
         self._ready = False
 
     def close(self) -> None:
+        with _SHARED_LOCK:
+            for key in [k for k, c in _SHARED.items() if c is self]:
+                del _SHARED[key]
         self.channel.close()
 
     def connect(self) -> None:
@@ -532,3 +537,20 @@ class FarmClient(StubClient):
         other = TLS_TO_PLAIN if self.tls else "it may serve TLS only (use grpcs://)"
         return (f"farm at {self.address} accepts connections, but no gRPC channel came up {waited}: "
                 f"{other}, or it is hung")
+
+
+_SHARED: dict[tuple[int, SDKSettings], FarmClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_client(settings: SDKSettings) -> FarmClient:
+    """This process's client of the farm `settings.remote`, with these settings: one
+    channel (one connection, one wait for it to come up) for all of a process's
+    `sdk.compile` calls. A model compiled block by block opened one per block. Keyed by
+    the process too: a forked child makes its own, as gRPC asks."""
+    key = (os.getpid(), settings)
+    with _SHARED_LOCK:
+        client = _SHARED.get(key)
+        if client is None:
+            client = _SHARED[key] = FarmClient(settings.remote, settings)
+    return client

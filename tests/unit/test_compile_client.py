@@ -3,6 +3,7 @@ in-process one implement it alike, and `FarmBackend` takes whichever it is given
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -83,3 +84,21 @@ def test_the_backend_builds_a_grpc_client_for_a_remote_and_none_without():
     finally:
         remote.client.close()
     assert FarmBackend(SDKSettings(remote="")).client is None
+
+
+def test_backends_of_one_farm_share_one_channel_in_a_process(monkeypatch):
+    # Each sdk.compile opened its own channel: a model compiled block by block held one
+    # connection, and waited for one to come up, per block.
+    from sdk.backend import FarmBackend
+
+    opened = []
+    real = client_mod.make_channel
+    monkeypatch.setattr(client_mod, "make_channel", lambda *a, **k: opened.append(a[0]) or real(*a, **k))
+    settings = SDKSettings(remote="grpc://127.0.0.1:1", trust_unsigned="127.0.0.1:1")
+    first, second = FarmBackend(settings, name="a"), FarmBackend(settings, name="b")
+    assert first.client is second.client and opened == ["grpc://127.0.0.1:1"]
+    other = FarmBackend(dataclasses.replace(settings, connect_timeout_s=settings.connect_timeout_s + 1))
+    assert other.client is not first.client  # other settings get a channel of their own
+    first.client.close()
+    assert FarmBackend(settings).client is not first.client  # a closed one is not handed out
+    assert len(opened) == 3
