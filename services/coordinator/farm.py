@@ -392,7 +392,7 @@ class Farm:
             while True:
                 job = await self.job(key, tenant)
                 if job.state == JobState.QUEUED:
-                    served = await self.runner.run(self.served_queues)
+                    served = await self.served_queues()
                     job = dataclasses.replace(job, unserved=job.queue not in served)
                 seen = (job.state, job.stage, job.attempts, job.kernels_done, job.unserved)
                 if seen != last:
@@ -402,14 +402,15 @@ class Farm:
                     return
                 await changed()
 
-    def served_queues(self) -> frozenset[str]:
+    async def served_queues(self) -> frozenset[str]:
         """The queues some live worker consumes. Read (a SCAN of the workers'
-        registrations) at most every watch_poll_s, however many watches ask."""
+        registrations, on the runner) at most every watch_poll_s, however many watches
+        ask; between reads, the last one, with no hop to the runner."""
         read_at, queues = self._served
-        now = time.monotonic()
-        if now - read_at >= self.settings.watch_poll_s:
-            queues = routing.live_queues(self.store.live_workers())
-            self._served = (now, queues)
+        if time.monotonic() - read_at < self.settings.watch_poll_s:
+            return queues
+        queues = routing.live_queues(await self.runner.run(self.store.live_workers))
+        self._served = (time.monotonic(), queues)
         return queues
 
     @contextlib.asynccontextmanager
