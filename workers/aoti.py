@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfarm.fx.decode import decode_graph
+from torchfarm.fx.hooks import checked_aot_sources
 from torchfarm.fx.internals import resolve
 from torchfarm.graph import exportcheck
 from torchfarm.v1 import farm_pb2, graph_pb2
@@ -183,9 +184,10 @@ def build_package(
         path = os.path.join(tmp, "model.pt2")
         inductor_fixes.apply()
         try:
-            resolve("aoti_compile_and_package")(
-                program, package_path=path, inductor_configs=dict(inductor_options or {})
-            )
+            with checked_aot_sources():
+                resolve("aoti_compile_and_package")(
+                    program, package_path=path, inductor_configs=dict(inductor_options or {})
+                )
         except Exception as e:  # noqa: BLE001 - Inductor's errors have no common base
             raise ExportFailed(f"AOTInductor failed: {type(e).__name__}: {e}") from e
         with open(path, "rb") as f:

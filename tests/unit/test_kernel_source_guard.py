@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torchfarm.fx.cpp_kernels import KernelSpecError, check_sources, spec_args
-from torchfarm.fx.hooks import record_kernel_loads
+from torchfarm.fx.hooks import checked_aot_sources, record_kernel_loads
 from torchfarm.fx.internals import resolve
 from workers.compiler import build_kernel
 
@@ -22,6 +22,11 @@ INJECTED = [
     '__asm__ volatile("nop");',
     "__attribute__((constructor)) static void f() {}",
     'asm(".pushsection .init_array");',
+    "__attribute__((__constructor__)) static void f() {}",
+    "__attribute__ (( constructor (101) )) static void f() {}",
+    "[[gnu::destructor]] static void f() {}",
+    'static void (*p)() __attribute__((section(".ctors"))) = 0;',
+    'static void (*p)() __attribute__((section(".fini_array"))) = 0;',
 ]
 
 
@@ -50,3 +55,22 @@ def test_the_sources_inductor_writes_pass(tmp_path, monkeypatch):
     assert loads
     for load in loads:
         check_sources(load.args)
+
+
+@pytest.mark.parametrize("code", INJECTED)
+def test_an_export_whose_wrapper_holds_an_injection_is_refused_before_it_builds(code):
+    # AOTInductor compiles its wrapper and kernels with AotCodeCompiler, not load_async.
+    wrapper = f'// Shared constructor for the model.\nextern "C" void run() {{ {code} }}'
+    with checked_aot_sources(), pytest.raises(KernelSpecError, match="Inductor never writes"):
+        resolve("AotCodeCompiler").compile(
+            None, wrapper, "", None, device_type="cpu", additional_files=[]
+        )
+
+
+def test_the_sources_aot_inductor_writes_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
+    program = torch.export.export(model, (torch.randn(4, 8),))
+    with checked_aot_sources():
+        path = resolve("aoti_compile_and_package")(program, package_path=str(tmp_path / "m.pt2"))
+    assert (tmp_path / "m.pt2").stat().st_size > 0 and path

@@ -103,20 +103,33 @@ class KernelSpec:
         return self.output == self.outputs - 1
 
 
-_NOT_INDUCTORS = re.compile(r"\b(?:asm|__asm__|__asm|constructor)\b|\.incbin|\.init_array")
-"""What Inductor's generated kernel source never holds and an injection into it needs:
-inline assembly (an `.incbin` of a file, an `.init_array` entry) or a constructor."""
+_NOT_INDUCTORS = re.compile(
+    r"\b(?:asm|__asm__|__asm)\b"
+    r"|\b_*(?:con|de)structor_*\s*[(),\]]"
+    r"|\.incbin|\.(?:preinit|init|fini)_array|\.[cd]tors\b"
+)
+"""What Inductor's generated C++ never holds and an injection into it needs: inline
+assembly (an `.incbin` of a file), a constructor or destructor attribute (GNU's or
+C++'s, any spelling), or a function pointer put in a section the loader calls. (Not
+every way to run code at load: a global object's constructor has no such mark. The
+checks of what reaches the source come first; this is the depth behind them.)"""
+
+
+def check_code(*codes: str) -> None:
+    """Raises KernelSpecError if any of these C++ sources holds what Inductor never
+    writes (`_NOT_INDUCTORS`)."""
+    for code in codes:
+        found = _NOT_INDUCTORS.search(code)
+        if found is not None:
+            raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
 
 
 def check_sources(args: dict[str, Any]) -> None:
     """Raises KernelSpecError if a `load_async` call's C++ sources (`main_code`,
-    `optimized_code`) hold what Inductor never writes (`_NOT_INDUCTORS`): behind
-    graphcheck's checks of what reaches the source, the worker builds no such kernel.
-    The worker's build calls it; a client loads signed binaries and does not."""
-    for code in (args["main_code"], args.get("optimized_code") or ""):
-        found = _NOT_INDUCTORS.search(code)
-        if found is not None:
-            raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
+    `optimized_code`) hold what Inductor never writes: behind graphcheck's checks of
+    what reaches the source, the worker builds no such kernel. The worker's build
+    calls it; a client loads signed binaries and does not."""
+    check_code(args["main_code"], args.get("optimized_code") or "")
 
 
 def _check_args(args: dict[str, Any]) -> None:

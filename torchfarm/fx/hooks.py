@@ -1,6 +1,7 @@
 """Process-wide hooks on Inductor's C++ toolchain: count compiler runs
-(`count_kernel_builds`) and record every kernel Inductor keys or loads
-(`record_kernel_loads`).
+(`count_kernel_builds`), record every kernel Inductor keys or loads
+(`record_kernel_loads`), and check an export's sources before AOTInductor builds them
+(`checked_aot_sources`).
 
 Both hooks patch a class attribute, so they see every thread of the process (C++
 kernels build in AsyncCompile's thread pool). Listeners register under one lock and
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchfarm.fx.cpp_kernels import check_sources, load_fn_outputs, spec_args
+from torchfarm.fx.cpp_kernels import check_code, check_sources, load_fn_outputs, spec_args
 from torchfarm.fx.internals import resolve
 
 log = logging.getLogger(__name__)
@@ -157,3 +158,28 @@ def record_kernel_loads() -> Iterator[list[KernelLoad]]:
         yield records
 
 
+def _wrap_aot_compile(original: classmethod, hook: _ClassHook) -> classmethod:
+    import inspect
+
+    func = original.__func__
+    signature = inspect.signature(func)
+
+    @functools.wraps(func)
+    def compile(cls: type, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(cls, *args, **kwargs)
+        check_code(bound.arguments["wrapper_code"], bound.arguments["kernel_code"])
+        return func(cls, *args, **kwargs)
+
+    return classmethod(compile)
+
+
+_AOT_HOOK = _ClassHook(lambda: resolve("AotCodeCompiler"), "compile", _wrap_aot_compile)
+
+
+@contextmanager
+def checked_aot_sources() -> Iterator[None]:
+    """While it is open, AOTInductor builds no wrapper or kernels whose C++ holds what
+    Inductor never writes (cpp_kernels.check_code): the export job's depth behind
+    graphcheck, as the load hook is the graph compile's."""
+    with _AOT_HOOK.listen(None):
+        yield

@@ -114,6 +114,8 @@ INTERNALS: dict[str, Internal] = {
     "cpu_vec_isa": _i("torch._inductor.cpu_vec_isa", used_by="torchfarm/fx/vecisa.py, sdk/loader.py"),
     "CppBuilder": _i("torch._inductor.cpp_builder", "CppBuilder", used_by="torchfarm/fx/hooks.py"),
     "CppCodeCache": _i("torch._inductor.codecache", "CppCodeCache", used_by="torchfarm/fx/hooks.py"),
+    "AotCodeCompiler": _i("torch._inductor.codecache", "AotCodeCompiler",
+                          used_by="torchfarm/fx/hooks.py: an export's C++ sources checked"),
     # The C++ code generator's 2-D tile kernel, fixed by workers/inductor_fixes.py.
     "CppTile2DKernel": _i("torch._inductor.codegen.cpp", "CppTile2DKernel",
                           used_by="workers/inductor_fixes.py: its store replaced"),
