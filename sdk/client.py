@@ -294,6 +294,7 @@ class StubClient:
         NoWorker; the job stays queued on the farm for a worker that comes later."""
         deadline = time.monotonic() + self.settings.compile_timeout_s
         unserved_until: float | None = None  # queued with no live worker: when the wait for one ends
+        silent_since: float | None = None  # when the farm stopped answering, if it has
         status: farm_pb2.JobStatus  # what the stream yields (the generated stub is untyped)
         while True:
             now = time.monotonic()
@@ -315,6 +316,7 @@ class StubClient:
                 for status in self.stub.Watch(
                     farm_pb2.JobRef(key=key), timeout=ends - now, metadata=self.metadata
                 ):
+                    silent_since = None
                     if on_status is not None:
                         on_status(status)
                     if status.state == farm_pb2.SUCCEEDED:
@@ -351,8 +353,26 @@ class StubClient:
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     raise _map_error(e, "watch", key) from e
                 # The coordinator went away mid-watch; the job lives on in Redis.
-                log.info("watch of %s interrupted (%s); resuming", key[:12], e.details())
+                silent_since = self._farm_silent(key, e, silent_since)
                 time.sleep(0.5)
+
+    def _farm_silent(self, key: str, e: grpc.RpcError, since: float | None) -> float:
+        """A watch of `key` that the farm did not answer (`e`, UNAVAILABLE): warns at the
+        first, raises FarmUnavailable once it has not answered for reconnect_timeout_s
+        since `since`. Returns when the silence began."""
+        now, wait = time.monotonic(), self.settings.reconnect_timeout_s
+        if since is None:
+            log.warning("torchfarm: the farm at %s stopped answering while it compiled %s (%s); "
+                        "waiting up to %gs for it (TORCHFARM_RECONNECT_TIMEOUT_S)",
+                        self.address, key[:12], e.details(), wait)
+            return now
+        if now - since >= wait:
+            raise FarmUnavailable(
+                f"the farm at {self.address} stopped answering while it compiled {key[:12]}, "
+                f"and did not answer for {wait:g}s (TORCHFARM_RECONNECT_TIMEOUT_S): {e.details()}",
+                grpc.StatusCode.UNAVAILABLE.name,
+            ) from e
+        return since
 
     def submit_and_wait(
         self, request: farm_pb2.CompileRequest, track: GraphTrack | None = None, key: str = "",

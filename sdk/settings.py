@@ -65,6 +65,10 @@ class SDKSettings:
     submit answered NO_WORKER is retried (sdk/wake.py), and a job queued while no live
     worker takes its queue (a pool starting or scaled to zero, or every worker gone) is
     watched this long (sdk/client.py); 0: at once."""
+    reconnect_timeout_s: float = 60.0
+    """How long a compile waits for a farm that stopped answering while it compiled (a
+    coordinator restarting, or the farm gone) before falling back; the job itself lives
+    on in the farm's Redis, so a farm back within it answers the compile."""
     max_resubmits: int = 2
     """Times a graph is submitted again when its job vanished from the farm (a Redis
     restart); each submit is idempotent on the key."""
@@ -98,7 +102,7 @@ _POSITIVE = (
 )
 """Settings a 0 would make meaningless: a timeout of 0 s sent every graph to a local
 compile, reported as an outage."""
-_NOT_NEGATIVE = ("blob_cache_bytes", "wake_timeout_s", "max_resubmits", "progress_after_s")
+_NOT_NEGATIVE = ("blob_cache_bytes", "wake_timeout_s", "reconnect_timeout_s", "max_resubmits", "progress_after_s")
 
 
 def load() -> SDKSettings:
