@@ -43,7 +43,7 @@ from sdk.trust import Trust, untrusted_message
 from torchfarm.fx import global_state, regions
 from torchfarm.fx.encode import UnsupportedGraph, encode_graph
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint, local_target
-from torchfarm.fx.guards import CaptureShapes, GuardError
+from torchfarm.fx.guards import CallGuard, CaptureShapes, GuardError
 from torchfarm.fx.internals import resolve
 from torchfarm.graph.customops import refused_op
 from torchfarm.tables import stage_timings
@@ -139,6 +139,17 @@ class _Given:
     name: str
     target: Target | None
     wait: bool
+
+
+def _checked_call(
+    compiled: Callable[..., Any], eager: Callable[..., Any], guard: CallGuard
+) -> Callable[..., Any]:
+    """`compiled` at the sizes its shape guards admit, `eager` at any other."""
+
+    def call(*args: Any) -> Any:
+        return compiled(*args) if guard.admits(args) else eager(*args)
+
+    return call
 
 
 def _made_again(given: _Given) -> FarmBackend:
@@ -435,7 +446,7 @@ class FarmBackend:
             pieces = self._split(gm, example_inputs, index, e)
             return pieces if pieces is not None else self.swapper.failed(index, gm.forward, e)
         return self._keyed(self.swapper.defer(
-            index, prepared.key, gm.forward, lambda: self._complete(prepared)
+            index, prepared.key, gm.forward, lambda: self._complete(prepared, eager=gm.forward)
         ), prepared.key)
 
     def _prepare(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> _Prepared:
@@ -494,14 +505,18 @@ class FarmBackend:
             return FarmUnavailable(self._down)
         return ArtifactRejected(untrusted_message(self.client.address), Rejection.UNTRUSTED_FARM)
 
-    def _complete(self, prepared: _Prepared, in_backend: bool = False) -> Callable[..., Any]:
+    def _complete(
+        self, prepared: _Prepared, in_backend: bool = False, eager: Callable[..., Any] | None = None
+    ) -> Callable[..., Any]:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
 
         The key leaves the symbols' hints out, so a dynamic graph shares its artifact
         across sizes. The artifact's shape guards (torchfarm/fx/guards.py) are what its compile
         decided from the hints: if one is false at this capture's sizes, the graph is
-        submitted again with `specialize_hints`. They go into Dynamo's guards, which
-        only works `in_backend` (before Dynamo builds the frame's guards)."""
+        submitted again with `specialize_hints`. `in_backend` (before Dynamo builds the
+        frame's guards) they join Dynamo's guards. Later (wait=False) the frame's guards
+        are built, so each call checks them from its size inputs, and a call at sizes they
+        do not admit runs `eager`."""
         assert self.client is not None and self.trust is not None
         index, request, expected_key, fp = (
             prepared.index, prepared.request, prepared.key, prepared.fingerprint
@@ -514,7 +529,7 @@ class FarmBackend:
                 if e.code != JobError.RANK_SPECIFIC or request.per_rank:
                     raise
                 log.info("torchfarm: graph %d of %s compiles per rank: %s", index, self.name, e)
-                return self._complete(self._again(prepared, per_rank=True), in_backend)
+                return self._complete(self._again(prepared, per_rank=True), in_backend, eager)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
@@ -528,8 +543,11 @@ class FarmBackend:
             manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
             guards = self._shape_guards(prepared, manifest, reply.key, in_backend)
             if guards is None:
-                return self._complete(self._again(prepared, specialize_hints=True), in_backend)
+                return self._complete(self._again(prepared, specialize_hints=True), in_backend, eager)
             compiled = artifact.load(manifest, blobs)
+            if guards and not in_backend:
+                assert eager is not None
+                compiled = _checked_call(compiled, eager, self._call_guard(prepared, guards, reply.key))
             t5 = time.perf_counter()
         outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
         remote = ""
@@ -591,15 +609,18 @@ class FarmBackend:
                 return None
             if false:
                 raise GuardError(f"its shape guard {false[0]} is false at this capture's sizes")
-            if guards and not in_backend:
-                raise GuardError(
-                    "it carries shape guards, which cannot join Dynamo's guards once the "
-                    "graph runs (wait=False)"
-                )
-            shapes.install(guards)
+            if in_backend:
+                shapes.install(guards)
         except GuardError as e:
             raise rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
         return guards
+
+    @staticmethod
+    def _call_guard(prepared: _Prepared, guards: list[Any], key: str) -> CallGuard:
+        try:
+            return prepared.shapes.call_guard(guards)
+        except GuardError as e:
+            raise rejected(Rejection.GUARDS, f"artifact {key[:12]} refused: {e}") from e
 
     def _prewarm(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
         """Compiles the graph on the farm for `self.target`, which this process is not,

@@ -156,3 +156,33 @@ def test_shipped_guard_makes_dynamo_recompile():
         f(torch.randn(n))
     torch._dynamo.reset()
     assert hints == [[4], [12]]  # 8 passes the guard; 12 fails it; 9 passes the guard-free graph
+
+
+def test_a_call_guard_checks_each_call_from_its_size_inputs():
+    """wait=False: the frame's guards are built before the artifact arrives, so the
+    artifact's guards are checked at each call, from the graph's SymInt inputs."""
+    from torchfarm.fx.encode import encode_graph
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        graph = encode_graph(gm, example_inputs)
+        shapes = guards.CaptureShapes.of(gm, [s.name for s in graph.symbols])
+        symbol = shapes.symbols[graph.symbols[0].name]
+        check = shapes.call_guard([sympy.Le(symbol, 10)])
+        seen.append(check)
+        return lambda *args: (check.admits(args), gm.forward(*args))[1]
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.sin() + 1, backend=backend, dynamic=True)
+    for n in (4, 12, 9):
+        f(torch.randn(n))
+    torch._dynamo.reset()
+    [check] = seen  # the size is the graph's first input, the tensor its second
+    assert [check.admits([n, None]) for n in (4, 12, 10, 4)] == [True, False, True, True]
+
+
+def test_a_guard_on_a_size_no_input_carries_is_refused_for_calls():
+    shapes = guards.CaptureShapes(None, {}, {}, {})
+    with pytest.raises(guards.GuardError, match="from no input of its own"):
+        shapes.call_guard([sympy.Le(sympy.Symbol("s9", positive=True, integer=True), 10)])

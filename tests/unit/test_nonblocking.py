@@ -211,3 +211,38 @@ def test_the_blocking_backend_warns_of_every_farm_bug_but_of_an_outage_once(capl
     assert sum("FarmUnavailable" in w for w in warnings) == 1
     bugs = [w for w in warnings if "FarmBug" in w]
     assert len(bugs) == 2 and "1" * 64 in bugs[0] and "2" * 64 in bugs[1]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.b = torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.norm(self.a(x))))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_dynamic_graph_whose_artifact_carries_shape_guards_swaps_in(compiling_farm):
+    # An epoch's short last batch recompiles the graph with a symbolic batch size. Its
+    # artifact carries shape guards, which were refused with wait=False: that graph,
+    # which then serves every batch size, ran eagerly for good.
+    from sdk.backend import FarmBackend
+
+    torch.manual_seed(0)
+    model = Net()
+    backend = FarmBackend(compiling_farm.sdk_settings(fallback="error"), client=compiling_farm.client(), wait=False)
+    compiled = nonblocking.attach(torch.compile(model, backend=backend), backend.swapper)
+    for batch in (8, 5, 8, 6):
+        x = torch.randn(batch, 16, requires_grad=True)
+        out = compiled(x)
+        out.pow(2).sum().backward()
+        expected_grad = x.grad.clone()
+        x.grad = None
+        torch.testing.assert_close(out, model(x))
+        model(x).pow(2).sum().backward()
+        torch.testing.assert_close(x.grad, expected_grad)
+        assert backend.swapper.wait_ready(120)
+    dynamic = backend.swapper.graphs[-1]
+    assert dynamic.state == COMPILED and dynamic.compiled_calls >= 2

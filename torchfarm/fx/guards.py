@@ -30,7 +30,7 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_guards.py):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -305,6 +305,9 @@ class CaptureShapes:
     """Dynamo's ShapeEnv for the frame; None for a graph with no symbols."""
     symbols: dict[str, sympy.Symbol]
     hints: dict[sympy.Symbol, int]
+    positions: dict[sympy.Symbol, int] = field(default_factory=dict)
+    """The symbols the graph takes as inputs of their own (Dynamo lifts each size it
+    keeps symbolic to a SymInt placeholder), and where: a call's value of each."""
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule, names: Iterable[str]) -> CaptureShapes:
@@ -313,7 +316,12 @@ class CaptureShapes:
         if shape_env is None:
             return cls(None, {}, {})
         hints = {s: int(v) for s, v in shape_env.backed_var_to_val.items() if str(s) in wanted}
-        return cls(shape_env, {str(s): s for s in hints}, hints)
+        positions = {}
+        for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+            value = node.meta.get("example_value")
+            if isinstance(value, torch.SymInt) and value.node.expr in hints:
+                positions[value.node.expr] = i
+        return cls(shape_env, {str(s): s for s in hints}, hints, positions)
 
     def read(self, trees: Sequence[Any]) -> list[sympy.Basic]:
         """The manifest's guards over this capture's symbols; GuardError if they cannot be."""
@@ -328,6 +336,41 @@ class CaptureShapes:
     def install(self, guards: Sequence[sympy.Basic]) -> None:
         if guards:
             install(self.shape_env, guards)
+
+    def call_guard(self, guards: Sequence[sympy.Basic]) -> CallGuard:
+        """The guards, checked at each call from its size inputs: for a graph that
+        already runs, whose frame's guards Dynamo built without them (wait=False).
+        GuardError if a guard names a size the graph does not take as an input."""
+        named = set().union(*(g.free_symbols for g in guards))
+        missing = sorted(str(s) for s in named - set(self.positions))
+        if missing:
+            raise GuardError(f"its shape guards name {', '.join(missing)}, which this graph takes "
+                             "from no input of its own, so no call can check them")
+        return CallGuard(list(guards), {s: self.positions[s] for s in sorted(named, key=str)})
+
+
+class CallGuard:
+    """An artifact's shape guards, checked at each call of a graph from the call's size
+    inputs; each set of sizes is checked once."""
+
+    MAX_SIZES = 4096
+    """Sets of sizes remembered; past it, the memory starts afresh."""
+
+    def __init__(self, guards: list[sympy.Basic], positions: dict[sympy.Symbol, int]):
+        self._guards = guards
+        self._positions = positions
+        self._seen: dict[tuple[int, ...], bool] = {}
+
+    def admits(self, args: Sequence[Any]) -> bool:
+        """Whether every guard holds at these call arguments' sizes."""
+        sizes = tuple(int(args[i]) for i in self._positions.values())
+        verdict = self._seen.get(sizes)
+        if verdict is None:
+            if len(self._seen) >= self.MAX_SIZES:
+                self._seen.clear()
+            hints = dict(zip(self._positions, sizes, strict=True))
+            verdict = self._seen[sizes] = all(holds(g, hints) for g in self._guards)
+        return verdict
 
 
 def _find_shape_env(gm: torch.fx.GraphModule) -> Any:
