@@ -48,6 +48,7 @@ __all__ = [
     "compile",
     "compile_kernel",
     "export",
+    "farm_backend",
     "wait_ready",
     "warm",
 ]
@@ -64,12 +65,16 @@ def _require_torch(name: str) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("compile", "export", "wait_ready", "warm"):
+    if name in ("compile", "export", "farm_backend", "wait_ready", "warm"):
         _require_torch(name)
     if name == "compile":
         from sdk.api import compile
 
         return compile
+    if name == "farm_backend":
+        from sdk.api import farm_backend
+
+        return farm_backend
     if name == "export":
         from sdk.exports import export
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +15,7 @@ from sdk import settings as sdk_settings
 from sdk.backend import FarmBackend
 from sdk.errors import CompileArgumentError, ConfigError
 from torchfarm.fx import fingerprint as sdk_target
-from torchfarm.wire.targets import TargetError
+from torchfarm.wire.targets import Target, TargetError
 
 _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
 
@@ -49,25 +51,17 @@ def compile(
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
     if unknown:
         raise CompileArgumentError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
-    settings = sdk_settings.load()
-    fallback = settings.fallback if fallback is None else fallback
-    if fallback not in ("local", "error"):
-        raise ConfigError(f"fallback (the argument, or TORCHFARM_FALLBACK) must be 'local' or 'error', not {fallback!r}")
+    settings = _settings(remote, fallback)
     if not isinstance(wait, bool):
         raise ConfigError(f"wait must be True or False, not {wait!r}")
     backend = torch_compile_kwargs.pop("backend", "inductor")
     if backend != "inductor":
         raise ConfigError(f"the farm compiles with Inductor; backend={backend!r} is not supported")
-    try:
-        wanted = None if target is None else sdk_target.resolve(target)
-    except TargetError as e:
-        raise ConfigError(str(e)) from e
+    wanted = _target(target)
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
     if mode is not None and options is not None:
         raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
-
-    settings = dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
 
     def wrap(fn: Callable[..., Any]) -> Any:
         name = naming.model_name(fn)  # "MLP (examples.models)": labels tell models apart
@@ -91,3 +85,62 @@ def compile(
         return warm_mode.observe(compiled)
 
     return wrap if model is None else wrap(model)
+
+
+def _settings(remote: str | None, fallback: str | None) -> sdk_settings.SDKSettings:
+    """TORCHFARM_*, with a call's `remote` and `fallback` over them."""
+    settings = sdk_settings.load()
+    fallback = settings.fallback if fallback is None else fallback
+    if fallback not in ("local", "error"):
+        raise ConfigError(f"fallback (the argument, or TORCHFARM_FALLBACK) must be 'local' or 'error', not {fallback!r}")
+    return dataclasses.replace(settings, remote=remote or settings.remote, fallback=fallback)
+
+
+def _target(target: str | None) -> Target | None:
+    try:
+        return None if target is None else sdk_target.resolve(target)
+    except TargetError as e:
+        raise ConfigError(str(e)) from e
+
+
+def farm_backend(
+    remote: str | None = None,
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    fallback: str | None = None,
+    target: str | None = None,
+) -> FarmBackend:
+    """The farm as a Dynamo backend, for code that passes one itself:
+    `model.compile(backend=sdk.farm_backend(remote=...))` (the in-place `nn.Module.compile`,
+    which keeps `state_dict`'s keys free of `_orig_mod.`) or
+    `torch.compile(fn, backend=sdk.farm_backend(...))`. Its arguments are `sdk.compile`'s;
+    give `mode` and `options` here, not to torch.compile, which passes them only to
+    a backend named by a string ("torchfarm" below). No `wait=False`: it needs the
+    call boundary `sdk.compile` adds."""
+    settings = _settings(remote, fallback)
+    if mode is not None and options is not None:
+        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
+    return FarmBackend(settings, mode=mode, options=options, name="sdk.farm_backend()", target=_target(target))
+
+
+_NAMED: dict[tuple[str | None, str], FarmBackend] = {}
+_NAMED_LOCK = threading.Lock()
+
+
+def named_backend(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """Dynamo's backend "torchfarm" (an entry point of the package, in
+    `torch_dynamo_backends`): `model.compile(backend="torchfarm", mode=...)` or
+    `torch.compile(fn, backend="torchfarm")`, configured by TORCHFARM_* alone. One
+    FarmBackend per mode and options, made at their first graph."""
+    key = (mode, json.dumps(options, sort_keys=True, default=repr))
+    with _NAMED_LOCK:
+        farm_backend = _NAMED.get(key)
+        if farm_backend is None:
+            farm_backend = _NAMED[key] = FarmBackend(
+                _settings(None, None), mode=mode, options=options, name="backend='torchfarm'"
+            )
+    return farm_backend(gm, example_inputs)

@@ -215,3 +215,29 @@ def test_unknown_remote_address_is_a_config_error():
     with pytest.raises(sdk.ConfigError, match="grpc://host:port"):
         sdk.compile(torch.nn.Linear(2, 2), remote="http://farm")
 
+
+
+@pytest.mark.parametrize("how", ["named", "farm_backend"])
+def test_in_place_compile_trains_through_the_farm(how, stack, client_cache_dir, monkeypatch):
+    # `model.compile()` (in place, state_dict keys unchanged) had no way to the farm:
+    # backend=sdk.compile failed with a TypeError and backend="torchfarm" did not exist.
+    from sdk import report
+
+    model, inputs = make_mlp(batch=4)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        if how == "named":
+            monkeypatch.setenv("TORCHFARM_REMOTE", stack.address)
+            monkeypatch.setenv("TORCHFARM_FALLBACK", "error")
+            model.compile(backend="torchfarm", mode="max-autotune-no-cudagraphs")
+        else:
+            model.compile(backend=sdk.farm_backend(remote=stack.address, fallback="error"))
+        loss = _loss(model(*inputs))
+    loss.backward()
+    ref = _loss(eager(*inputs))
+    ref.backward()
+    assert graphs and all(g.outcome != report.LOCAL for g in graphs)
+    assert_matches_eager((loss, [p.grad for p in model.parameters()]), (ref, [p.grad for p in eager.parameters()]))
+    assert set(model.state_dict()) == set(eager.state_dict())
+    torch._dynamo.reset()

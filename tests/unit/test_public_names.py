@@ -22,7 +22,7 @@ PINNED: dict[str, list[str]] = {
         "ArtifactRejected", "ConfigError", "FarmBug", "FarmError", "FarmUnavailable",
         "GraphRejected", "JobLost", "KernelRejected", "NoWorker", "QuotaExceeded",
         "RemoteCompileError", "RequestTooLarge", "Unauthenticated",
-        "compile", "compile_kernel", "export", "wait_ready", "warm",
+        "compile", "compile_kernel", "export", "farm_backend", "wait_ready", "warm",
     ],
     "torchfarm.wire.builds": [
         "FIELDS", "TRITON_DEVICES", "digest", "names_triton", "label", "of_request", "of_worker",
