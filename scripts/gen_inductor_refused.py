@@ -69,7 +69,8 @@ REVIEWED: dict[str, str] = {
         "reorder_for_compute_comm_overlap_passes",
     ], CALLABLE),
     **dict.fromkeys([
-        "autotune_lookup_table", "cudagraph_unsafe_unbacked_ops", "fx_passes_numeric_check",
+        "autotune_lookup_table", "cudagraph_unsafe_unbacked_ops", "custom_should_partition_ops",
+        "fx_passes_numeric_check",
         "lookup_table.table", "multi_kernel_hints", "post_grad_fusion_options",
         "pre_grad_fusion_options", "triton.cudagraph_capture_sizes",
     ], STRUCTURED),
@@ -92,14 +93,14 @@ REVIEWED: dict[str, str] = {
         "triton.proton_per_cta_occupancy", "triton.proton_split_invocations", "warn_mix_layout",
     ], DEBUG),
     **dict.fromkeys([
-        "autotune_in_subproc", "autotune_multi_device", "collective_benchmark_timeout",
+        "autotune_in_subproc", "autotune_multi_device", "collective_benchmark_timeout", "file_lock_timeout",
         "cpp.vec_isa_ok", "cpp_cache_precompile_headers", "precompilation_timeout_seconds",
         "max_autotune_subproc_graceful_timeout_seconds", "max_autotune_subproc_result_timeout_seconds",
         "max_autotune_subproc_terminate_timeout_seconds", "triton_disable_device_detection",
         "unsafe_marked_cacheable_functions", "unsafe_skip_cache_dynamic_shape_guards",
     ], WORKER_OWNED),
     **dict.fromkeys([
-        "bundle_triton_into_fx_graph_cache", "cpp_wrapper", "fx_wrapper", "enable_autograd_for_aot",
+        "bundle_triton_into_fx_graph_cache", "cpp_wrapper", "cpp_wrapper_build_separate", "fx_wrapper", "enable_autograd_for_aot",
         "generate_intermediate_hooks", "is_predispatch", "keep_static_cubin_raw",
         "static_launch_user_defined_triton_kernels", "strict_static_cuda_launcher",
         "strict_static_triton_launcher", "triton.store_cubin", "use_fast_triton_launcher",
@@ -119,13 +120,24 @@ REVIEWED: dict[str, str] = {
 of torch 2.12 and 2.13 is carried, client-only, or refused by its name's kind below."""
 
 
+_PATH_WORDS = frozenset({"dir", "dirs", "path", "paths", "cxx", "file", "files", "include", "lib", "libs",
+                         "library", "command", "ld", "logpath"})
+"""Words of a setting's name (split at underscores) that make it a path or a program.
+Matched as words: as substrings they named `..._directions`, `..._profile` and
+`..._threshold_...` paths."""
+
+
 def reason(name: str, default: object) -> str:
     if name in REVIEWED:
         return REVIEWED[name]
     leaf = name.rsplit(".", 1)[-1]
     if callable(default) or "custom_pass" in name or name in getattr(inductor_config, "_save_config_ignore", []):
         return CALLABLE
-    if any(w in leaf for w in ("dir", "path", "cxx", "file", "include", "lib", "command", "ld_")):
+    if leaf.startswith("_") or name.startswith("_"):
+        return INTERNAL
+    if name.startswith("test_configs.") or "TESTING" in leaf:
+        return TESTING
+    if _PATH_WORDS & set(leaf.split("_")):
         return PATH
     if name.startswith(("trace.", "debug")) or any(
         w in leaf for w in ("debug", "log", "dump", "trace", "profil", "repro", "verbose", "print", "save")
@@ -141,16 +153,18 @@ def reason(name: str, default: object) -> str:
 def main() -> None:
     old = json.loads(OUT.read_text()) if OUT.exists() else {}
     # Settings of the other supported builds stay; those since carried or left to the
-    # client go; a reviewed reason replaces an older one.
-    out = {
-        name: REVIEWED.get(name, why)
-        for name, why in old.items()
-        if name not in options.ALLOWED and name not in inductor_settings.CLIENT_ONLY
-    }
+    # client go; each reason is worked out again (a reason by kind only where the kind
+    # is known: an older one stays where it is not).
+    out = {}
+    for name, why in old.items():
+        if name not in options.ALLOWED and name not in inductor_settings.CLIENT_ONLY:
+            now = reason(name, None)
+            out[name] = why if now == NOT_REVIEWED else now
     for name in sorted(inductor_config._config):
         if name in options.ALLOWED or name in inductor_settings.CLIENT_ONLY:
             continue
-        out[name] = REVIEWED.get(name) or old.get(name) or reason(name, inductor_config._config[name].default)
+        now = reason(name, inductor_config._config[name].default)
+        out[name] = old.get(name, now) if now == NOT_REVIEWED else now
     OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"{len(out)} refused settings written to {OUT}")
 

@@ -31,6 +31,7 @@ def test_every_inductor_setting_of_this_torch_is_classified():
 
 
 _NEW_IN_2_13 = {
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_saturation_calibration_multiplier",
     "batch_invariant", "combo_kernel_autotune_grouping", "combo_kernel_max_distance",
     "combo_kernel_max_num_nodes", "combo_kernel_peak_memory_increase_gb",
     "combo_kernel_peak_memory_pct_threshold", "dedup_reduce_scatters", "incremental_autotune",
@@ -68,7 +69,8 @@ CARRIED_BUT_MISSING = {
         "autoheuristic_use.pad_mm", "bucket_all_gathers_bucket_mode",
         "bucket_reduce_scatters_bucket_mode", "cache_sdpa_constraint",
         "cpp.use_two_step_variance_threshold", "delay_realize_cheap_outputs",
-        "do_not_emit_runtime_assertions", "keep_addmm_fused_for_half_dtypes",
+        "do_not_emit_runtime_assertions", "eager_numerics.use_pytorch_libdevice",
+        "keep_addmm_fused_for_half_dtypes",
         "min_overlap_ratio", "pre_grad_pass_timing", "triton.cudagraph_min_partition_size",
         "triton.decompose_sort_ops",
     },
@@ -90,6 +92,18 @@ def test_no_setting_is_in_two_classes_and_every_carried_one_exists():
 def test_no_refused_setting_is_left_unreviewed():
     unreviewed = sorted(n for n, why in inductor_settings.refused().items() if "not reviewed" in why)
     assert not unreviewed, f"review these (scripts/gen_inductor_refused.py REVIEWED): {unreviewed}"
+
+
+def test_no_switch_or_number_is_refused_as_a_path():
+    # Names were matched by substring: `..._directions` was a "dir", `..._profile` a
+    # "file", `..._threshold_...` an "ld_"; a user was told a boolean was a path.
+    config = inductor_config._config
+    wrong = sorted(
+        name for name, why in inductor_settings.refused().items()
+        if why.startswith("a path") and name in config
+        and isinstance(config[name].default, (bool, int, float))
+    )
+    assert not wrong, f"refused as paths, but they hold a switch or a number: {wrong}"
 
 
 def test_every_carried_setting_says_how_its_value_is_checked():

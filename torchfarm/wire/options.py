@@ -98,6 +98,9 @@ _BOOLS = """
     aten_distributed_optimizations.overlap_scheduling_autofix_cycles
     aten_distributed_optimizations.pre_bucketing_fsdp_collectives
     aten_distributed_optimizations.prioritize_bucketing_during_scheduling
+    assert_indirect_indexing coordinate_descent_check_all_directions
+    eager_numerics.use_pytorch_libdevice triton.fast_path_cudagraph_asserts
+    triton.slow_path_cudagraph_asserts
 """
 """Switches: true or false."""
 
@@ -134,6 +137,7 @@ ALLOWED: dict[str, tuple[type, ...]] = {
     "combo_kernel_max_num_nodes": _INT,
     "combo_kernels_autotune": _INT,
     "coordinate_descent_search_radius": _INT,
+    "size_threshold_for_succ_based_strategy": _INT,
     "cpp.gemm_max_k_slices": _INT,
     "cpp.max_horizontal_fusion_size": _INT,
     "cpp.use_two_step_variance_threshold": _INT,
@@ -189,6 +193,7 @@ ALLOWED: dict[str, tuple[type, ...]] = {
     "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_bucket_cap_mb": _OPT_FLOAT,
     "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_max_bucket_cap_mb": _FLOAT,
     "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_min_bucket_cap_mb": _FLOAT,
+    "aten_distributed_optimizations.pre_bucketing_fsdp_collectives_saturation_calibration_multiplier": _FLOAT,
     # Names from a fixed set: CHOICES, or comma-separated from SUBSETS.
     "autoheuristic_use": _STR,
     "bucket_all_gathers_bucket_mode": _STR,
