@@ -123,6 +123,9 @@ HELPERS = (
     "torch.nested._internal.nested_tensor.nested_from_padded",
     "torch.nested._internal.nested_tensor.nested_view_from_values_offsets",
     "torch.nested._internal.nested_tensor.nested_view_from_values_offsets_lengths",
+    # `w.data` (Gemma 3n): an alias of the tensor, detached; AOTAutograd traces it to
+    # `aten.detach`.
+    "torch._C._autograd._get_data_attr",
     # Reads a Tensor attribute (`logits.T` in CLIP); graphcheck allows it only with a
     # node and a constant name from ATTRIBUTES, so it never reaches dunders or methods.
     "builtins.getattr",

@@ -314,3 +314,23 @@ def test_allowed_attributes(name: str) -> None:
 )
 def test_denied_attributes(name: str) -> None:
     assert not is_allowed_attribute(name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_parameter_read_through_data_trains_on_the_farm(compiling_farm) -> None:
+    # `w.data` in the compiled code (Gemma 3n) is `torch._C._autograd._get_data_attr`,
+    # which was not on the list: the whole graph compiled locally.
+    from sdk.backend import FarmBackend
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x * w.data).sin() * w
+
+    backend = FarmBackend(compiling_farm.sdk_settings(fallback="error"), client=compiling_farm.client())
+    x, w = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    out = torch.compile(f, backend=backend)(x, w)
+    out.sum().backward()
+    x_ref, w_ref = x.detach().requires_grad_(), w.detach().requires_grad_()
+    f(x_ref, w_ref).sum().backward()
+    torch.testing.assert_close(out, f(x_ref, w_ref))
+    torch.testing.assert_close((x.grad, w.grad), (x_ref.grad, w_ref.grad))
