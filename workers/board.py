@@ -513,7 +513,7 @@ class StageBoard:
         record has expired."""
         return self.store.incr_attempts(key, name)
 
-    def _note_job(self, key: str, *ops: tuple[str, str, object]) -> None:
+    def _note_job(self, key: str, *ops: tuple[str, str, str | float]) -> None:
         """Applies `ops` (`_NOTE`'s op, field, value) to the job record, if it exists."""
         self._note(keys=[self._job(key)], args=[part for op in ops for part in op])
 
