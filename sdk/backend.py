@@ -433,7 +433,7 @@ class FarmBackend:
         )
 
     def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
-        return self._complete(self._prepare(gm, example_inputs, index), in_backend=True)
+        return self._complete(self._prepare(gm, example_inputs, index))
 
     def _remote_nonblocking(
         self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int
@@ -505,18 +505,17 @@ class FarmBackend:
             return FarmUnavailable(self._down)
         return ArtifactRejected(untrusted_message(self.client.address), Rejection.UNTRUSTED_FARM)
 
-    def _complete(
-        self, prepared: _Prepared, in_backend: bool = False, eager: Callable[..., Any] | None = None
-    ) -> Callable[..., Any]:
+    def _complete(self, prepared: _Prepared, eager: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """Submit → wait → fetch → verify → load, with progress shown past a few seconds.
 
         The key leaves the symbols' hints out, so a dynamic graph shares its artifact
         across sizes. The artifact's shape guards (torchfarm/fx/guards.py) are what its compile
         decided from the hints: if one is false at this capture's sizes, the graph is
-        submitted again with `specialize_hints`. `in_backend` (before Dynamo builds the
-        frame's guards) they join Dynamo's guards. Later (wait=False) the frame's guards
-        are built, so each call checks them from its size inputs, and a call at sizes they
-        do not admit runs `eager`."""
+        submitted again with `specialize_hints`. Called from the backend (before Dynamo
+        builds the frame's guards), they join Dynamo's guards. Called later, in the
+        background with the graph's `eager` code (wait=False), the frame's guards are
+        built, so each call checks them from its size inputs, and a call at sizes they do
+        not admit runs `eager`."""
         assert self.client is not None and self.trust is not None
         index, request, expected_key, fp = (
             prepared.index, prepared.request, prepared.key, prepared.fingerprint
@@ -529,7 +528,7 @@ class FarmBackend:
                 if e.code != JobError.RANK_SPECIFIC or request.per_rank:
                     raise
                 log.info("torchfarm: graph %d of %s compiles per rank: %s", index, self.name, e)
-                return self._complete(self._again(prepared, per_rank=True), in_backend, eager)
+                return self._complete(self._again(prepared, per_rank=True), eager)
             if reply.key != expected_key:
                 raise ArtifactRejected(
                     f"the farm answered for key {reply.key[:12]}, not this graph's {expected_key[:12]}",
@@ -541,12 +540,11 @@ class FarmBackend:
             t4 = time.perf_counter()
             track.set_stage("verify and load")
             manifest = artifact.verify(manifest_bytes, blobs, reply.key, fp, self.trust)
-            guards = self._shape_guards(prepared, manifest, reply.key, in_backend)
+            guards = self._shape_guards(prepared, manifest, reply.key, in_backend=eager is None)
             if guards is None:
-                return self._complete(self._again(prepared, specialize_hints=True), in_backend, eager)
+                return self._complete(self._again(prepared, specialize_hints=True), eager)
             compiled = artifact.load(manifest, blobs)
-            if guards and not in_backend:
-                assert eager is not None
+            if guards and eager is not None:
                 compiled = _checked_call(compiled, eager, self._call_guard(prepared, guards, reply.key))
             t5 = time.perf_counter()
         outcome = "hit" if reply.cache_hit else ("joined" if reply.deduplicated else "miss")
@@ -594,8 +592,9 @@ class FarmBackend:
     def _shape_guards(
         self, prepared: _Prepared, manifest: Any, key: str, in_backend: bool
     ) -> list[Any] | None:
-        """Installs the artifact's shape guards in Dynamo's ShapeEnv; None when one is
-        false at this capture's sizes and the request did not yet specialize on them."""
+        """The artifact's shape guards, installed in Dynamo's ShapeEnv `in_backend`; None
+        when one is false at this capture's sizes and the request did not yet specialize
+        on them."""
         shapes = prepared.shapes
         try:
             guards = shapes.read(manifest.guards)
