@@ -94,6 +94,13 @@ def test_no_refused_setting_is_left_unreviewed():
     assert not unreviewed, f"review these (scripts/gen_inductor_refused.py REVIEWED): {unreviewed}"
 
 
+def test_a_process_that_packaged_with_aot_inductor_still_compiles_on_the_farm(monkeypatch):
+    # aoti_compile_and_package fills aot_inductor.metadata in place and leaves it so.
+    monkeypatch.setattr(inductor_config.aot_inductor, "metadata", {"AOTI_DEVICE_KEY": "cpu"})
+    carried, refused = changed_settings.split({})
+    assert not refused and "aot_inductor.metadata" not in carried
+
+
 def test_no_switch_or_number_is_refused_as_a_path():
     # Names were matched by substring: `..._directions` was a "dir", `..._profile` a
     # "file", `..._threshold_...` an "ld_"; a user was told a boolean was a path.

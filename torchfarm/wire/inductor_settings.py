@@ -38,6 +38,9 @@ CLIENT_ONLY: dict[str, str] = {
     "quiesce_async_compile_time": "when the client's compile pool idles",
     "compile_worker_wait_timeout": "how long the client waits on its own compile pool",
     "disable_progress": "a progress bar in the client's terminal; the farm shows none",
+    # torch's aoti_compile_and_package writes it into the process's config, in place,
+    # and leaves it there: every later graph of the process was refused.
+    "aot_inductor.metadata": "an AOTInductor package's metadata, which only packaging reads",
 }
 """Settings that touch only the client's process, with why nothing needs to travel."""
 
