@@ -164,9 +164,9 @@ return left
 """
 """Ends the lowering's hold on a job's pending set, atomically: drops the kernels sent
 while lowering that the artifact does not load (strays), removes `LOWERING`, sets the
-job's kernel counts (on a record that still exists) and, if it now sends builds, when the
-first were sent; returns how many are pending. ARGV: TTL, total kernels, cache hits, `LOWERING`, now or "" (no
-builds sent), the number of strays, the strays."""
+job's kernel counts (on a record that still exists) and, if it now sends builds, when
+the first were sent; returns how many are pending. ARGV: TTL, total kernels, cache hits,
+`LOWERING`, now or "" (no builds sent), the number of strays, the strays."""
 
 
 _NOTE = """
