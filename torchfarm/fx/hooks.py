@@ -121,26 +121,37 @@ class KernelLoad:
     targets: tuple[str, ...]
 
 
-def _wrap_load_async(original: classmethod, hook: _ClassHook) -> classmethod:
+def _bound_classmethod(
+    original: classmethod, body: Callable[[type, dict[str, Any], Callable[[], Any]], Any]
+) -> classmethod:
+    """`original` with `body(cls, arguments, call)` in its place: `arguments` are the
+    call's, bound by name with defaults applied; `call()` runs the original."""
     import inspect
 
     func = original.__func__
     signature = inspect.signature(func)
 
     @functools.wraps(func)
-    def load_async(cls: type, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(cls: type, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(cls, *args, **kwargs)
         bound.apply_defaults()
+        return body(cls, bound.arguments, lambda: func(cls, *args, **kwargs))
+
+    return classmethod(wrapper)
+
+
+def _wrap_load_async(original: classmethod, hook: _ClassHook) -> classmethod:
+    def load_async(cls: type, arguments: dict[str, Any], call: Callable[[], Any]) -> Any:
         # Before the build starts: the worker builds no kernel Inductor would not write.
-        check_sources(bound.arguments)
-        load_fn = func(cls, *args, **kwargs)
+        check_sources(arguments)
+        load_fn = call()
         key, targets = load_fn_outputs(cls, load_fn)
-        record = KernelLoad(cls.__name__, spec_args(bound.arguments), key, tuple(targets))
+        record = KernelLoad(cls.__name__, spec_args(arguments), key, tuple(targets))
         for records in hook.listeners():
             records.append(record)
         return load_fn
 
-    return classmethod(load_async)
+    return _bound_classmethod(original, load_async)
 
 
 def _cpp_code_cache() -> type:
@@ -159,18 +170,11 @@ def record_kernel_loads() -> Iterator[list[KernelLoad]]:
 
 
 def _wrap_aot_compile(original: classmethod, hook: _ClassHook) -> classmethod:
-    import inspect
+    def compile(cls: type, arguments: dict[str, Any], call: Callable[[], Any]) -> Any:
+        check_code(arguments["wrapper_code"], arguments["kernel_code"])
+        return call()
 
-    func = original.__func__
-    signature = inspect.signature(func)
-
-    @functools.wraps(func)
-    def compile(cls: type, *args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(cls, *args, **kwargs)
-        check_code(bound.arguments["wrapper_code"], bound.arguments["kernel_code"])
-        return func(cls, *args, **kwargs)
-
-    return classmethod(compile)
+    return _bound_classmethod(original, compile)
 
 
 _AOT_HOOK = _ClassHook(lambda: resolve("AotCodeCompiler"), "compile", _wrap_aot_compile)
