@@ -86,6 +86,7 @@ class Supervisor:
         """Raises ChildFailed if any child has died (while the farm starts: no restarts)."""
         for c in self.children.values():
             if c.proc.poll() is not None:
+                _end_group(c.proc)
                 raise ChildFailed(c.name, c.proc.returncode, c.logfile, "while the farm started")
 
     def check(self) -> None:
@@ -95,6 +96,7 @@ class Supervisor:
             code = c.proc.poll()  # reaps it
             if code is None:
                 continue
+            _end_group(c.proc)
             while c.restarts and now - c.restarts[0] > self.window_s:
                 c.restarts.popleft()
             if len(c.restarts) >= self.max_restarts:
@@ -135,6 +137,14 @@ class Supervisor:
                          pid, self.left_over_grace_s)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kills what a dead child left in its process group (a Celery worker's pool
+    process): it has nothing left to serve, and what it writes as it finds its parent
+    gone would fill the log tail that reports the death, or the restarted child's log."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def descendants(pid: int) -> set[int]:

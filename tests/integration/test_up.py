@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cli.supervisor import TAIL_LINES
 from localfarm.stack import free_port
 from tests.integration.test_cli import alive, descendants
 
@@ -104,17 +105,22 @@ def test_up_restarts_a_dead_coordinator_and_keeps_its_data_dir(tmp_path):
 
 
 def test_up_stops_loudly_when_a_child_dies_past_the_bound(tmp_path):
-    port = free_port()
-    up = start_up("--grpc-port", str(port), "--max-restarts", "0")
+    port, data = free_port(), tmp_path / "farm"
+    up = start_up("--grpc-port", str(port), "--max-restarts", "0", "--data-dir", str(data))
     try:
         family = descendants(up.pid)
         os.kill(child_pid(up, "workers.app"), signal.SIGKILL)
         rest = up.communicate(timeout=120)[0]
         assert up.returncode == 1
-        assert "torchfarm up: worker0 was killed by signal 9 (0 restarts in the last 300s); the farm stops" in rest
-        assert "Last lines of " in rest and "worker0.log" in rest
-        assert "cpu0@" in rest.split("Last lines of ", 1)[1]  # the worker's own log lines
-        assert "Traceback" not in rest
+        said, tail = rest.split("Last lines of ", 1)
+        assert "torchfarm up: worker0 was killed by signal 9 (0 restarts in the last 300s); the farm stops" in said
+        assert "Traceback" not in said
+        # The worker's own log, to its end: what the dead worker left in its group (its
+        # pool process) was stopped with it and wrote nothing after.
+        logfile = data / "logs" / "worker0.log"
+        assert tail.startswith(f"{logfile}:")
+        assert "\n".join(logfile.read_text().splitlines()[-TAIL_LINES:]) in tail
+        assert "cpu0@" in logfile.read_text()
         time.sleep(0.5)
         assert [p for p in family if alive(p)] == []
     finally:

@@ -4,8 +4,12 @@ with the child's exit status and last log lines."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +55,24 @@ def test_a_child_killed_while_the_farm_starts_is_not_restarted(tmp_path):
     sup.children["redis"].proc.wait()
     with pytest.raises(ChildFailed, match="redis was killed by signal 9 while the farm started"):
         sup.alive()
+
+
+def test_what_a_dead_child_left_in_its_group_ends_with_it(tmp_path):
+    # A killed Celery worker leaves its pool process, which wrote tracebacks into the
+    # log the farm's error quotes, and ran on with nothing to serve.
+    start, log = child(tmp_path, "(while :; do echo left over; sleep 0.05; done) & echo 'the cause'; exit 3")
+    sup = Supervisor(max_restarts=0, out=io.StringIO())
+    sup.start("worker0", start, log)
+    group = sup.children["worker0"].proc.pid
+    try:
+        with pytest.raises(ChildFailed):
+            sup.run(threading.Event(), poll_s=0.05)
+        size = log.stat().st_size
+        time.sleep(0.3)
+        assert log.stat().st_size == size, "something the dead child started still writes its log"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def test_stop_ends_what_a_child_left_outside_its_group(tmp_path):
