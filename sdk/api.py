@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from sdk import naming, nonblocking, precompile, warm_mode
+from sdk import naming, nonblocking, precompile, report, warm_mode
 from sdk import settings as sdk_settings
 from sdk.backend import FarmBackend
 from sdk.errors import CompileArgumentError, ConfigError
@@ -22,7 +22,7 @@ _TORCH_COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "backend", "mode", "o
 
 def compile(
     model: Callable[..., Any] | None = None,
-    *,
+    *dynamo_args: Any,
     remote: str | None = None,
     target: str | None = None,
     fallback: str | None = None,
@@ -46,8 +46,13 @@ def compile(
     while the farm compiles it, and switches to the compiled code at the start of a
     later call of the returned model, once the artifact is verified and loaded
     (sdk/nonblocking.py; `sdk.wait_ready(model, timeout)` waits for it).
-    Used without a model, it returns a decorator, as `torch.compile` does.
+    Used without a model, it returns a decorator, as `torch.compile` does. Passed as a
+    backend itself (`torch.compile(fn, backend=sdk.compile)`, or a `functools.partial`
+    of it with `remote=` and the rest), it compiles each graph Dynamo gives it on the
+    farm, as `farm_backend` does.
     """
+    if dynamo_args:
+        return _as_backend(model, dynamo_args, remote, target, fallback, wait, torch_compile_kwargs)
     unknown = set(torch_compile_kwargs) - _TORCH_COMPILE_KWARGS
     if unknown:
         raise CompileArgumentError(f"unknown torch.compile arguments: {', '.join(sorted(unknown))}")
@@ -124,8 +129,51 @@ def farm_backend(
     return FarmBackend(settings, mode=mode, options=options, name="sdk.farm_backend()", target=_target(target))
 
 
-_NAMED: dict[tuple[str | None, str], FarmBackend] = {}
+_NAMED: dict[tuple[Any, ...], FarmBackend] = {}
+"""The backends Dynamo was given by name or as `sdk.compile` itself, by their settings."""
 _NAMED_LOCK = threading.Lock()
+
+
+def _named(key: tuple[Any, ...], make: Callable[[], FarmBackend]) -> FarmBackend:
+    """The backend for `key`, made again where reports are collected now that it does not
+    report to (`sdk.report.collect`): a backend reports where it was made."""
+    sinks = report.active_sinks()
+    with _NAMED_LOCK:
+        farm_backend = _NAMED.get(key)
+        if farm_backend is None or not report.same_sinks(farm_backend.reports, sinks):
+            farm_backend = _NAMED[key] = make()
+    return farm_backend
+
+
+def _options_key(options: dict[str, Any] | None) -> str:
+    return json.dumps(options, sort_keys=True, default=repr)
+
+
+def _as_backend(
+    gm: Any, dynamo_args: tuple[Any, ...], remote: str | None, target: str | None,
+    fallback: str | None, wait: bool, kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    """`sdk.compile` called by Dynamo as its backend, with a graph and its example inputs."""
+    if len(dynamo_args) != 1 or not isinstance(gm, torch.fx.GraphModule):
+        raise CompileArgumentError(
+            "sdk.compile takes one positional argument, the model, as torch.compile does"
+        )
+    unknown = set(kwargs) - {"mode", "options"}
+    if unknown or not wait:
+        given = sorted(unknown) + ([] if wait else ["wait"])
+        raise CompileArgumentError(
+            f"sdk.compile as a backend takes remote, target, fallback, mode and options; "
+            f"{', '.join(given)} belong to sdk.compile(model, ...) itself"
+        )
+    mode, options = kwargs.get("mode"), kwargs.get("options")
+    if mode is not None and options is not None:
+        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
+    settings, wanted = _settings(remote, fallback), _target(target)
+    farm_backend = _named(
+        ("sdk.compile", settings, wanted, mode, _options_key(options)),
+        lambda: FarmBackend(settings, mode=mode, options=options, name="backend=sdk.compile", target=wanted),
+    )
+    return farm_backend(gm, list(dynamo_args[0]))
 
 
 def named_backend(
@@ -135,12 +183,10 @@ def named_backend(
     """Dynamo's backend "torchfarm" (an entry point of the package, in
     `torch_dynamo_backends`): `model.compile(backend="torchfarm", mode=...)` or
     `torch.compile(fn, backend="torchfarm")`, configured by TORCHFARM_* alone. One
-    FarmBackend per mode and options, made at their first graph."""
-    key = (mode, json.dumps(options, sort_keys=True, default=repr))
-    with _NAMED_LOCK:
-        farm_backend = _NAMED.get(key)
-        if farm_backend is None:
-            farm_backend = _NAMED[key] = FarmBackend(
-                _settings(None, None), mode=mode, options=options, name="backend='torchfarm'"
-            )
+    FarmBackend per settings, mode and options, made at their first graph."""
+    settings = _settings(None, None)
+    farm_backend = _named(
+        ("torchfarm", settings, mode, _options_key(options)),
+        lambda: FarmBackend(settings, mode=mode, options=options, name="backend='torchfarm'"),
+    )
     return farm_backend(gm, example_inputs)

@@ -237,10 +237,7 @@ class FarmBackend:
         same_client = (self._own_client and other._own_client) or self.client is other.client
         # A backend made while `sdk.warm` collects reports its graphs there: another warm's
         # graphs must come to its own backend, not to this one's Dynamo cache entries.
-        same_sinks = len(self.reports) == len(other.reports) and all(
-            mine is theirs for mine, theirs in zip(self.reports, other.reports, strict=True)
-        )
-        return (same_client and same_sinks and self._compile() == other._compile()
+        return (same_client and report.same_sinks(self.reports, other.reports) and self._compile() == other._compile()
                 and self.settings == other.settings)
 
     def __hash__(self) -> int:

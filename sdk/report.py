@@ -137,6 +137,12 @@ def active_sinks() -> tuple[list[GraphReport], ...]:
         return tuple(_collecting)
 
 
+def same_sinks(a: tuple[list[GraphReport], ...], b: tuple[list[GraphReport], ...]) -> bool:
+    """Whether two backends report to the same sinks: by identity, as equal contents
+    are still two sinks."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 def publish(sinks: tuple[list[GraphReport], ...], report: GraphReport) -> None:
     with _lock:
         for sink in sinks:

@@ -8,6 +8,7 @@ reductions, so bit-equality is not expected.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -217,7 +218,7 @@ def test_unknown_remote_address_is_a_config_error():
 
 
 
-@pytest.mark.parametrize("how", ["named", "farm_backend"])
+@pytest.mark.parametrize("how", ["named", "farm_backend", "sdk.compile", "partial"])
 def test_in_place_compile_trains_through_the_farm(how, stack, client_cache_dir, monkeypatch):
     # `model.compile()` (in place, state_dict keys unchanged) had no way to the farm:
     # backend=sdk.compile failed with a TypeError and backend="torchfarm" did not exist.
@@ -227,10 +228,15 @@ def test_in_place_compile_trains_through_the_farm(how, stack, client_cache_dir, 
     eager = copy.deepcopy(model)
     torch._dynamo.reset()
     with report.collect() as graphs:
-        if how == "named":
+        if how in ("named", "sdk.compile"):
             monkeypatch.setenv("TORCHFARM_REMOTE", stack.address)
             monkeypatch.setenv("TORCHFARM_FALLBACK", "error")
+        if how == "named":
             model.compile(backend="torchfarm", mode="max-autotune-no-cudagraphs")
+        elif how == "sdk.compile":
+            model.compile(backend=sdk.compile)
+        elif how == "partial":
+            model.compile(backend=functools.partial(sdk.compile, remote=stack.address, fallback="error"))
         else:
             model.compile(backend=sdk.farm_backend(remote=stack.address, fallback="error"))
         loss = _loss(model(*inputs))
