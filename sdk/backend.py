@@ -36,7 +36,7 @@ from sdk.errors import (
 from sdk.metrics import FALLBACKS, SPLITS, rejected
 from sdk.nonblocking import Swapper
 from sdk.progress import Progress
-from sdk.scalars import fold_constant_operators, specialize_float_inputs
+from sdk.scalars import fold_constant_operators, fold_numpy_constants, specialize_float_inputs
 from sdk.settings import SDKSettings
 from sdk.settings import load as load_settings
 from sdk.trust import Trust, untrusted_message
@@ -290,6 +290,7 @@ class FarmBackend:
         if self.client is not None or self.target is not None:
             specialize_float_inputs(gm)  # may restart Dynamo's trace (sdk/scalars.py)
             fold_constant_operators(gm)  # what the specialized floats left: `-lr` of a constant
+            fold_numpy_constants(gm)  # numpy on constants: `np.log(10000.0) / (d - 1)`
         regions.inline_for_training(gm, example_inputs)  # torch 2.13's backward of a reused region is wrong
         with self._lock:
             self._graphs += 1

@@ -14,6 +14,10 @@ float but those whose every use is arithmetic with a tensor (`x * scale`): those
 symbolic, and one farm graph serves every value. Specializing a float torch would have tensorified away gives the same numbers and
 one more recompile only when that float's value changes.
 
+What is left computing from constants alone is computed here too: a Python operator
+(`fold_constant_operators`), and numpy that Dynamo traced into the graph
+(`fold_numpy_constants`), both of which the farm's format refuses.
+
 Behaviour pinned against torch 2.13.0: Dynamo's placeholder for such a float has a
 `FakeTensor` example value whose `item_memo` is the SymFloat, and
 `OutputGraph.remove_tensorify_specialized_graphargs` removes placeholders whose
@@ -111,6 +115,50 @@ def fold_constant_operators(gm: torch.fx.GraphModule) -> None:
         _replace_uses(node, value)
         gm.graph.erase_node(node)
         folded = True
+    if folded:
+        gm.recompile()
+
+
+_NUMPY_CALLS = ("numpy_to_tensor_wrapper", "numpy_operator_wrapper", "numpy_method_wrapper")
+"""How Dynamo (torch._dynamo.utils) puts a traced numpy call into the graph."""
+
+
+def _numpy_on_constants(node: torch.fx.Node, folded: dict[torch.fx.Node, torch.Tensor]) -> bool:
+    target = node.target
+    if node.op != "call_function" or type(target).__name__ not in _NUMPY_CALLS:
+        return False
+    if getattr(getattr(target, "f", None), "__module__", "").startswith("torch._numpy.random"):
+        return False  # a draw at each call, not a constant
+    return all(n in folded for n in node.all_input_nodes)
+
+
+def fold_numpy_constants(gm: torch.fx.GraphModule) -> None:
+    """Computes here each numpy call Dynamo traced whose operands are constants (a
+    sinusoidal embedding's `-(np.log(10000.0) / (d - 1))`), and gives the graph's other
+    nodes a `torch.full` of each 0-d result's value and dtype in its place. The farm
+    refuses numpy calls (AOTAutograd's cache does not take a graph with them), so such a
+    graph was split at them. A random draw (`np.random`, which Dynamo traces on torch's
+    generator) and a result of more than one element that the graph reads stay calls."""
+    folded: dict[torch.fx.Node, torch.Tensor] = {}
+    for node in gm.graph.nodes:
+        if _numpy_on_constants(node, folded):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), folded.__getitem__)
+            value = node.target(*args, **kwargs)
+            if isinstance(value, torch.Tensor):
+                folded[node] = value
+    while kept := [n for n, v in folded.items() if v.dim() and any(u not in folded for u in n.users)]:
+        for node in kept:
+            del folded[node]
+    for node, value in folded.items():
+        if any(user not in folded for user in node.users):
+            with gm.graph.inserting_before(node):
+                constant = gm.graph.call_function(
+                    torch.full, ((), value.item()), {"dtype": value.dtype, "device": value.device}
+                )
+            constant.meta = dict(node.meta)
+            node.replace_all_uses_with(constant, delete_user_cb=lambda user: user not in folded)
+    for node in reversed(folded):
+        gm.graph.erase_node(node)
     if folded:
         gm.recompile()
 

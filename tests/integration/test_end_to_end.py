@@ -14,6 +14,7 @@ import logging
 import os
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,4 +247,38 @@ def test_in_place_compile_trains_through_the_farm(how, stack, client_cache_dir, 
     assert graphs and all(g.outcome != report.LOCAL for g in graphs)
     assert_matches_eager((loss, [p.grad for p in model.parameters()]), (ref, [p.grad for p in eager.parameters()]))
     assert set(model.state_dict()) == set(eager.state_dict())
+    torch._dynamo.reset()
+
+
+class _SinusoidalEmbedding(torch.nn.Module):
+    """PegasusX's: numpy on constants, which Dynamo traces into the graph as numpy calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        scale = -(np.log(float(10000)) / (half - 1))
+        freqs = torch.exp(torch.arange(half, dtype=x.dtype) * scale)
+        return self.proj(x) + torch.cat([freqs.sin(), freqs.cos()])
+
+
+def test_numpy_on_constants_trains_whole_on_the_farm(stack, client_cache_dir):
+    # The farm refuses numpy calls, and the graph was split at them; computed on the
+    # client, the graph goes to the farm whole (fallback="error" would raise on a split).
+    from sdk import report
+
+    torch.manual_seed(0)
+    model, x = _SinusoidalEmbedding(), torch.randn(4, 8)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        compiled = sdk.compile(model, remote=stack.address, fallback="error")
+        loss = _loss(compiled(x))
+    loss.backward()
+    ref = _loss(eager(x))
+    ref.backward()
+    assert [g.outcome for g in graphs] in ([report.COMPILED], [report.HIT])
+    assert_matches_eager((loss, [p.grad for p in model.parameters()]), (ref, [p.grad for p in eager.parameters()]))
     torch._dynamo.reset()
