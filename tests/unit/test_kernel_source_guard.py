@@ -44,6 +44,7 @@ def test_a_load_under_the_hook_is_refused_before_it_builds():
         resolve("CppCodeCache").load_async(f'extern "C" void kernel() {{ {INJECTED[0]} }}')
 
 
+@pytest.mark.timeout(300)  # a real compile: a minute or more on a loaded machine
 def test_the_sources_inductor_writes_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
@@ -67,6 +68,7 @@ def test_an_export_whose_wrapper_holds_an_injection_is_refused_before_it_builds(
         )
 
 
+@pytest.mark.timeout(300)  # a real compile: a minute or more on a loaded machine
 def test_the_sources_aot_inductor_writes_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.GELU())
