@@ -184,7 +184,9 @@ def build_package(
         path = os.path.join(tmp, "model.pt2")
         inductor_fixes.apply()
         try:
-            with checked_aot_sources():
+            # Packaging fills aot_inductor.metadata in place and leaves it so: patched,
+            # the worker's config is put back for its later jobs.
+            with checked_aot_sources(), resolve("inductor_config").patch({"aot_inductor.metadata": {}}):
                 resolve("aoti_compile_and_package")(
                     program, package_path=path, inductor_configs=dict(inductor_options or {})
                 )

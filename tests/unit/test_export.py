@@ -8,10 +8,12 @@ integration test runs it).
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
+from torch._inductor import config as inductor_config
 
 from examples.models import MLP
 from sdk import artifact
@@ -346,3 +348,15 @@ def test_sequential_attribute_paths_start_with_a_digit():
     graph, spec = encode_export(torch.export.export(model, (torch.randn(1, 3),)))
     assert [w.fqn for w in spec.weights] == ["0.weight", "0.bias"]
     exportcheck.validate_export(graph, spec)
+
+
+@pytest.mark.timeout(300)  # a real AOTInductor build
+def test_building_a_package_leaves_the_workers_inductor_config_as_it_was(mlp_export):
+    # aoti_compile_and_package fills aot_inductor.metadata in place and leaves it so: a
+    # worker's later compiles ran with the export's metadata in their config.
+    from workers.aoti import build_package
+
+    _, _, graph, spec = mlp_export
+    before = copy.deepcopy(inductor_config.get_config_copy())
+    assert build_package(graph, spec).package
+    assert inductor_config.get_config_copy() == before
