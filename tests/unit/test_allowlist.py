@@ -247,6 +247,35 @@ def test_unnamable_target() -> None:
     assert " at 0x" not in str(refused.value), "an address makes each process's refusal differ"
 
 
+def test_the_version_step_of_a_data_assignment_is_refused_with_what_it_is() -> None:
+    # `module.to(dtype)` in forward assigns each parameter's `.data`: Dynamo records a
+    # `set_` and a function of its own beside it, whose refusal read "<locals> has no
+    # importable qualified name".
+    helpers = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        helpers.extend(n.target for n in gm.graph.nodes if "<locals>" in getattr(n.target, "__qualname__", ""))
+        return gm.forward
+
+    class Recast(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.proj = self.proj.to(torch.float32)
+            return self.proj(x)
+
+    torch._dynamo.reset()
+    torch.compile(Recast(), backend=backend)(torch.randn(2, 4))
+    torch._dynamo.reset()
+    if not helpers:
+        pytest.skip("this torch's Dynamo breaks the graph at the assignment instead")
+    for helper in helpers:
+        with pytest.raises(UnsupportedGraph, match=r"the version counter step of `\.data =`"):
+            qualified_name(helper)
+
+
 # One or more members of each class of call that must never run on a server.
 DENIED_BY_CLASS = {
     "serialization": [
