@@ -28,7 +28,6 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torchfarm.wire import targets
@@ -59,16 +58,15 @@ def probe_argv(check: bool = False, python: str = sys.executable) -> list[str]:
     return [python, "-m", "workers.gpu_probe", *(["--check"] if check else [])]
 
 
-def run_probe(argv: list[str] | None = None, env: dict[str, str] | None = None,
-              preexec: Callable[[], None] | None = None) -> Probe:
-    """Runs the probe (`probe_argv()` unless given, in `env` with `preexec`, as a
-    sandbox runs a child: workers/sandbox/process.py `child_command`) and reads its answer.
+def run_probe(argv: list[str] | None = None, env: dict[str, str] | None = None) -> Probe:
+    """Runs the probe (`probe_argv()` unless given, in `env`, as a sandbox runs a child:
+    workers/sandbox/process.py `child_command`) and reads its answer.
     Never raises for the child's failure: `error` says it."""
     argv = argv or probe_argv()
     timeout = CHECK_TIMEOUT_S if "--check" in argv else PROBE_TIMEOUT_S
     try:
         done = subprocess.run(
-            argv, capture_output=True, timeout=timeout, check=False, env=env, preexec_fn=preexec,
+            argv, capture_output=True, timeout=timeout, check=False, env=env,
         )
     except (OSError, subprocess.SubprocessError) as e:
         return Probe(error=f"the device probe did not run: {e}")

@@ -158,11 +158,11 @@ class Lifecycle:
             return True
         argv = gpu_probe.probe_argv(check=True)
         with tempfile.TemporaryDirectory(prefix="tf-gpucheck-", dir=settings.sandbox_dir or None) as scratch:
-            env, preexec = None, None
+            env = None
             if mode != "off":
                 box = sandbox.for_worker(settings, mode, device=gpu.device)
-                argv, env, preexec = sandbox.child_command(box, argv, scratch)
-            found = gpu_probe.run_probe(argv, env, preexec)
+                argv, env = sandbox.child_command(box, argv, scratch)
+            found = gpu_probe.run_probe(argv, env)
         if found.ready and found.accelerator == str(gpu):
             log.info("the GPU path runs for %s (sandbox %s): %s", gpu, mode,
                      ", ".join(f"{k} {v:.2f}s" for k, v in found.seconds.items()))

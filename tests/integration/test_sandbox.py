@@ -312,8 +312,10 @@ def test_a_whole_graph_compile_in_the_sandbox_matches_eager(monkeypatch, tmp_pat
     )
     request = relu_request()
     key = keys.compute_key(request, "")
-    ctx.store.put_request(key, request.SerializeToString(), 60)
-    ctx.store.create_job(key, "cpu", "test", 60)
+    # Records that outlive a slow compile on a loaded machine: one that expired mid-run
+    # was gone when the test read it.
+    ctx.store.put_request(key, request.SerializeToString(), 900)
+    ctx.store.create_job(key, "cpu", "test", 900)
     run_job(key, ctx, "")
     job = ctx.store.get_job(key)
     assert job.state == JobState.SUCCEEDED, job.message

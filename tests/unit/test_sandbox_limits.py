@@ -91,3 +91,23 @@ def test_bwrap_binds_the_device_nodes_it_is_given(tmp_path):
     check = ["sh", "-c", f"test -c {node}"]
     assert subprocess.run(bwrap_argv(str(tmp_path), ()) + check, check=False).returncode != 0
     assert subprocess.run(bwrap_argv(str(tmp_path), (), devices=(node,)) + check, check=False).returncode == 0
+
+
+_READ_LIMITS = "import json, resource; print(json.dumps([resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in ('AS', 'CPU', 'FSIZE', 'CORE')]))"
+
+
+def test_a_sandboxed_child_gets_its_limits_with_no_python_run_between_fork_and_exec(tmp_path):
+    # preexec_fn runs Python in the forked child of a threaded worker, which the Python
+    # documentation calls unsafe: it crashed once, in threading's after-fork hook. The
+    # limits now reach the child through its command line, which sets them and execs it.
+    box = sandbox.Sandbox(mode="process", limits=Limits(memory_bytes=3 << 30, cpu_s=50, file_bytes=7 << 20))
+    argv, env = sandbox.child_command(box, [sys.executable, "-c", _READ_LIMITS], str(tmp_path))
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout) == [[3 << 30, 3 << 30], [50, 55], [7 << 20, 7 << 20], [0, 0]]
+
+
+def test_a_command_that_cannot_start_under_its_limits_says_so(tmp_path):
+    box = sandbox.Sandbox(mode="process", limits=Limits(cpu_s=50))
+    argv, env = sandbox.child_command(box, [str(tmp_path / "missing")], str(tmp_path))
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 127 and "missing" in out.stderr

@@ -181,8 +181,8 @@ class Sandbox:
         log_path = os.path.join(scratch, "stderr.log")  # a file: the child may say a lot
         with open(log_path, "wb") as err:
             proc = subprocess.Popen(
-                argv, env=child_env(os.environ, scratch), cwd=scratch, stdin=subprocess.DEVNULL,
-                stdout=err, stderr=err, start_new_session=True, preexec_fn=_limiter(self.limits),
+                limited(argv, self.limits), env=child_env(os.environ, scratch), cwd=scratch,
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             )
             try:
                 _wait_ticking(proc, self.limits.wall_s or None, tick)
@@ -339,9 +339,10 @@ class Forkserver:
         if box.mode == "bwrap":
             argv = bwrap_argv(root, box.hidden, chdir="/", server=True, devices=box.devices) + argv
         with open(os.path.join(root, SERVER_LOG), "wb") as err:
+            # No limits but no core dumps: its forked runs set their own (child.py).
             self._proc = subprocess.Popen(
-                argv, env=child_env(os.environ, root), cwd=root, stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, start_new_session=True, preexec_fn=_no_core_dumps,
+                limited(argv, Limits()), env=child_env(os.environ, root), cwd=root, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True,
             )
         self._root, self._ready, self._spawned = root, False, time.monotonic()
         self._stopper = weakref.finalize(self, _stop_server, self._proc, root)
@@ -420,27 +421,33 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def apply_limits(limits: Limits) -> None:
-    """Sets `limits` on this process; every process it starts inherits them."""
+def _rlimits(limits: Limits) -> list[tuple[int, int, int]]:
+    """`limits` as (resource, soft, hard) triples; no core dumps in any case."""
+    triples = []
     if limits.memory_bytes:
         kind = sandbox_limits.memory_rlimit(limits.memory_kind)
-        resource.setrlimit(kind, (limits.memory_bytes, limits.memory_bytes))
+        triples.append((kind, limits.memory_bytes, limits.memory_bytes))
     if limits.cpu_s:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        triples.append((resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 5))
     if limits.file_bytes:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        triples.append((resource.RLIMIT_FSIZE, limits.file_bytes, limits.file_bytes))
+    return [*triples, (resource.RLIMIT_CORE, 0, 0)]
 
 
-def _limiter(limits: Limits):  # noqa: ANN202  (a preexec_fn)
-    def apply() -> None:
-        # In the child between fork and exec: bwrap and everything it starts inherit them.
-        apply_limits(limits)
-    return apply
+def apply_limits(limits: Limits) -> None:
+    """Sets `limits` on this process; every process it starts inherits them."""
+    for kind, soft, hard in _rlimits(limits):
+        resource.setrlimit(kind, (soft, hard))
 
 
-def _no_core_dumps() -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+_RLIMIT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rlimit_exec.py")
+
+
+def limited(argv: list[str], limits: Limits) -> list[str]:
+    """`argv` run under `limits`: a fresh interpreter sets them and execs it
+    (workers/sandbox/rlimit_exec.py), so bwrap and everything it starts inherit them,
+    and no Python runs in the forked copy of this threaded process (`preexec_fn` did)."""
+    return [sys.executable, "-I", "-S", _RLIMIT_EXEC, json.dumps(_rlimits(limits)), "--", *argv]
 
 
 def _tail(path: str, size: int = 16 * 1024) -> str:
@@ -625,13 +632,13 @@ def limits_for(settings: WorkerSettings, device: str = "cpu") -> Limits:
     )
 
 
-def child_command(box: Sandbox, argv: list[str], scratch: str) -> tuple[list[str], dict[str, str], Callable[[], None]]:
+def child_command(box: Sandbox, argv: list[str], scratch: str) -> tuple[list[str], dict[str, str]]:
     """`argv` as the sandbox would run it in a child of its own: the command line
-    (under bubblewrap in bwrap mode, the device nodes bound), its environment and the
-    `preexec_fn` that sets its limits. For checks that must hold where compiles run."""
+    (under bubblewrap in bwrap mode, the device nodes bound, under the box's limits) and
+    its environment. For checks that must hold where compiles run."""
     if box.mode == "bwrap":
         argv = bwrap_argv(scratch, box.hidden, devices=box.devices) + argv
-    return argv, child_env(os.environ, scratch), _limiter(box.limits)
+    return limited(argv, box.limits), child_env(os.environ, scratch)
 
 
 def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, device: str = "cpu") -> Sandbox:
