@@ -193,7 +193,8 @@ def qualified_name(target: object) -> str:
             "DTensor.from_local as this torch's Dynamo records it (a closure over the mesh and "
             "placements) cannot be sent to the farm; torch 2.12 and newer record the call itself"
         )
-    if "._call_setattr.<locals>._lower_version_count_by_" in str(getattr(target, "__qualname__", "")):
+    if (str(getattr(target, "__module__", "")).startswith("torch._dynamo.")
+            and "setattr.<locals>._lower_version_count_by_" in str(getattr(target, "__qualname__", ""))):
         raise UnsupportedGraph(
             "the version counter step of `.data =` as Dynamo records it, beside the `set_` that "
             "replaces the tensor's storage (`module.to(...)` inside forward does both)"
