@@ -65,8 +65,7 @@ def compile(
     wanted = _target(target)
     mode = torch_compile_kwargs.pop("mode", None)
     options = torch_compile_kwargs.pop("options", None)
-    if mode is not None and options is not None:
-        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
+    _one_of(mode, options)
 
     def wrap(fn: Callable[..., Any]) -> Any:
         name = naming.model_name(fn)  # "MLP (examples.models)": labels tell models apart
@@ -90,6 +89,11 @@ def compile(
         return warm_mode.observe(compiled)
 
     return wrap if model is None else wrap(model)
+
+
+def _one_of(mode: str | None, options: dict[str, Any] | None) -> None:
+    if mode is not None and options is not None:
+        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
 
 
 def _settings(remote: str | None, fallback: str | None) -> sdk_settings.SDKSettings:
@@ -124,8 +128,7 @@ def farm_backend(
     a backend named by a string ("torchfarm" below). No `wait=False`: it needs the
     call boundary `sdk.compile` adds."""
     settings = _settings(remote, fallback)
-    if mode is not None and options is not None:
-        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
+    _one_of(mode, options)
     return FarmBackend(settings, mode=mode, options=options, name="sdk.farm_backend()", target=_target(target))
 
 
@@ -166,8 +169,7 @@ def _as_backend(
             f"{', '.join(given)} belong to sdk.compile(model, ...) itself"
         )
     mode, options = kwargs.get("mode"), kwargs.get("options")
-    if mode is not None and options is not None:
-        raise CompileArgumentError("either mode or options can be specified, not both (as torch.compile)")
+    _one_of(mode, options)
     settings, wanted = _settings(remote, fallback), _target(target)
     farm_backend = _named(
         ("sdk.compile", settings, wanted, mode, _options_key(options)),
