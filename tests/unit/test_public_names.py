@@ -51,7 +51,7 @@ PINNED: dict[str, list[str]] = {
         "SandboxExecutor", "SandboxFailed", "SandboxUnavailable", "SpecStream", "apply_limits", "build_kernels",
         "bwrap_argv", "bwrap_works", "check_ranks", "child_command", "child_env", "compile_triton", "compile_whole",
         "decompose", "export_package", "for_worker", "hidden_paths", "job_failure", "limits_for", "lower_graph",
-        "python_under_tmp", "resolve", "scratch_env",
+        "python_to_bind_back", "resolve", "scratch_env",
     ],
 }
 """Each module that declares `__all__` → its names, in the order it lists them."""

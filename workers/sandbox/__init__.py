@@ -35,7 +35,7 @@ from workers.sandbox.process import (
     for_worker,
     hidden_paths,
     limits_for,
-    python_under_tmp,
+    python_to_bind_back,
     resolve,
     scratch_env,
 )
@@ -46,5 +46,5 @@ __all__ = [
     "SandboxExecutor", "SandboxFailed", "SandboxUnavailable", "SpecStream", "apply_limits", "build_kernels",
     "bwrap_argv", "bwrap_works", "check_ranks", "child_command", "child_env", "compile_triton", "compile_whole",
     "decompose", "export_package", "for_worker", "hidden_paths", "job_failure", "limits_for", "lower_graph",
-    "python_under_tmp", "resolve", "scratch_env",
+    "python_to_bind_back", "resolve", "scratch_env",
 ]

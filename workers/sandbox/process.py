@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from torchfarm.envnames import PREFIX
 from workers import sandbox_limits
 from workers.sandbox.protocol import RESULT_FILE, Failure, Op, SandboxFailed, read_outputs, write_inputs
 
@@ -517,37 +518,58 @@ def scratch_env(scratch: str) -> dict[str, str]:
 def bwrap_argv(scratch: str, hidden: Iterable[str], chdir: str = "", server: bool = False,
                devices: Iterable[str] = ()) -> list[str]:
     """bubblewrap's command line: the system read-only, no network, a PID namespace of
-    its own, a private /tmp, the `devices` nodes, the scratch writable, and every hidden path empty; the
-    working directory is `chdir`, else the scratch. A child dies with the thread that
-    started it (`--die-with-parent`); a `server` (the forkserver, which may outlive that
-    thread) ends when its stdin does, that is, with the worker process."""
+    its own, a private /tmp, the `devices` nodes, the scratch writable, and every hidden
+    path empty, as is the directory that holds the scratch (the runs beside it are other
+    pool processes', other tenants'). The interpreter's directories that an emptied
+    directory held are bound back read-only (`python_to_bind_back`). The working
+    directory is `chdir`, else the scratch. A child dies with the thread that started it
+    (`--die-with-parent`); a `server` (the forkserver, which may outlive that thread)
+    ends when its stdin does, that is, with the worker process."""
     argv = [
         "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-        "--tmpfs", "/tmp", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         *(() if server else ("--die-with-parent",)), "--new-session", "--cap-drop", "ALL",
     ]
     for path in devices:
         argv += ["--dev-bind", path, path]
-    for path in python_under_tmp(scratch):
+    emptied = emptied_dirs(scratch, hidden)
+    for path in emptied:
+        argv += ["--tmpfs", path]
+    for path in python_to_bind_back(scratch, emptied):
         argv += ["--ro-bind", path, path]
     for path in hidden:
-        if os.path.isdir(path):
-            argv += ["--tmpfs", path]
-        elif os.path.exists(path):
+        if os.path.exists(path) and not os.path.isdir(path):
             argv += ["--ro-bind", "/dev/null", path]
     return [*argv, "--bind", scratch, scratch, "--chdir", chdir or scratch]
+
+
+def emptied_dirs(scratch: str, hidden: Iterable[str]) -> list[str]:
+    """The directories a child sees empty: /tmp, the directory that holds `scratch`
+    (unless /tmp already covers it), and the hidden directories."""
+    holder = os.path.dirname(os.path.abspath(scratch))
+    emptied = ["/tmp"]
+    if holder != "/" and not _within(holder, "/tmp"):
+        emptied.append(holder)
+    emptied += [p for p in hidden if os.path.isdir(p) and not any(_within(p, e) for e in emptied)]
+    return emptied
+
+
+def _within(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == directory
 
 
 _CHILD_PACKAGES = ("workers", "torchfarm")
 """What the child (`python -m workers.sandbox.child`) imports of the farm."""
 
 
-def python_under_tmp(scratch: str) -> list[str]:
-    """The interpreter's directories that lie under /tmp (a venv or a checkout made
-    there), which the child's private /tmp would hide: bound back read-only. Never /tmp
-    itself, nor a directory holding `scratch` (its siblings are other runs'). The import
-    path's '' is the working directory, and the farm's packages count wherever they were
-    imported from: an editable install finds them on no import path."""
+def python_to_bind_back(scratch: str, emptied: Iterable[str] = ("/tmp",)) -> list[str]:
+    """The interpreter's directories that lie under an `emptied` directory (a venv or a
+    checkout made under /tmp, say), which the child would not see: bound back
+    read-only. Never an emptied directory itself, nor one holding `scratch` (its
+    siblings are other runs'). The import path's '' is the working directory, and the
+    farm's packages count wherever they were imported from: an editable install finds
+    them on no import path."""
+    emptied = list(emptied)
     imported_from = [
         os.path.dirname(os.path.dirname(os.path.abspath(init)))
         for name in _CHILD_PACKAGES
@@ -565,9 +587,9 @@ def python_under_tmp(scratch: str) -> list[str]:
     chosen: list[str] = []
     for path in sorted(candidates, key=len):
         if (
-            not path.startswith("/tmp/") or not os.path.isdir(path)
-            or os.path.commonpath([path, scratch]) == path
-            or any(os.path.commonpath([path, c]) == c for c in chosen)
+            not any(path != e and _within(path, e) for e in emptied) or not os.path.isdir(path)
+            or _within(scratch, path)
+            or any(_within(path, c) for c in chosen)
         ):
             continue
         chosen.append(path)
@@ -610,6 +632,30 @@ def resolve(mode: str) -> str:
     return "process"
 
 
+CREDENTIALS_IN_HOME = (".aws", ".azure", ".config", ".docker", ".kube", ".ssh", ".netrc", ".git-credentials", ".pgpass", ".triton")
+"""What of the worker user's home a child must not see: cloud and cluster credentials
+(an S3 blob store's keys in ~/.aws), the trust and token files under ~/.config, and
+Triton's default cache (other tenants' kernels)."""
+
+CREDENTIAL_VARIABLES = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "GOOGLE_APPLICATION_CREDENTIALS",
+                        "AZURE_CONFIG_DIR", "KUBECONFIG", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""Variables naming credential files or the worker's own caches (the compiled graphs of
+every tenant it served), wherever the operator put them."""
+
+
+def worker_secrets(environ: Mapping[str, str]) -> list[str]:
+    """The paths of a worker's environment a child must not see: every
+    `TORCHFARM_*_FILE` (a setting read from a file: a Redis URL with its password, a
+    key; torchfarm/settings.py), CREDENTIAL_VARIABLES' paths and CREDENTIALS_IN_HOME.
+    The child is given its own caches and home in its scratch (`scratch_env`)."""
+    paths = [v for k, v in environ.items() if k.startswith(PREFIX) and k.endswith("_FILE")]
+    for name in CREDENTIAL_VARIABLES:
+        paths += environ.get(name, "").split(os.pathsep)
+    home = environ.get("HOME") or os.path.expanduser("~")
+    paths += [os.path.join(home, name) for name in CREDENTIALS_IN_HOME]
+    return [p for p in paths if p and os.path.isabs(p) and os.path.exists(p)]
+
+
 def hidden_paths(secret_files: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:
     """The paths a bwrap child must not see: the key files themselves, and the usual
     secret mounts."""
@@ -641,16 +687,18 @@ def child_command(box: Sandbox, argv: list[str], scratch: str) -> tuple[list[str
     return limited(argv, box.limits), child_env(os.environ, scratch)
 
 
-def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, device: str = "cpu") -> Sandbox:
+def for_worker(settings: WorkerSettings, mode: str, warm_compile: bool = False, device: str = "cpu",
+               environ: Mapping[str, str] | None = None) -> Sandbox:
     """The sandbox of a worker whose mode `resolve` chose: its limits (as `device`
     kind's policy says, workers/sandbox_limits.py), the key files and secret mounts
     hidden from it, the device's nodes, and its forkserver (`warm_compile`: warmed up by
     a compile, for a worker that lowers graphs)."""
     policy = sandbox_limits.policy_for(device)
+    secrets = (settings.signing_key_file, settings.record_key_file, *worker_secrets(os.environ if environ is None else environ))
     return Sandbox(
         mode=mode,
         limits=limits_for(settings, device),
-        hidden=hidden_paths((settings.signing_key_file, settings.record_key_file), settings.sandbox_hidden),
+        hidden=hidden_paths(secrets, settings.sandbox_hidden),
         scratch_root=settings.sandbox_dir,
         forkserver=Forkserver() if settings.sandbox_forkserver else None,
         prebuilt_headers=settings.sandbox_headers,
