@@ -26,6 +26,7 @@ share by content, are left to Redis's LRU and `torchfarm gc`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from services.coordinator import metrics
 from services.coordinator.errors import StorageFull
@@ -121,7 +122,14 @@ def evict(store: Store, ledger: Ledger, key: str) -> int:
 
 
 def _drop_created_blobs(store: Store, ledger: Ledger, key: str) -> None:
-    for digest in ledger.created_blobs(key):
+    drop_owned_blobs(store, key, ledger.created_blobs(key))
+
+
+def drop_owned_blobs(store: Store, key: str, digests: Iterable[str]) -> None:
+    """Deletes those of `digests` the entry `key` created and still owns: never a blob
+    another entry, of any tenant, names too (torchfarm/storage/usage.py `BlobOwners`)."""
+    owners = store.blob_owners()
+    for digest in owners.release(owners.owner(store.namespace, key), digests):
         store.delete_blob(digest)
 
 

@@ -195,3 +195,42 @@ def test_a_tenants_status_counts_its_own_entries_never_anothers():
     assert MIB < before.cache_bytes < 2 * MIB
     everyone = asyncio.run(farm.farm.status())  # no tokens: one namespace, the whole cache
     assert everyone.artifacts == 2
+
+
+def _put_bytes(farm: InProcessFarm, key: str, payload: bytes, tenant: Tenant = ALICE) -> None:
+    manifest = Manifest(key=key, fingerprint={"torch": "x"}, payload=BlobRef(blob_digest(payload), len(payload)),
+                        tenant=tenant.namespace, kind=PRECOMPILED, graphs={"__compiled_fn_1": "f" * 64})
+    upload = farm_pb2.PrecompiledUpload(
+        manifest=manifest.to_json(), blobs=[farm_pb2.PrecompiledBlob(digest=manifest.payload.digest, data=payload)]
+    )
+    asyncio.run(farm.farm.put_precompiled(upload, tenant))
+
+
+def test_uploading_again_under_one_key_stores_nothing_past_the_quota():
+    """A package uploaded again under its key replaces the earlier one, whose blobs
+    leave with it: re-uploads once left them stored and charged to no one, unbounded
+    bytes past the quota."""
+    farm = _farm(max_stored_bytes_per_tenant=4 * MIB, upload_bytes_per_minute=0)
+    key = "pc1-" + "a" * 64
+    payloads = [bytes([n]) * (3 * MIB // 2) for n in range(6)]
+    for payload in payloads:
+        _put_bytes(farm, key, payload)
+    assert [farm.store.get_blob(blob_digest(p)) is not None for p in payloads] == [False] * 5 + [True]
+    assert farm.store.tenant("alice").get_manifest(key).payload.digest == blob_digest(payloads[-1])
+
+
+def test_a_blob_another_entry_names_outlives_the_package_that_stored_it_first():
+    """Content-addressed blobs are shared: bytes one tenant's package stored first, that
+    another tenant's artifact names too, stay when the package is evicted."""
+    farm = _farm(max_stored_bytes_per_tenant=2 * MIB + MIB // 2, upload_bytes_per_minute=0)
+    shared = b"a kernel both compiles produce" * 1000
+    _put_bytes(farm, "pc1-" + "b" * 64, shared)
+    bobs = f"{7:064x}"
+    store = farm.store.tenant(BOB.namespace)
+    store.put_blob(blob_digest(shared), shared)
+    store.put_manifest(Manifest(key=bobs, fingerprint={}, payload=BlobRef(blob_digest(shared), len(shared)),
+                                tenant=BOB.namespace, kind=COMPILE, created=time.time()))
+    for n in range(3):  # alice's later packages evict her first
+        _put(farm, n)
+    assert farm.store.tenant(ALICE.namespace).get_manifest("pc1-" + "b" * 64) is None
+    assert _kept(farm, BOB, bobs)

@@ -62,7 +62,7 @@ import redis
 
 from torchfarm.storage import redisconn
 from torchfarm.storage.blobs import BlobStore, open_blobs
-from torchfarm.storage.usage import Ledger
+from torchfarm.storage.usage import BlobOwners, Ledger
 from torchfarm.wire.manifest import KERNEL, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
@@ -301,12 +301,20 @@ class Store:
         the blobs it names, to this namespace's stored bytes (torchfarm/storage/usage.py).
         `created_blobs`: those its writer created, which leave the cache with it."""
         data = manifest.to_json()
+        created = set(created_blobs)
+        owners = self.blob_owners()
+        owners.share(d for d in dict.fromkeys(b.digest for b in manifest.blobs()) if d not in created)
+        owners.claim(owners.owner(self.namespace, manifest.key), created)
         self.c.set(self._j("artifact", manifest.key), data, ex=ttl_s or None)
-        self.ledger().charge(manifest.key, len(data) + manifest.total_bytes(), created_blobs)
+        self.ledger().charge(manifest.key, len(data) + manifest.total_bytes(), created)
 
     def ledger(self) -> Ledger:
         """This namespace's stored entries and bytes, in the state Redis."""
         return Ledger(self.r, self.prefix, self.namespace)
+
+    def blob_owners(self) -> BlobOwners:
+        """Which entry created each blob that leaves the cache with it, in the state Redis."""
+        return BlobOwners(self.r, self.prefix)
 
     def artifacts_present(self, keys: list[str]) -> list[bool]:
         """For each key, in order, whether its manifest is in the cache."""

@@ -10,7 +10,11 @@ keeps each namespace within its quota by evicting that namespace's own oldest en
 - `tf:stored:<ns>`: sorted set of the namespace's artifact keys by when each was stored;
 - `tf:storedbytes:<ns>`: hash of key → the bytes charged for it (`~total`: their sum),
   and key → the blobs its upload created (`~blobs:<key>`), which leave with it;
-- `tf:uploaded:<ns>:<window>`: bytes uploaded in one rate window, expiring with it.
+- `tf:uploaded:<ns>:<window>`: bytes uploaded in one rate window, expiring with it;
+- `tf:blobowner:<digest>`: the entry (`<ns>/<key>`) that created a blob which leaves the
+  cache with it (`BlobOwners`). Blobs are content-addressed and shared: any later entry
+  that names the blob takes its owner away, so no entry's eviction deletes bytes another
+  entry, of any tenant, still names.
 
 The open farm's unnamed namespace is `-`. An entry whose manifest the cache lost (its
 expiry, Redis's own eviction, `torchfarm cache evict`) is dropped when found
@@ -119,3 +123,53 @@ class Ledger:
             return None
         self.r.decrby(name, nbytes)
         return used - nbytes
+
+
+_RELEASE_OWNED = """
+-- KEYS: owner keys, one per blob. ARGV: the owner. Returns the indexes still owned by it.
+local owned = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('DEL', key)
+    table.insert(owned, i - 1)
+  end
+end
+return owned
+"""
+"""Gives up the blobs an entry still owns, in one step, and says which they were."""
+
+
+class BlobOwners:
+    """Which entry created each blob that leaves the cache with it. An entry owns the
+    blobs its upload created until another entry names one (`share`): only the blobs it
+    still owns are deleted with it (`release`)."""
+
+    def __init__(self, state: redis.Redis, prefix: str):
+        self.r = state
+        self.prefix = f"{prefix}:blobowner:"
+        self._release = state.register_script(_RELEASE_OWNED)
+
+    @staticmethod
+    def owner(namespace: str, key: str) -> str:
+        return f"{namespace or '-'}/{key}"
+
+    def claim(self, owner: str, digests: Iterable[str]) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for digest in digests:
+            pipe.set(self.prefix + digest, owner)
+        pipe.execute()
+
+    def share(self, digests: Iterable[str]) -> None:
+        """These blobs are named by more than the entry that created them: no eviction
+        deletes them; Redis's own eviction or `torchfarm gc` does, once nothing names them."""
+        names = [self.prefix + d for d in digests]
+        if names:
+            self.r.delete(*names)
+
+    def release(self, owner: str, digests: Iterable[str]) -> list[str]:
+        """Of `digests`, those `owner` still owned, now owned by no one: to delete."""
+        digests = list(digests)
+        if not digests:
+            return []
+        owned = cast("list[int]", self._release(keys=[self.prefix + d for d in digests], args=[owner]))
+        return [digests[int(i)] for i in owned]
