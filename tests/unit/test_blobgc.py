@@ -85,3 +85,22 @@ def test_a_blob_named_only_by_what_a_client_sent_is_collected(store):
     store.create_job("k1", "cpu", f"my run {orphan}", ttl_s=600, request=orphan.encode())
     store.c.set("tf:why:alice:k1", json.dumps({"detail": orphan}))
     assert [b.digest for b in collect(store, grace_s=0)] == [orphan]
+
+
+def test_a_blob_named_only_in_a_packages_free_text_is_collected(store):
+    """A precompiled package's manifest is a client's upload: a digest in its fingerprint
+    or worker field names no blob of it, and keeps nothing from the collector; the blobs
+    it does name stay."""
+    import time
+
+    from services.coordinator.precompiled import store_upload
+    from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest
+
+    orphan = put(store, b"an evicted artifact's blob")
+    own = b"the package's own payload"
+    digest = "sha256:" + hashlib.sha256(own).hexdigest()
+    package = Manifest(key="pc1-" + "a" * 64, fingerprint={"torch": "x", "pin": orphan}, worker=orphan,
+                       payload=BlobRef(digest, len(own)), created=time.time(), tenant="alice",
+                       kind=PRECOMPILED, graphs={"__compiled_fn_1": "b" * 64})
+    store_upload(store.tenant("alice"), package, {digest: own}, ttl_s=0)
+    assert [b.digest for b in collect(store, grace_s=0)] == [orphan]

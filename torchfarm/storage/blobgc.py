@@ -7,6 +7,7 @@ values of every key under the prefix except the blobs themselves and keeps each
 `sha256:<hex>` it finds; a record added tomorrow that names a blob keeps it alive too.
 The records that hold what a client sent (`CLIENT_TEXT`) are skipped: they never name a
 blob the farm stores, and a client must not keep one alive by writing its digest there.
+Of a precompiled package's manifest, also a client's upload, only the blobs it names count.
 
 Workers write blobs before the records that name them, so a blob can be unreferenced
 for a moment while its manifest is on the way: only blobs older than the grace period
@@ -26,6 +27,7 @@ import redis
 
 from torchfarm.storage.blobs import BlobInfo
 from torchfarm.storage.store import Store
+from torchfarm.wire.manifest import PRECOMPILED, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +50,31 @@ def _values(store: Store) -> Iterator[bytes]:
 
 def _values_in(client: redis.Redis, prefix: str) -> Iterator[bytes]:
     skipped = tuple(f"{prefix}:{kind}:".encode() for kind in ("blob", "blobparts", *CLIENT_TEXT))
+    manifests = f"{prefix}:artifact:".encode()
     for name in client.scan_iter(match=f"{prefix}:*", count=1000):
         if name.startswith(skipped):
             continue
         kind = client.type(name)
         if kind == b"string":
-            yield cast("bytes | None", client.get(name)) or b""  # a client that never decodes
+            value = cast("bytes | None", client.get(name)) or b""  # a client that never decodes
+            yield _named_blobs(value) if name.startswith(manifests) else value
         elif kind == b"hash":
             yield from cast("list[bytes]", client.hvals(name))
         elif kind == b"list":
             yield from cast("list[bytes]", client.lrange(name, 0, -1))
+
+
+def _named_blobs(manifest: bytes) -> bytes:
+    """Of a precompiled package's manifest, a client's upload, the blobs it names, not
+    its other text, whose fingerprint or worker field could otherwise keep any blob
+    alive. A worker's manifest, or a value that is no manifest, is kept whole."""
+    try:
+        parsed = Manifest.from_json(manifest)
+    except ManifestError:
+        return manifest
+    if parsed.kind != PRECOMPILED:
+        return manifest
+    return " ".join(b.digest for b in parsed.blobs()).encode()
 
 
 def referenced(store: Store) -> set[str]:
