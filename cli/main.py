@@ -59,11 +59,19 @@ def _keygen(args: argparse.Namespace) -> int:
     signer = Signer.generate()
     if args.key_id:
         signer = Signer(signer.private, args.key_id)
-    signer.save(out / "signing-key.pem")
+    # A directory's first key is signing-key.pem; a later one (a rotation's step 1) is
+    # made beside it, named by its id: the live key is never replaced (docs/security.md).
+    key = out / "signing-key.pem"
+    if key.exists():
+        key = out / f"signing-key-{signer.key_id.replace(':', '-')}.pem"
+    try:
+        signer.save(key)
+    except FileExistsError:
+        raise CliError(f"{key} exists: a signing key is never overwritten; give another --key-id", 2) from None
     pins = out / "trusted-keys.json"
     existing = json.loads(pins.read_text()) if pins.exists() else {}
     pins.write_text(json.dumps({**existing, **signer.trusted_entry()}, indent=2) + "\n")
-    print(f"workers:  TORCHFARM_SIGNING_KEY_FILE={out / 'signing-key.pem'}"
+    print(f"workers:  TORCHFARM_SIGNING_KEY_FILE={key}"
           + (f" TORCHFARM_SIGNING_KEY_ID={args.key_id}" if args.key_id else ""))
     print(f"clients:  TORCHFARM_TRUSTED_KEYS_FILE={pins}   (key id {signer.key_id}; "
           "earlier keys in the file stay pinned until you remove them)")

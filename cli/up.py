@@ -118,10 +118,10 @@ def _signing_key(keys: Path) -> tuple[Path, Path]:
     from torchfarm.trust.signing import Signer
 
     key, pins = keys / "signing-key.pem", keys / "trusted-keys.json"
-    if not (key.exists() and pins.exists()):
-        signer = Signer.generate()
-        signer.save(key)
-        pins.write_text(json.dumps(signer.trusted_entry(), indent=2) + "\n")
+    if not key.exists():
+        Signer.generate().save(key)
+    if not pins.exists():
+        pins.write_text(json.dumps(Signer.from_file(key).trusted_entry(), indent=2) + "\n")
     return key, pins
 
 

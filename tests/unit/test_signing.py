@@ -134,3 +134,33 @@ def test_bad_pins_are_refused():
         TrustedKeys.parse({"bad id with spaces": "AAAA"})
     with pytest.raises(ValueError):
         TrustedKeys.load(inline="no-equals-sign")
+
+
+def test_keygen_never_overwrites_the_live_key(tmp_path, capsys):
+    """Step 1 of a rotation (docs/security.md) makes the new key beside the live one: it
+    once overwrote signing-key.pem, so a worker restarted before step 3 signed with the
+    new key under the old id, and every client refused its artifacts."""
+    from cli.main import main
+
+    assert main(["keygen", str(tmp_path), "--key-id", "farm-1"]) == 0
+    live = tmp_path / "signing-key.pem"
+    before = live.read_bytes()
+    assert main(["keygen", str(tmp_path), "--key-id", "farm-2"]) == 0
+    assert live.read_bytes() == before
+    new = tmp_path / "signing-key-farm-2.pem"
+    assert new.stat().st_mode & 0o777 == 0o600
+    pins = TrustedKeys.load(str(tmp_path / "trusted-keys.json"))
+    verify(pins, Signer.from_file(live, "farm-1").sign(_manifest()))
+    verify(pins, Signer.from_file(new, "farm-2").sign(_manifest()))
+    assert "TORCHFARM_SIGNING_KEY_FILE=" + str(new) in capsys.readouterr().out
+    assert main(["keygen", str(tmp_path), "--key-id", "farm-2"]) != 0  # that id's key is there
+    assert new.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_saved_key_never_replaces_a_file(tmp_path, signer):
+    path = tmp_path / "key.pem"
+    path.write_text("an operator's file")
+    path.chmod(0o644)
+    with pytest.raises(FileExistsError):
+        signer.save(path)
+    assert path.read_text() == "an operator's file"

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -119,13 +120,22 @@ class Signer:
         return cls(private, key_id)
 
     def save(self, path: str | Path) -> None:
+        """Writes the private key to a new file `path`, mode 0600, whole or not at all (a
+        worker starting meanwhile never reads half a key). An existing file is never
+        replaced (FileExistsError): it may be the key workers sign with."""
         pem = self.private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
+        fd, staged = tempfile.mkstemp(prefix=".signing-key-", dir=os.path.dirname(os.path.abspath(path)))
+        try:
+            with os.fdopen(fd, "wb") as f:  # mkstemp's file is 0600
+                f.write(pem)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(staged, path)  # fails where `path` exists
+        finally:
+            os.unlink(staged)
 
     def trusted_entry(self) -> dict[str, str]:
         """This key's line in a trusted-keys file."""
