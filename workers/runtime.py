@@ -57,6 +57,9 @@ class WorkerContext:
     timeout_errors: tuple[type[BaseException], ...] = ()
     """The task runner's time-limit exceptions (Celery's soft limit): a compile that
     failed because of one fails COMPILE_TIMEOUT, even if Inductor wrapped it."""
+    retried_errors: tuple[type[BaseException], ...] = ()
+    """The exceptions the task runner runs a task again for (a lost Redis or broker
+    connection, torchfarm/celeryconf.py): they leave a job's delivery as they are."""
     timed_out: Callable[[], bool] = lambda: False
     """Whether the task runner's time limit fired during this task (workers/limits.py's
     `SOFT_LIMIT`): a compile that failed after it fails COMPILE_TIMEOUT, even where torch
@@ -73,6 +76,12 @@ class WorkerContext:
         """Where the compile steps on a tenant's input run (workers/executor.py): in the
         sandbox's child, or in this process without a sandbox."""
         return executor_for(self.settings, self.sandbox, self.timeout_errors, self.timed_out)
+
+    @property
+    def runner_errors(self) -> tuple[type[BaseException], ...]:
+        """The task runner's own exceptions, which leave a job's delivery as they are:
+        any other fails the job at once (`record_fault`)."""
+        return (*self.timeout_errors, *self.retried_errors)
 
     def __post_init__(self) -> None:
         # Operator-configured packages register their ops before any graph decodes.
@@ -114,11 +123,15 @@ class Delivery:
     failed_ttl_s: int
     redact: Callable[[str], str] = str
     """What a failure's message becomes before it is recorded for the client."""
+    runner_errors: tuple[type[BaseException], ...] = ()
+    """The task runner's own exceptions (its time limit, a lost connection it runs the
+    task again for): they leave the delivery as they are. Any other exception fails the
+    job at once."""
 
     @classmethod
     def of(cls, ctx: WorkerContext) -> Delivery:
         s = ctx.settings
-        return cls(ctx.name, s.max_attempts, s.done_ttl_s, s.failed_ttl_s)
+        return cls(ctx.name, s.max_attempts, s.done_ttl_s, s.failed_ttl_s, runner_errors=ctx.runner_errors)
 
 
 def run_delivery(
@@ -150,6 +163,11 @@ def run_delivery(
     except JobFailed as e:
         record_failure(key, store, e.code, delivery.redact(str(e)), delivery.failed_ttl_s)
         return None
+    except delivery.runner_errors:
+        raise
+    except Exception as e:  # noqa: BLE001 - a fault of the farm's own: its client learns now, not when the job goes stale
+        record_fault(key, store, e, delivery.failed_ttl_s, delivery.redact)
+        return None
     if outcome is None:
         return None
     store.update_job(
@@ -168,6 +186,15 @@ def in_tenant(ctx: WorkerContext, namespace: str) -> WorkerContext:
 def fail_job(key: str, ctx: WorkerContext, code: JobError, message: str, namespace: str = "") -> None:
     """Marks a job FAILED from outside its delivery (a time limit hit, say)."""
     record_failure(key, ctx.store.tenant(namespace), code, message, ctx.settings.failed_ttl_s)
+
+
+def record_fault(key: str, store: Store, error: Exception, ttl_s: int, redact: Callable[[str], str] = str) -> None:
+    """Fails the job for an exception no step expected (a bug of the farm's, a
+    RecursionError on a deep record): at once, rather than leaving it RUNNING until the
+    coordinator finds it stale and every later delivery does the same."""
+    log.error("job key=%s: the worker failed unexpectedly", keys.short(key), exc_info=error)
+    message = f"the worker failed unexpectedly: {type(error).__name__}: {str(error)[:500]}"
+    record_failure(key, store, JobError.COMPILE_ERROR, redact(message), ttl_s)
 
 
 def record_failure(key: str, store: Store, code: JobError, message: str, ttl_s: int) -> None:

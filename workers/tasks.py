@@ -24,7 +24,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
-from torchfarm.celeryconf import TRANSIENT_RETRY
+from torchfarm.celeryconf import TRANSIENT_ERRORS, TRANSIENT_RETRY
 from torchfarm.fx.fingerprint import Fingerprint, local_fingerprint
 from torchfarm.storage.store import JobState, Store
 from torchfarm.trust.seal import Seal
@@ -73,6 +73,7 @@ class JobContexts:
             signer=self.signer,
             seal=_seal(self.worker, self.signer),
             timeout_errors=(SoftTimeLimitExceeded,),
+            retried_errors=TRANSIENT_ERRORS,
             timed_out=lambda: SOFT_LIMIT.fired,
             send=self.send,
             sandbox=self.sandbox,
@@ -96,6 +97,7 @@ class JobContexts:
             executor=executor_for(settings, self.sandbox),
             signer=self.signer,
             signature_ttl_s=settings.signature_ttl_s,
+            runner_errors=(SoftTimeLimitExceeded, *TRANSIENT_ERRORS),
         )
 
     @functools.cached_property

@@ -148,3 +148,31 @@ def test_time_limit_wrapped_by_inductor_is_compile_timeout(ctx, store, monkeypat
     key = _submit(store, "")
     run_job(key, ctx)
     assert store.get_job(key).error_code == "COMPILE_TIMEOUT"
+
+
+def test_a_fault_of_the_worker_itself_fails_the_job_at_once(ctx, store, monkeypatch):
+    """An exception no step expected (a bug, a RecursionError on a deep record) once
+    left the job RUNNING: its client waited until the coordinator found it stale
+    (stale_job_s, 16 minutes), then every retry did the same."""
+    def bug(request, local):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(runtime, "check_build", bug)
+    key = _submit(store, "")
+    run_job(key, ctx)
+    record = store.get_job(key)
+    assert (record.state, record.error_code) == (JobState.FAILED, "COMPILE_ERROR")
+    assert "the worker failed unexpectedly" in record.message and "RecursionError" in record.message
+
+
+def test_the_task_runners_own_exceptions_leave_the_delivery_as_they_are(ctx, store, monkeypatch):
+    """Its time limit (failed by the task layer) and a lost connection (which it runs
+    again) are the runner's to handle, not a job failure."""
+    def limit(request, local):
+        raise FakeTimeLimit()
+
+    monkeypatch.setattr(runtime, "check_build", limit)
+    key = _submit(store, "")
+    with pytest.raises(FakeTimeLimit):
+        run_job(key, ctx)
+    assert store.get_job(key).state == JobState.RUNNING

@@ -16,7 +16,7 @@ from torchfarm.wire import keys
 from torchfarm.wire.codes import JobError, Stage
 from torchfarm.wire.manifest import Manifest
 from workers.board import StageBoard
-from workers.runtime import JobFailed, WorkerContext, live_job, record_failure
+from workers.runtime import JobFailed, WorkerContext, live_job, record_failure, record_fault
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,11 @@ def run_stage(
         manifest = work(board)
     except JobFailed as e:
         record_failure(key, store, e.code, str(e), ctx.settings.failed_ttl_s)
+        return None
+    except ctx.runner_errors:
+        raise
+    except Exception as e:  # noqa: BLE001 - a fault of the farm's own: its client learns now
+        record_fault(key, store, e, ctx.settings.failed_ttl_s)
         return None
     if manifest is not None:
         stages = {"stages": list(manifest.stages)} if manifest.stages else {}

@@ -47,13 +47,15 @@ class KernelContext:
     signer: Signer | None = None
     """Signs each kernel's manifest, as graph jobs sign artifacts; None on a farm that does not sign."""
     signature_ttl_s: int = DEFAULT_TTL_S
+    runner_errors: tuple[type[BaseException], ...] = ()
+    """The task runner's own exceptions (workers/runtime.py `Delivery`)."""
 
 
 def run_kernel_job(key: str, ctx: KernelContext, namespace: str = "") -> None:
     store = ctx.store.tenant(namespace)
     delivery = Delivery(
         ctx.name, ctx.max_attempts, ctx.done_ttl_s, ctx.failed_ttl_s,
-        lambda message: client_message(message, scratch=ctx.scratch_dir),
+        lambda message: client_message(message, scratch=ctx.scratch_dir), ctx.runner_errors,
     )
     record = run_delivery(
         key, store, delivery, lambda s: s.get_kernel(key) is not None,
