@@ -103,6 +103,8 @@ def components(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[st
               "grad": torch.is_grad_enabled(), "autocast": global_state.autocast_now()}
     if sdpa := global_state.sdpa_backends_now():  # only when set: the default's keys stay
         inputs["sdpa_backends"] = sdpa
+    if torch.are_deterministic_algorithms_enabled():
+        inputs["deterministic"] = "warn_only" if torch.is_deterministic_algorithms_warn_only_enabled() else True
     return {
         "code": {"forward": code_digest(forward.__code__), "classes": classes},
         "structure": structure,

@@ -243,3 +243,29 @@ def test_sdpa_backends_around_the_call_pick_the_kernel_a_local_compile_picks(
             assert _farm_keys(caplog), "compiled on the farm"
     flash = "_scaled_dot_product_flash_attention_for_cpu"
     assert (flash in code["farm"]) == (flash in code["local"]) == (backends is None)
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for the test, put back after."""
+    prior = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(prior[0], warn_only=prior[1])
+
+
+def test_deterministic_algorithms_around_the_call_train_on_the_farm(stack, client_cache_dir, caplog, deterministic):
+    """AOTAutograd's compiled backward refuses to run under another
+    `use_deterministic_algorithms` than it was compiled under: a worker that compiled
+    under its own (off) gave every such client a backward that raised."""
+    model, x = _mlp(), torch.randn(4, 16)
+    eager = _mlp()
+    eager(x).pow(2).sum().backward()
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="error")
+    with caplog.at_level(logging.INFO, logger="sdk"):
+        loss = compiled(x).pow(2).sum()
+    assert _farm_keys(caplog), "compiled on the farm"
+    loss.backward()
+    for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad)

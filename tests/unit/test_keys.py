@@ -118,5 +118,9 @@ def test_global_state_enters_the_key_only_when_set():
     flash_first.options.sdpa_backends.extend(["FLASH_ATTENTION", "MATH"])
     math_first = _request()
     math_first.options.sdpa_backends.extend(["MATH", "FLASH_ATTENTION"])  # the priority counts
-    requests = (plain, no_grad, autocast, math, flash_first, math_first)
+    deterministic = _request()
+    deterministic.options.deterministic = True
+    warn_only = _request()
+    warn_only.options.deterministic, warn_only.options.deterministic_warn_only = True, True
+    requests = (plain, no_grad, autocast, math, flash_first, math_first, deterministic, warn_only)
     assert len({keys.compute_key(r) for r in requests}) == len(requests)

@@ -1,11 +1,14 @@
-"""The global state Dynamo leaves out of its graphs: grad mode, autocast, SDPA backends.
+"""The global state Dynamo leaves out of its graphs: grad mode, autocast, SDPA backends,
+deterministic algorithms.
 
 Dynamo calls its backend under the state the frame began in, and the local backend's
 AOTAutograd traces under it: `torch.no_grad()` gets an inference graph (no backward,
 nothing saved for one), `torch.autocast` around the call gets its casts, and
 `torch.nn.attention.sdpa_kernel` around it picks the attention kernel the
 decomposition emits (on CPU, `MATH` gives matmuls and a softmax where the default gives
-`_scaled_dot_product_flash_attention_for_cpu`). None of it is in the graph. `record`
+`_scaled_dot_product_flash_attention_for_cpu`), and `torch.use_deterministic_algorithms`
+is kept in the compiled backward, which refuses to run under another. None of it is in
+the graph. `record`
 writes the caller's state into a request's options on the client; `applied` puts it
 back on the worker, around decode and compile, and after them (`preserved`) what the
 graph's own helper calls changed.
@@ -90,12 +93,26 @@ def sdpa_backends_now() -> list[str]:
 
 
 def record(options: farm_pb2.CompileOptions) -> None:
-    """Writes this thread's grad mode, autocast and SDPA backends into `options`."""
+    """Writes this thread's grad mode, autocast and SDPA backends, and the process's
+    deterministic-algorithms setting, into `options`."""
     options.no_grad = not torch.is_grad_enabled()
     del options.autocast[:]
     for device, dtype in autocast_now():
         options.autocast.add(device_type=device, dtype=dtype)
     options.sdpa_backends[:] = sdpa_backends_now()
+    options.deterministic = torch.are_deterministic_algorithms_enabled()
+    options.deterministic_warn_only = options.deterministic and torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@contextlib.contextmanager
+def _deterministic(on: bool, warn_only: bool) -> Iterator[None]:
+    """`torch.use_deterministic_algorithms(on, warn_only=warn_only)`, the prior setting after."""
+    prior = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prior[0], warn_only=prior[1])
 
 
 @functools.cache
@@ -137,15 +154,19 @@ def _sdpa_backends(names: list[str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def applied(options: farm_pb2.CompileOptions) -> Iterator[None]:
-    """This thread under the grad mode, autocast and SDPA backends `options` records;
-    raises OptionNotAllowed for an autocast or backend the farm does not take.
+    """This thread under the grad mode, autocast, SDPA backends and deterministic
+    algorithms `options` records; raises OptionNotAllowed for an autocast or backend
+    the farm does not take.
 
     Autocast is set through its thread-local switches, not `torch.autocast`, which turns
     itself off for a device this machine lacks (a CPU worker lowering for CUDA)."""
     autocast = farm_options.check_autocast([(a.device_type, a.dtype) for a in options.autocast])
     backends = farm_options.check_sdpa_backends(list(options.sdpa_backends))
     prior = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in autocast]
-    with preserved(), torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends):
+    with (
+        preserved(), torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends),
+        _deterministic(options.deterministic, options.deterministic_warn_only),
+    ):
         if not autocast:
             yield
             return

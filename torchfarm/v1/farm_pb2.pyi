@@ -48,20 +48,24 @@ class Build(_message.Message):
     def __init__(self, torch_version: _Optional[str] = ..., torch_git: _Optional[str] = ..., triton_version: _Optional[str] = ..., python: _Optional[str] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class CompileOptions(_message.Message):
-    __slots__ = ("mode", "inductor", "dynamic", "no_grad", "autocast", "sdpa_backends")
+    __slots__ = ("mode", "inductor", "dynamic", "no_grad", "autocast", "sdpa_backends", "deterministic", "deterministic_warn_only")
     MODE_FIELD_NUMBER: _ClassVar[int]
     INDUCTOR_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_FIELD_NUMBER: _ClassVar[int]
     NO_GRAD_FIELD_NUMBER: _ClassVar[int]
     AUTOCAST_FIELD_NUMBER: _ClassVar[int]
     SDPA_BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_WARN_ONLY_FIELD_NUMBER: _ClassVar[int]
     mode: str
     inductor: _containers.RepeatedCompositeFieldContainer[Option]
     dynamic: bool
     no_grad: bool
     autocast: _containers.RepeatedCompositeFieldContainer[Autocast]
     sdpa_backends: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, mode: _Optional[str] = ..., inductor: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., dynamic: _Optional[bool] = ..., no_grad: _Optional[bool] = ..., autocast: _Optional[_Iterable[_Union[Autocast, _Mapping]]] = ..., sdpa_backends: _Optional[_Iterable[str]] = ...) -> None: ...
+    deterministic: bool
+    deterministic_warn_only: bool
+    def __init__(self, mode: _Optional[str] = ..., inductor: _Optional[_Iterable[_Union[Option, _Mapping]]] = ..., dynamic: _Optional[bool] = ..., no_grad: _Optional[bool] = ..., autocast: _Optional[_Iterable[_Union[Autocast, _Mapping]]] = ..., sdpa_backends: _Optional[_Iterable[str]] = ..., deterministic: _Optional[bool] = ..., deterministic_warn_only: _Optional[bool] = ...) -> None: ...
 
 class Autocast(_message.Message):
     __slots__ = ("device_type", "dtype")

@@ -165,6 +165,8 @@ def options_canonical(options: farm_pb2.CompileOptions) -> dict[str, Any]:
         canonical["autocast"] = sorted((a.device_type, a.dtype) for a in options.autocast)
     if options.sdpa_backends:
         canonical["sdpa_backends"] = list(options.sdpa_backends)  # in priority order
+    if options.deterministic:
+        canonical["deterministic"] = "warn_only" if options.deterministic_warn_only else True
     return canonical
 
 
