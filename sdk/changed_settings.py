@@ -1,4 +1,5 @@
-"""The Inductor settings a user changed, and which of them keep a graph off the farm.
+"""The Inductor and AOTAutograd settings a user changed, and which of them keep a graph
+off the farm.
 
 Carried settings travel in the request and enter its key (torchfarm/wire/options.py);
 refused ones (torchfarm/wire/inductor_settings.py) make the graph compile locally, with
@@ -12,12 +13,21 @@ from typing import Any
 
 from sdk.errors import GraphRejected
 from torchfarm.fx.internals import resolve
-from torchfarm.wire import inductor_settings
+from torchfarm.wire import inductor_settings, options
 
 
 def changed_global() -> dict[str, Any]:
     """Settings of `torch._inductor.config` that are not at their defaults now."""
-    config = resolve("inductor_config")
+    return _changed(resolve("inductor_config"))
+
+
+def changed_functorch() -> dict[str, Any]:
+    """Settings of `torch._functorch.config` (AOTAutograd's) that are not at their
+    defaults now, by their names on the wire (`functorch.` and the name)."""
+    return {options.FUNCTORCH + name: value for name, value in _changed(resolve("functorch_config")).items()}
+
+
+def _changed(config: Any) -> dict[str, Any]:
     # A patch that has ended leaves its names marked as set, at their default values.
     return {
         name: getattr(config, name)
@@ -31,7 +41,7 @@ def split(per_call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     ones the user changed, each with why. A refused setting passed in `options=` at its
     default (`freezing=False`) changes nothing and refuses nothing."""
     config = resolve("inductor_config")
-    changed = {**changed_global(), **per_call}
+    changed = {**changed_functorch(), **changed_global(), **per_call}
     carried: dict[str, Any] = {}
     refused: dict[str, str] = {}
     for name, value in changed.items():
@@ -60,5 +70,5 @@ def carried(per_call: dict[str, Any]) -> dict[str, Any]:
     carried, refused = split(per_call)
     if refused:
         named = "; ".join(f"{name} ({why})" for name, why in sorted(refused.items()))
-        raise GraphRejected(f"Inductor settings the farm does not take are changed: {named}")
+        raise GraphRejected(f"Inductor or AOTAutograd settings the farm does not take are changed: {named}")
     return carried

@@ -43,6 +43,7 @@ from torchfarm.fx.internals import resolve
 from torchfarm.graph import graphcheck
 from torchfarm.graph.allowlist import load_allowlist
 from torchfarm.graph.graph_errors import GraphError
+from torchfarm.wire import options as farm_options
 from workers import inductor_fixes
 
 if TYPE_CHECKING:
@@ -96,7 +97,8 @@ def inductor_config_patch(
     `_TorchCompileInductorWrapper.apply_mode`/`apply_options`: mode presets from
     `torch._inductor.list_mode_options`, then options, names and types validated).
     """
-    wrapper = resolve("TorchCompileInductorWrapper")(mode or None, options or None, dynamic)
+    inductor, _ = farm_options.split_functorch(options or {})  # AOTAutograd's: torchfarm/fx/global_state.py
+    wrapper = resolve("TorchCompileInductorWrapper")(mode or None, inductor or None, dynamic)
     return dict(wrapper.config)
 
 

@@ -63,3 +63,46 @@ def test_export_carries_a_changed_global_setting_into_its_key(stack, tmp_path):
     assert changed.key != plain.key and not changed.cache_hit
     with torch.no_grad():
         torch.testing.assert_close(changed.load()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_donated_buffer_off_reaches_the_farm_and_retain_graph_gets_eagers_gradients(stack, client_cache_dir, caplog):
+    """`torch._functorch.config.donated_buffer = False` is what torch's error names for a
+    backward run with `retain_graph=True` (two losses of one forward). The farm dropped
+    it: its backward reused the saved buffers the first backward had spent, and the
+    second returned wrong gradients, silently."""
+    import torch._functorch.config as functorch_config
+
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        h = lin(x).relu()
+        return h.sum(), (h * h).mean()
+
+    def step(fn, x):
+        a, b = fn(x)
+        a.backward(retain_graph=True)
+        b.backward()
+        grad = lin.weight.grad.clone()
+        lin.weight.grad = None
+        return grad
+
+    x = torch.randn(4, 8)
+    want = step(f, x)
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="sdk"), functorch_config.patch(donated_buffer=False):
+        got = step(sdk.compile(f, remote=stack.address, fallback="error"), x)
+    assert [m for m in _messages(caplog) if "key=" in m], "compiled on the farm"
+    torch.testing.assert_close(got, want)
+
+
+def test_a_changed_aotautograd_setting_the_farm_does_not_take_compiles_locally_naming_it(stack, client_cache_dir, caplog):
+    import torch._functorch.config as functorch_config
+
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = sdk.compile(model, remote=stack.address, fallback="local")
+    with caplog.at_level(logging.INFO, logger="sdk"), functorch_config.patch(enable_activation_offloading=True):
+        out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+    said = [m for m in _messages(caplog) if "compiles locally" in m]
+    assert said and "enable_activation_offloading" in said[0], _messages(caplog)

@@ -86,7 +86,26 @@ def test_no_setting_is_in_two_classes_and_every_carried_one_exists():
     if build not in CARRIED_BUT_MISSING:
         pytest.skip(f"torch {build} is not a supported build")
     # A misspelt carried name would show here.
-    assert carried - set(inductor_config._config) == CARRIED_BUT_MISSING[build]
+    functorch = {n for n in carried if n.startswith(options.FUNCTORCH)}
+    assert carried - functorch - set(inductor_config._config) == CARRIED_BUT_MISSING[build]
+    import torch._functorch.config as functorch_config
+
+    named = functorch | set(inductor_settings.FUNCTORCH_CLIENT_ONLY)
+    assert {n.removeprefix(options.FUNCTORCH) for n in named} <= set(functorch_config._config)
+
+
+def test_a_changed_aotautograd_setting_is_carried_client_only_or_refused():
+    import torch._functorch.config as functorch_config
+
+    with functorch_config.patch(donated_buffer=False, activation_memory_budget=0.5, enable_autograd_cache=False,
+                                enable_activation_offloading=True):
+        carried, refused = changed_settings.split({})
+    assert carried == {"functorch.donated_buffer": False, "functorch.activation_memory_budget": 0.5}
+    assert set(refused) == {"functorch.enable_activation_offloading"}
+    with functorch_config.patch(activation_memory_budget_solver="ilp"):  # needs scipy on the worker
+        checked = [(n, json.dumps(v)) for n, v in changed_settings.split({})[0].items()]
+    with pytest.raises(options.OptionNotAllowed):
+        options.check_options("", checked)
 
 
 def test_no_refused_setting_is_left_unreviewed():

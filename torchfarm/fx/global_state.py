@@ -155,17 +155,21 @@ def _sdpa_backends(names: list[str]) -> Iterator[None]:
 @contextlib.contextmanager
 def applied(options: farm_pb2.CompileOptions) -> Iterator[None]:
     """This thread under the grad mode, autocast, SDPA backends and deterministic
-    algorithms `options` records; raises OptionNotAllowed for an autocast or backend
-    the farm does not take.
+    algorithms `options` records, and the process under its AOTAutograd settings;
+    raises OptionNotAllowed for an autocast, backend or setting the farm does not take.
 
     Autocast is set through its thread-local switches, not `torch.autocast`, which turns
     itself off for a device this machine lacks (a CPU worker lowering for CUDA)."""
     autocast = farm_options.check_autocast([(a.device_type, a.dtype) for a in options.autocast])
     backends = farm_options.check_sdpa_backends(list(options.sdpa_backends))
+    _, functorch = farm_options.split_functorch(
+        farm_options.check_options(options.mode, [(o.name, o.json_value) for o in options.inductor])
+    )
     prior = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in autocast]
     with (
         preserved(), torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends),
         _deterministic(options.deterministic, options.deterministic_warn_only),
+        resolve("functorch_config").patch(functorch),
     ):
         if not autocast:
             yield

@@ -44,6 +44,28 @@ CLIENT_ONLY: dict[str, str] = {
 }
 """Settings that touch only the client's process, with why nothing needs to travel."""
 
+_AUTOGRAD_CACHE = "the client's AOTAutograd cache; the farm keys its own"
+FUNCTORCH_CLIENT_ONLY: dict[str, str] = {
+    options.FUNCTORCH + name: why for name, why in {
+        "enable_autograd_cache": _AUTOGRAD_CACHE,
+        "enable_remote_autograd_cache": _AUTOGRAD_CACHE,
+        "bundled_autograd_cache": _AUTOGRAD_CACHE,
+        "autograd_cache_allow_custom_autograd_functions": _AUTOGRAD_CACHE,
+        "autograd_cache_normalize_inputs": _AUTOGRAD_CACHE,
+        "bypass_autograd_cache_key": _AUTOGRAD_CACHE,
+        "force_autograd_cache": _AUTOGRAD_CACHE,
+        "strict_autograd_cache": _AUTOGRAD_CACHE,
+        "debug_partitioner": "the partitioner's log lines in the client",
+        "visualize_memory_budget_pareto": "a plot the client would write",
+        "memory_budget_pareto_dir": "where the client would write that plot",
+        "torch_compile_graph_format": "how the client draws graphs",
+    }.items()
+}
+"""AOTAutograd settings (`torch._functorch.config`) that touch only the client's
+process. The farm carries those `options.ALLOWED` names (`functorch.` prefixed), and a
+graph with any other changed compiles locally, named: its artifact would be compiled
+without it."""
+
 
 @functools.cache
 def refused() -> dict[str, str]:
@@ -58,8 +80,10 @@ def classify(name: str) -> str:
     """"carried", "client-only", "refused", or "unknown" (a setting this list predates)."""
     if name in options.ALLOWED:
         return "carried"
-    if name in CLIENT_ONLY:
+    if name in CLIENT_ONLY or name in FUNCTORCH_CLIENT_ONLY:
         return "client-only"
+    if name.startswith(options.FUNCTORCH):
+        return "refused"
     if name in refused():
         return "refused"
     return "unknown"
@@ -67,4 +91,6 @@ def classify(name: str) -> str:
 
 def why_refused(name: str) -> str:
     """The reason a changed setting keeps its graph off the farm."""
+    if name.startswith(options.FUNCTORCH):
+        return "an AOTAutograd setting the farm does not carry"
     return refused().get(name) or "unknown to this torchfarm: a torch newer than its list of settings"

@@ -114,7 +114,23 @@ _OPT_BOOLS = """
 """Switches that also take null: torch decides. Some take it on one build only
 (`aten_distributed_optimizations.enable_fusion_regions` defaults to null on torch 2.12)."""
 
+FUNCTORCH = "functorch."
+"""The prefix of the AOTAutograd settings (`torch._functorch.config`) that travel among
+the Inductor options: how the joint graph is partitioned, what the backward saves and
+reuses. The worker applies them around decode and compile (torchfarm/fx/global_state.py)."""
+
+_FUNCTORCH_BOOLS = """
+    donated_buffer cse recompute_views treat_parameters_as_free_to_save aggressive_recomputation
+    ban_recompute_used_far_apart ban_recompute_long_fusible_chains ban_recompute_materialized_backward
+    ban_recompute_not_in_allowlist ban_recompute_reductions
+"""
+
 ALLOWED: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys((FUNCTORCH + n for n in _FUNCTORCH_BOOLS.split()), _BOOL),
+    FUNCTORCH + "activation_memory_budget": _FLOAT,
+    FUNCTORCH + "activation_memory_budget_runtime_estimator": _STR,
+    FUNCTORCH + "activation_memory_budget_solver": _STR,
+    FUNCTORCH + "max_dist_from_bw": _INT,
     **dict.fromkeys(_BOOLS.split(), _BOOL),
     **dict.fromkeys(_OPT_BOOLS.split(), _OPT_BOOL),
     # Counts, sizes and thresholds: each within RANGES, or MAX_INT_OPTION.
@@ -277,6 +293,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "aten_distributed_optimizations.low_contention_min_bytes_per_rank": _BYTES,
     # Fractions and ratios.
     "partitioned_scatter_memory_budget": (0.0, 1.0),
+    FUNCTORCH + "activation_memory_budget": (0.0, 1.0),
     "min_overlap_ratio": (0.0, 10.0),
     # Sizes and budgets that torch divides by or splits into: never zero or below.
     "triton.mix_order_reduction_split_size": (1, 1 << 16),
@@ -319,6 +336,9 @@ CHOICES: dict[str, frozenset[object]] = {
     # torch 2.11's form of 2.13's autoheuristic_use.mixed_mm and .pad_mm switches, read
     # as `name in value.split(",")`: lower case, exactly.
     "autoheuristic_use": frozenset({"", "mixed_mm", "pad_mm", "mixed_mm,pad_mm", "pad_mm,mixed_mm"}),
+    # Estimates that need no benchmark on the worker, solvers that need no scipy.
+    FUNCTORCH + "activation_memory_budget_runtime_estimator": frozenset({"flops", "testing"}),
+    FUNCTORCH + "activation_memory_budget_solver": frozenset({"dp", "greedy", "dp_knapsack_sliding_hirschberg"}),
 }
 """String options: the values torch documents for each."""
 
@@ -422,3 +442,11 @@ def check_autocast(entries: list[tuple[str, str]]) -> dict[str, str]:
             raise OptionNotAllowed(f"autocast for {device!r} given twice")
         found[device] = dtype
     return found
+
+
+def split_functorch(decoded: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+    """Checked options (`check_options`) as Inductor's, and AOTAutograd's by their
+    `torch._functorch.config` names."""
+    inductor = {k: v for k, v in decoded.items() if not k.startswith(FUNCTORCH)}
+    functorch = {k.removeprefix(FUNCTORCH): v for k, v in decoded.items() if k.startswith(FUNCTORCH)}
+    return inductor, functorch
