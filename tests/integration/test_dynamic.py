@@ -200,3 +200,22 @@ def test_float_module_attribute_with_dynamic_true(stack, client_cache_dir, caplo
         torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
     msgs = [r.getMessage() for r in caplog.records if r.name == "sdk.backend"]
     assert not any("compiles locally" in m for m in msgs), msgs
+
+
+def _upsampled(x):
+    return torch.nn.functional.interpolate(x, scale_factor=1.5, mode="linear").sum(-1)
+
+
+def test_a_guard_over_a_float_scale_travels(stack, client_cache_dir, caplog):
+    """`interpolate(scale_factor=1.5)` under dynamic shapes: the compile guards on
+    `TruncToInt(1.5*ToFloat(s))`, which the wire form once lacked, so the farm compiled
+    the graph, refused to ship it (UNSHIPPABLE_GUARD), and it compiled again locally."""
+    caplog.set_level(logging.INFO, logger="sdk")
+    calls = [(torch.randn(2, 2, n),) for n in (8, 12)]
+    local_graphs, _ = _graphs_and_outputs(torch.compile(_upsampled, dynamic=True), calls)
+    farm_graphs, outs = _graphs_and_outputs(sdk.compile(_upsampled, remote=stack.address, fallback="error",
+                                                        dynamic=True), calls)
+    torch._dynamo.reset()
+    assert farm_graphs == local_graphs
+    for out, args in zip(outs, calls, strict=True):
+        torch.testing.assert_close(out, _upsampled(*args))

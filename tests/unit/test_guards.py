@@ -28,6 +28,9 @@ EXPRESSIONS = [
     sympy.Or(sympy.Eq(w0, 1), sympy.Not(sympy.Eq(w1, 0))),
     sympy.Eq(F.Min(w0, w1) + 3 * w0**2, 7),
     sympy.Le(sympy.Rational(1, 2) * w0, w1),
+    # interpolate(scale_factor=1.5) under dynamic shapes: a size through floats.
+    sympy.Eq(F.TruncToInt(sympy.Float(1.5) * F.ToFloat(w0)), w1),
+    sympy.Ge(F.FloorToInt(F.FloatTrueDiv(F.ToFloat(w0), sympy.Float(0.1))) + F.CeilToInt(F.ToFloat(w1)), 2),
 ]
 
 
@@ -71,6 +74,9 @@ def test_node_kind_outside_the_allow_list_is_not_encoded():
         (["Pow", ["Symbol", "s0"], ["Integer", 10**6]], "exponent"),
         (["Pow", ["Integer", 2], ["Symbol", "s0"]], "exponent"),
         (["Rational", 1, 0], "divides by zero"),
+        (["Le", ["Symbol", "s0"], ["Float", "1.5"]], "not a float"),
+        (["Le", ["Symbol", "s0"], ["Float", 1]], "not a float"),
+        (["Le", ["Symbol", "s0"], ["Float", float("inf")]], "number"),
         (["Add", ["Symbol", "s0"], ["Integer", 1]], "not a condition"),
         ("s0 <= 4", "malformed"),
         ([], "malformed"),

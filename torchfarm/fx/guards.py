@@ -10,8 +10,8 @@ own symbols (`decode`), checks them against this capture's hints (`holds`), and
 installs them in Dynamo's ShapeEnv (`install`) before it returns the compiled callable.
 
 A tree is a JSON list `[kind, *operands]`. Kinds are a fixed allow-list of sympy node
-kinds; leaves are `["Integer", n]`, `["Rational", p, q]`, `["Symbol", name]`,
-`["True"]` and `["False"]`. Nothing is ever parsed as an expression string, evaluated
+kinds; leaves are `["Integer", n]`, `["Rational", p, q]`, `["Float", x]` (finite),
+`["Symbol", name]`, `["True"]` and `["False"]`. Nothing is ever parsed as an expression string, evaluated
 or unpickled; sizes, depth and exponents are bounded.
 
 Behaviour pinned against torch 2.13.0 (tests/unit/test_guards.py):
@@ -29,6 +29,7 @@ Behaviour pinned against torch 2.13.0 (tests/unit/test_guards.py):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,12 +85,21 @@ _BINARY: dict[str, Callable[..., Any]] = {
     "FloorDiv": sym_functions.FloorDiv,
     "CleanDiv": sym_functions.CleanDiv,
     "CeilDiv": sym_functions.CeilDiv,
+    # Sizes computed through floats (`interpolate(scale_factor=1.5)`), as torch writes them.
+    "IntTrueDiv": sym_functions.IntTrueDiv,
+    "FloatTrueDiv": sym_functions.FloatTrueDiv,
 }
 _TERNARY: dict[str, Callable[..., Any]] = {
     "ModularIndexing": sym_functions.ModularIndexing,
 }
 _UNARY: dict[str, Callable[..., Any]] = {
     "Not": sympy.Not,
+    "ToFloat": sym_functions.ToFloat,
+    "TruncToInt": sym_functions.TruncToInt,
+    "FloorToInt": sym_functions.FloorToInt,
+    "CeilToInt": sym_functions.CeilToInt,
+    "RoundToInt": sym_functions.RoundToInt,
+    "TruncToFloat": sym_functions.TruncToFloat,
 }
 _ARITY = {
     **{k: (1, None) for k in _VARIADIC},
@@ -139,6 +149,8 @@ def _encode(expr: sympy.Basic, names: Mapping[sympy.Symbol, str], depth: int) ->
         return ["Integer", _int(int(expr))]
     if expr.is_Rational:
         return ["Rational", _int(int(expr.p)), _int(int(expr.q))]
+    if expr.is_Float:
+        return ["Float", _float(float(expr))]
     cls = type(expr).__name__
     kind = _KIND_OF_CLASS.get(cls, cls)
     if kind == "Pow":
@@ -149,6 +161,12 @@ def _encode(expr: sympy.Basic, names: Mapping[sympy.Symbol, str], depth: int) ->
     if kind not in _ARITY:
         raise GuardError(f"guard has a {cls} ({expr}), which the wire form does not carry")
     return [kind, *(_encode(a, names, depth + 1) for a in expr.args)]
+
+
+def _float(x: float) -> float:
+    if not math.isfinite(x):
+        raise GuardError(f"guard has the number {x}")
+    return x
 
 
 def _int(n: int) -> int:
@@ -165,7 +183,7 @@ def _check_size(tree: Tree) -> None:
         count += 1
         if count > MAX_TREE_NODES:
             raise GuardError(f"guard has more than {MAX_TREE_NODES} nodes")
-        if isinstance(node, list) and node and node[0] not in ("Integer", "Rational", "Symbol"):
+        if isinstance(node, list) and node and node[0] not in ("Integer", "Rational", "Float", "Symbol"):
             stack.extend(node[1:])
 
 
@@ -202,6 +220,10 @@ def _decode(tree: Any, symbols: Mapping[str, sympy.Symbol], depth: int) -> sympy
         if q == 0:
             raise GuardError("guard divides by zero")
         return sympy.Rational(p, q)
+    if kind == "Float" and len(args) == 1:
+        if type(args[0]) is not float:
+            raise GuardError(f"guard number {str(args[0])[:40]!r} is not a float")
+        return sympy.Float(_float(args[0]))
     if kind == "Symbol" and len(args) == 1:
         symbol = symbols.get(args[0]) if isinstance(args[0], str) else None
         if symbol is None:
