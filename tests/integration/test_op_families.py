@@ -394,6 +394,29 @@ def test_flex_attention_with_a_block_mask_runs_on_the_farm(stack, client_cache_d
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_flex_attention_indexing_captured_tensors_runs_on_the_farm(stack, client_cache_dir):
+    """ALiBi's `slopes[h]` and a document mask's `doc[q] == doc[kv]`: the worker's
+    decode traced these bodies as plain code, and refused the graph (INVALID_GRAPH,
+    a data-dependent `.item()`)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    slopes, document = torch.tensor([0.5, 0.25]), torch.arange(8) // 4
+
+    def attend(x: torch.Tensor) -> torch.Tensor:
+        q = x.view(2, 8, 2, 8).transpose(1, 2)
+        mask = create_block_mask(lambda b, h, q, kv: document[q] == document[kv], None, None, 8, 8, device="cpu")
+        return flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s - slopes[h] * (qi - kv), block_mask=mask)
+
+    x = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        expected = attend(x)
+        torch._dynamo.reset()
+        with report.collect() as graphs:
+            got = sdk.compile(attend, remote=stack.address, fallback="error")(x)
+        _on_farm(graphs)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_generate_decodes_on_the_farm_the_tokens_eager_decodes(stack, client_cache_dir):
     """`model.generate()` with a compiled forward: the prompt's graph, then the decode
     step's with the KV cache growing (a recompile with dynamic sizes), all from the farm."""

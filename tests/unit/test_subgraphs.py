@@ -57,6 +57,21 @@ def _flex(x):
     return flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + (qi - kv) * 0.1, block_mask=mask)
 
 
+_SLOPES = torch.tensor([0.5])
+_DOCUMENT = torch.arange(128) // 32
+
+
+def _flex_indexing_captured_tensors(x):
+    """ALiBi's `slopes[h]` in a score_mod and a document mask's `doc[q] == doc[kv]`: a
+    body indexing a tensor it captured with its index arguments, which Dynamo traces
+    under flex attention's getitem-to-index mode."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    mask = create_block_mask(lambda b, h, q, kv: _DOCUMENT[q] == _DOCUMENT[kv], 1, 1, 128, 128, device="cpu")
+    q = x.view(1, 1, 128, 4)
+    return flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s - _SLOPES[h] * (qi - kv), block_mask=mask)
+
+
 CASES = {
     # name: (function, rows of the input, whether it requires grad, subgraph names)
     "checkpoint": (lambda x: checkpoint.checkpoint(lambda y: _lin(y).relu(), x, use_reentrant=False),
@@ -71,6 +86,7 @@ CASES = {
         ["body_fn_0", "cond_fn_0"]),
     # FlexAttention has no backward on CPU.
     "flex_attention": (_flex, 128, False, ["mask_fn_0", "score_mod_0"]),
+    "flex_attention_indexing": (_flex_indexing_captured_tensors, 128, False, ["mask_fn_0", "score_mod_0"]),
 }
 
 

@@ -296,6 +296,19 @@ class _Propagate(FakeTensorProp):
         return result
 
 
+def _flex_bodies(gm: torch.fx.GraphModule) -> set[int]:
+    """The ids of `gm`'s submodules that its flex attention calls take as bodies."""
+    hops = resolve("flex_attention_hops")
+    targets = {hops.flex_attention, hops.flex_attention_backward}
+    bodies: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in targets:
+            for arg in resolve("pytree").tree_leaves((node.args, node.kwargs)):
+                if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                    bodies.add(id(getattr(gm, str(arg.target))))
+    return bodies
+
+
 class _BodyPropagate(_Propagate):
     """Fake values on a subgraph's nodes as Dynamo leaves them: `example_value` only, not
     detached. FakeTensorProp's `val` is detached (`snapshot_fake`), and invoke_subgraph's
@@ -492,15 +505,20 @@ class _Decoder:
         self.children.append((gm, inputs, inner))
         return gm
 
-    def propagate_subgraphs(self) -> None:
+    def propagate_subgraphs(self, parent: torch.fx.GraphModule) -> None:
         """Fake values on every subgraph node, as Dynamo left them: higher-order ops read
         them (invoke_subgraph's autograd takes which outputs need a gradient from its
-        body's output metadata, and without it traced a backward with no tangents)."""
+        body's output metadata, and without it traced a backward with no tangents).
+        Flex attention's bodies run as Dynamo traced them, under the mode that makes
+        `captured[h]` an index op rather than a data-dependent `.item()`."""
+        flex = _flex_bodies(parent)
         for gm, inputs, inner in self.children:
             propagate = _BodyPropagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
-            propagate.propagate_dont_convert_inputs(*inputs)
-            inner.propagate_subgraphs()
+            indexing = resolve("TransformGetItemToIndex")() if id(gm) in flex else contextlib.nullcontext()
+            with indexing:
+                propagate.propagate_dont_convert_inputs(*inputs)
+            inner.propagate_subgraphs(gm)
 
     def build(self) -> tuple[torch.fx.GraphModule, list[Any]]:
         """The GraphModule and its fake example inputs, one per placeholder."""
@@ -556,7 +574,7 @@ class _Decoder:
         with global_state.preserved(), _as_dynamo_propagates():
             # Bodies first: a higher-order op reads its bodies' fake values when it runs
             # (torch 2.11's while_loop, for its schema).
-            self.propagate_subgraphs()
+            self.propagate_subgraphs(gm)
             propagate = _Propagate(gm, mode=self.fake_mode)
             propagate.limits = self.limits
             propagate.propagate_dont_convert_inputs(*inputs)
@@ -617,7 +635,7 @@ def decode_graph_into(
         if propagate:
             with global_state.preserved(), _as_dynamo_propagates():
                 _Propagate(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
-                decoder.propagate_subgraphs()
+                decoder.propagate_subgraphs(gm)
         else:
             for node, value in zip(gm.graph.find_nodes(op="placeholder"), values, strict=True):
                 node.meta["val"] = value
