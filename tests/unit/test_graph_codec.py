@@ -434,6 +434,34 @@ def test_inputs_sharing_memory_that_the_graph_writes_are_unsupported() -> None:
     roundtrip(f_writes_an_aliased_input, torch.arange(12.0).reshape(3, 4), torch.arange(4.0))  # apart
 
 
+def test_inputs_that_share_memory_but_are_no_views_are_read_apart():
+    """Two halves of one buffer that are not views of each other (`split` outputs of an
+    Inductor graph, detached): Dynamo's fake of the second starts at version 1, which
+    read as an in-place write, and the graph (torchvision's RPN loss) was refused."""
+    seen: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    def reads(a, b):
+        return torch.cat([a, b]).sum()
+
+    def writes(a, b):
+        a.add_(1)
+        return torch.cat([a, b]).sum()
+
+    for fn in (reads, writes):
+        torch._dynamo.reset()
+        a, b = (t.detach() for t in torch.randn(4, 3).split(2))
+        torch.compile(fn, backend=backend)(a, b)
+    torch._dynamo.reset()
+    (read, read_inputs), (written, written_inputs) = seen
+    encode_graph(read, read_inputs)
+    with pytest.raises(UnsupportedGraph, match="share memory"):
+        encode_graph(written, written_inputs)
+
+
 # ---------------------------------------------------------------------------
 # Inline constants and what the format cannot hold
 # ---------------------------------------------------------------------------

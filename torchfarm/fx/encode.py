@@ -663,21 +663,43 @@ def _callable_name(fn: object) -> str:
     return str(getattr(fn, "__qualname__", type(fn).__name__))
 
 
-def written_aliases(gm: torch.fx.GraphModule) -> list[str]:
+def written_aliases(gm: torch.fx.GraphModule, example_inputs: Sequence[object] | None = None) -> list[str]:
     """Placeholders that share memory (views of one tensor) where the graph writes one
     of them in place, by name; empty if none. Dynamo's fake inputs keep the real ones'
-    sharing, and an in-place write while it traced bumped their shared version counter."""
+    sharing, and an in-place write while it traced bumped their shared version counter.
+    Making the fake of a tensor that shares another's memory without being its view
+    (two `split` outputs of one graph) bumps its counter once too: given the real
+    `example_inputs`, a write is a version past the one fakes made of them start at."""
     fake = resolve("FakeTensor")
-    groups: dict[object, list[tuple[str, torch.Tensor]]] = {}
-    for node in gm.graph.find_nodes(op="placeholder"):
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    reals = list(example_inputs) if example_inputs is not None else []
+    groups: dict[object, list[tuple[str, torch.Tensor, object]]] = {}
+    for i, node in enumerate(placeholders):
         value = node.meta.get("example_value")
         if type(value) is not fake or value.layout != torch.strided:
             continue
-        groups.setdefault(StorageWeakRef(value.untyped_storage()), []).append((node.name, value))
-    for members in groups.values():
-        if len(members) > 1 and any(value._version > 0 for _, value in members):
-            return [name for name, _ in members]
+        real = reals[i] if len(reals) == len(placeholders) else None
+        groups.setdefault(StorageWeakRef(value.untyped_storage()), []).append((node.name, value, real))
+    shared = [members for members in groups.values() if len(members) > 1]
+    if not shared:
+        return []
+    starts = _fresh_versions([real for members in shared for _, _, real in members])
+    for members in shared:
+        if any(value._version > starts.get(id(real), 0) for _, value, real in members):
+            return [name for name, _, _ in members]
     return []
+
+
+def _fresh_versions(reals: list[object]) -> dict[int, int]:
+    """The version each real tensor's fake starts at, made as Dynamo makes them: in one
+    fake mode, so tensors that share memory share it there too."""
+    if not all(isinstance(r, torch.Tensor) and type(r) is not resolve("FakeTensor") for r in reals):
+        return {}
+    mode = resolve("FakeTensorMode")()
+    try:
+        return {id(r): mode.from_tensor(r)._version for r in reals if isinstance(r, torch.Tensor)}
+    except Exception:  # noqa: BLE001 - a tensor subclass torch cannot fake apart: every version past 0 is a write
+        return {}
 
 
 def encode_graph(
@@ -698,7 +720,7 @@ def encode_graph(
             f"selective activation checkpointing: its policy ({policy}) is this process's Python, "
             "which the farm does not run; sent without it, the farm would save other activations"
         )
-    written = written_aliases(gm)
+    written = written_aliases(gm, example_inputs)
     if written:
         raise UnsupportedGraph(
             f"inputs {' and '.join(written)} share memory and the graph writes them in place: "
