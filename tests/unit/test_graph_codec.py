@@ -802,3 +802,31 @@ def test_fuzz_structured_mutations(seed_graphs: list[bytes], data: st.DataObject
         elif action == "symbol" and graph.symbols:
             graph.symbols[0].hint = data.draw(st.integers(0, 2**62))
     _only_graph_errors(graph)
+
+
+def test_a_constant_decodes_inside_a_fake_mode():
+    """A decomposition decodes inside its request's fake mode (workers/aot_seam.py): the
+    constant's bytes were viewed as its dtype there, a real tensor in a fake mode, and
+    every graph with a tensor constant (torchvision's box coder weights) was decomposed
+    a second time."""
+    from torchfarm.fx.decode import decode_graph_into
+    from torchfarm.fx.internals import resolve
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.tensor([10.0, 10.0, 5.0])  # neither a parameter nor a buffer: a constant
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.weights
+
+    weights = torch.tensor([10.0, 10.0, 5.0])
+    gm = torch.fx.symbolic_trace(Scaled())
+    graph = encode_graph(gm, [torch.randn(2, 3)])
+    assert graph.constants
+    mode = resolve("FakeTensorMode")(shape_env=resolve("ShapeEnv")())
+    with mode:
+        decoded = decode_graph_into(graph, mode, {})
+    constant = next(b for name, b in decoded.named_buffers())
+    assert not isinstance(constant, resolve("FakeTensor"))
+    torch.testing.assert_close(constant, weights)

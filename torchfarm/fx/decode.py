@@ -369,14 +369,17 @@ def _device(device: graph_pb2.Device) -> torch.device:
 
 
 def _constant_tensor(const: graph_pb2.Constant) -> torch.Tensor:
+    """The constant, a real tensor even where a fake mode is active (a decomposition
+    decodes inside its request's, workers/aot_seam.py)."""
     dtype = getattr(torch, const.dtype)
     shape = tuple(const.shape)
-    if not const.data:
-        t = torch.empty(shape, dtype=dtype)
-    else:
-        raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8)
-        t = raw.view(dtype).reshape(shape).clone()
-    return t.requires_grad_(const.requires_grad)
+    with resolve("unset_fake_temporarily")():
+        if not const.data:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8)
+            t = raw.view(dtype).reshape(shape).clone()
+        return t.requires_grad_(const.requires_grad)
 
 
 class _Decoder:

@@ -207,6 +207,8 @@ INTERNALS: dict[str, Internal] = {
     "detect_fake_mode": _i("torch._guards", "detect_fake_mode", ("inputs",),
                            "workers/compiler.py, workers/aot_seam.py"),
     "TracingContext.try_get": _i("torch._guards", "TracingContext.try_get", (), "torchfarm/fx/guards.py"),
+    "unset_fake_temporarily": _i("torch._subclasses.fake_tensor", "unset_fake_temporarily",
+                                 used_by="torchfarm/fx/decode.py: constants made inside a fake mode"),
     "FakeTensorMode": _i("torch._subclasses.fake_tensor", "FakeTensorMode", used_by="torchfarm/fx/decode.py, encode.py"),
     "enable_python_dispatcher": _i("torch._dispatch.python", "enable_python_dispatcher",
                                    used_by="torchfarm/fx/decode.py: propagation as Dynamo's get_fake_value runs it"),
