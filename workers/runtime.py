@@ -198,8 +198,16 @@ def record_fault(key: str, store: Store, error: Exception, ttl_s: int, redact: C
 
 
 def record_failure(key: str, store: Store, code: JobError, message: str, ttl_s: int) -> None:
-    log.warning("job key=%s failed: %s: %s", keys.short(key), code.name, message[-500:])
+    log.warning("job key=%s failed: %s: %s", keys.short(key), code.name, _abridged(message))
     store.fail_job(key, code.name, message, ttl_s)
+
+
+def _abridged(message: str, each: int = 400) -> str:
+    """A long message's start (a refusal names its op there) and end (a compile error
+    its cause), for a log line."""
+    if len(message) <= 2 * each:
+        return message
+    return f"{message[:each]} [...] {message[-each:]}"
 
 
 def load_request(key: str, store: Store, kind: type[R], what: str) -> R:

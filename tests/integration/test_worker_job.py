@@ -5,6 +5,7 @@ allow-list, and a time limit that Inductor wrapped in its own exception."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -176,3 +177,13 @@ def test_the_task_runners_own_exceptions_leave_the_delivery_as_they_are(ctx, sto
     with pytest.raises(FakeTimeLimit):
         run_job(key, ctx)
     assert store.get_job(key).state == JobState.RUNNING
+
+
+def test_a_long_failure_is_logged_with_its_start_and_its_end(store, caplog):
+    """A refusal names the op at its start, a compile error its cause at its end: the
+    worker's log line kept the last 500 characters only, and lost the op's name."""
+    message = "op 'torch.ops.vision.roi_align' is refused: " + "x" * 2000 + " RuntimeError: the cause"
+    with caplog.at_level(logging.WARNING, logger="workers.runtime"):
+        runtime.record_failure("k" * 64, store, runtime.JobError.INVALID_GRAPH, message, 60)
+    logged = caplog.records[-1].getMessage()
+    assert "roi_align" in logged and logged.endswith("the cause") and len(logged) < 1200
