@@ -417,6 +417,25 @@ def test_flex_attention_indexing_captured_tensors_runs_on_the_farm(stack, client
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_python_complex_scalars_train_on_the_farm(stack, client_cache_dir):
+    """Rotary embeddings written with complex numbers (`torch.exp(1j * angles)`): one
+    graph on the farm, where the format's missing complex scalar split it."""
+    def rotate(theta: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.exp(1j * theta) * 2j).pow(2).sum()
+
+    theta = torch.randn(4, 8, requires_grad=True)
+    rotate(theta).backward()
+    want = theta.grad.clone()
+    theta.grad = None
+    torch._dynamo.reset()
+    with report.collect() as graphs:
+        loss = sdk.compile(rotate, remote=stack.address, fallback="error")(theta)
+        loss.backward()
+    _on_farm(graphs)
+    torch.testing.assert_close(loss, rotate(theta))
+    torch.testing.assert_close(theta.grad, want)
+
+
 def test_generate_decodes_on_the_farm_the_tokens_eager_decodes(stack, client_cache_dir):
     """`model.generate()` with a compiled forward: the prompt's graph, then the decode
     step's with the KV cache growing (a recompile with dynamic sizes), all from the farm."""

@@ -830,3 +830,14 @@ def test_a_constant_decodes_inside_a_fake_mode():
     constant = next(b for name, b in decoded.named_buffers())
     assert not isinstance(constant, resolve("FakeTensor"))
     torch.testing.assert_close(constant, weights)
+
+
+def test_python_complex_scalars_round_trip():
+    """`torch.exp(1j * theta) * 2j` (rotary embeddings written with complex numbers): the
+    format had no complex scalar, so the graph was split around every such call."""
+    def rotate(theta: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.exp(1j * theta) * complex(0.5, -2.0)).sum(-1)
+
+    capture = roundtrip(rotate, torch.randn(4, 8))
+    kinds = {a.WhichOneof("kind") for n in capture.graphs[0].nodes for a in n.args}
+    assert "complex_value" in kinds

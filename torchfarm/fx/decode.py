@@ -473,6 +473,8 @@ class _Decoder:
             return None
         if kind in ("bool_value", "int_value", "float_value", "str_value"):
             return getattr(arg, kind)
+        if kind == "complex_value":
+            return complex(arg.complex_value.real, arg.complex_value.imag)
         if kind == "list":
             return [self.value(a) for a in arg.list.items]
         if kind == "tuple":

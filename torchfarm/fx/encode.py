@@ -493,6 +493,8 @@ class _Encoder:
             a.int_value = value
         elif isinstance(value, float):
             a.float_value = value
+        elif isinstance(value, complex):
+            a.complex_value.real, a.complex_value.imag = value.real, value.imag
         elif isinstance(value, str):
             a.str_value = value
         elif isinstance(value, list):

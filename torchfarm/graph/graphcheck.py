@@ -792,7 +792,7 @@ class _Checker:
             self.sym_expr(arg.sym, where, size=False)
         elif kind == "placement":
             dtensor.check_placement(arg.placement, where)
-        # none, bool_value, int_value, float_value, str_value need no check.
+        # none, bool_value, int_value, float_value, complex_value, str_value need no check.
 
 
 def _operand(arg: graph_pb2.Argument) -> tuple[str, Any]:

@@ -161,7 +161,7 @@ class Keyword(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[_Union[Argument, _Mapping]] = ...) -> None: ...
 
 class Argument(_message.Message):
-    __slots__ = ("node", "none", "bool_value", "int_value", "float_value", "str_value", "list", "tuple", "slice", "dtype", "device", "layout", "memory_format", "sym", "immutable_dict", "placement")
+    __slots__ = ("node", "none", "bool_value", "int_value", "float_value", "str_value", "list", "tuple", "slice", "dtype", "device", "layout", "memory_format", "sym", "immutable_dict", "placement", "complex_value")
     NODE_FIELD_NUMBER: _ClassVar[int]
     NONE_FIELD_NUMBER: _ClassVar[int]
     BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class Argument(_message.Message):
     SYM_FIELD_NUMBER: _ClassVar[int]
     IMMUTABLE_DICT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    COMPLEX_VALUE_FIELD_NUMBER: _ClassVar[int]
     node: str
     none: NoneValue
     bool_value: bool
@@ -194,7 +195,16 @@ class Argument(_message.Message):
     sym: SymExpr
     immutable_dict: ArgumentList
     placement: Placement
-    def __init__(self, node: _Optional[str] = ..., none: _Optional[_Union[NoneValue, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., str_value: _Optional[str] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., tuple: _Optional[_Union[ArgumentList, _Mapping]] = ..., slice: _Optional[_Union[Slice, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., sym: _Optional[_Union[SymExpr, _Mapping]] = ..., immutable_dict: _Optional[_Union[ArgumentList, _Mapping]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+    complex_value: Complex
+    def __init__(self, node: _Optional[str] = ..., none: _Optional[_Union[NoneValue, _Mapping]] = ..., bool_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., str_value: _Optional[str] = ..., list: _Optional[_Union[ArgumentList, _Mapping]] = ..., tuple: _Optional[_Union[ArgumentList, _Mapping]] = ..., slice: _Optional[_Union[Slice, _Mapping]] = ..., dtype: _Optional[str] = ..., device: _Optional[_Union[Device, _Mapping]] = ..., layout: _Optional[str] = ..., memory_format: _Optional[str] = ..., sym: _Optional[_Union[SymExpr, _Mapping]] = ..., immutable_dict: _Optional[_Union[ArgumentList, _Mapping]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., complex_value: _Optional[_Union[Complex, _Mapping]] = ...) -> None: ...
+
+class Complex(_message.Message):
+    __slots__ = ("real", "imag")
+    REAL_FIELD_NUMBER: _ClassVar[int]
+    IMAG_FIELD_NUMBER: _ClassVar[int]
+    real: float
+    imag: float
+    def __init__(self, real: _Optional[float] = ..., imag: _Optional[float] = ...) -> None: ...
 
 class NoneValue(_message.Message):
     __slots__ = ()
