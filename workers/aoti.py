@@ -38,6 +38,7 @@ from torchfarm.fx.hooks import checked_aot_sources
 from torchfarm.fx.internals import resolve
 from torchfarm.graph import exportcheck
 from torchfarm.v1 import farm_pb2, graph_pb2
+from torchfarm.wire import options as farm_options
 from workers import inductor_fixes
 
 if TYPE_CHECKING:
@@ -187,9 +188,9 @@ def build_package(
             # Packaging fills aot_inductor.metadata in place and leaves it so: patched,
             # the worker's config is put back for its later jobs.
             with checked_aot_sources(), resolve("inductor_config").patch({"aot_inductor.metadata": {}}):
-                resolve("aoti_compile_and_package")(
-                    program, package_path=path, inductor_configs=dict(inductor_options or {})
-                )
+                # AOTAutograd's settings (`functorch.`) are in the key; the export traced no backward.
+                inductor, _ = farm_options.split_functorch(inductor_options or {})
+                resolve("aoti_compile_and_package")(program, package_path=path, inductor_configs=inductor)
         except Exception as e:  # noqa: BLE001 - Inductor's errors have no common base
             raise ExportFailed(f"AOTInductor failed: {type(e).__name__}: {e}") from e
         with open(path, "rb") as f:

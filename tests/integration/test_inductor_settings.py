@@ -106,3 +106,17 @@ def test_a_changed_aotautograd_setting_the_farm_does_not_take_compiles_locally_n
     torch.testing.assert_close(out, model(x))
     said = [m for m in _messages(caplog) if "compiles locally" in m]
     assert said and "enable_activation_offloading" in said[0], _messages(caplog)
+
+
+def test_export_takes_a_changed_aotautograd_setting(stack, tmp_path):
+    """AOTInductor packages with Inductor's settings only: the AOTAutograd ones a
+    request carries (`functorch.` names) once reached it, which refused them as unknown."""
+    import torch._functorch.config as functorch_config
+
+    model, x = _mlp().eval(), torch.randn(4, 16)
+    plain = sdk.export(model, (x,), remote=stack.address, path=tmp_path / "plain.pt2")
+    with functorch_config.patch(donated_buffer=False):
+        changed = sdk.export(model, (x,), remote=stack.address, path=tmp_path / "changed.pt2")
+    assert changed.key != plain.key
+    with torch.no_grad():
+        torch.testing.assert_close(changed.load()(x), model(x), atol=1e-5, rtol=1e-5)
