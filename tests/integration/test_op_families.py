@@ -377,12 +377,8 @@ def test_flex_attention_with_a_block_mask_runs_on_the_farm(stack, client_cache_d
         return flex_attention(q, q, q, block_mask=mask)
 
     x = torch.randn(2, 8, 16)
+    got, expected = _inference_on_farm(attend, x, stack)
     with torch.no_grad():
-        expected = attend(x)
-        torch._dynamo.reset()
-        with report.collect() as graphs:
-            got = sdk.compile(attend, remote=stack.address, fallback="error")(x)
-        _on_farm(graphs)
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-5):
             # Seen with torch 2.13.0 on 2-core AVX2 machines: a local compile's output
             # differs from eager on some calls and not others (one run in two, four calls
@@ -407,14 +403,19 @@ def test_flex_attention_indexing_captured_tensors_runs_on_the_farm(stack, client
         mask = create_block_mask(lambda b, h, q, kv: document[q] == document[kv], None, None, 8, 8, device="cpu")
         return flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s - slopes[h] * (qi - kv), block_mask=mask)
 
-    x = torch.randn(2, 8, 16)
+    got, expected = _inference_on_farm(attend, torch.randn(2, 8, 16), stack)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def _inference_on_farm(fn, x: torch.Tensor, stack) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fn(x)` under no_grad compiled on the farm (every graph on it), and eager's."""
     with torch.no_grad():
-        expected = attend(x)
+        expected = fn(x)
         torch._dynamo.reset()
         with report.collect() as graphs:
-            got = sdk.compile(attend, remote=stack.address, fallback="error")(x)
+            got = sdk.compile(fn, remote=stack.address, fallback="error")(x)
         _on_farm(graphs)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    return got, expected
 
 
 def test_python_complex_scalars_train_on_the_farm(stack, client_cache_dir):

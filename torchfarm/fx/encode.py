@@ -692,14 +692,15 @@ def written_aliases(gm: torch.fx.GraphModule, example_inputs: Sequence[object] |
     return []
 
 
-def _fresh_versions(reals: list[object]) -> dict[int, int]:
+def _fresh_versions(given: list[object]) -> dict[int, int]:
     """The version each real tensor's fake starts at, made as Dynamo makes them: in one
     fake mode, so tensors that share memory share it there too."""
-    if not all(isinstance(r, torch.Tensor) and type(r) is not resolve("FakeTensor") for r in reals):
+    reals = [r for r in given if isinstance(r, torch.Tensor) and type(r) is not resolve("FakeTensor")]
+    if len(reals) != len(given):
         return {}
     mode = resolve("FakeTensorMode")()
     try:
-        return {id(r): mode.from_tensor(r)._version for r in reals if isinstance(r, torch.Tensor)}
+        return {id(r): mode.from_tensor(r)._version for r in reals}
     except Exception:  # noqa: BLE001 - a tensor subclass torch cannot fake apart: every version past 0 is a write
         return {}
 

@@ -162,9 +162,9 @@ def applied(options: farm_pb2.CompileOptions) -> Iterator[None]:
     itself off for a device this machine lacks (a CPU worker lowering for CUDA)."""
     autocast = farm_options.check_autocast([(a.device_type, a.dtype) for a in options.autocast])
     backends = farm_options.check_sdpa_backends(list(options.sdpa_backends))
-    _, functorch = farm_options.split_functorch(
-        farm_options.check_options(options.mode, [(o.name, o.json_value) for o in options.inductor])
-    )
+    # The worker checked every option already (workers/runtime.py); these are AOTAutograd's.
+    carried = [(o.name, o.json_value) for o in options.inductor if o.name.startswith(farm_options.FUNCTORCH)]
+    _, functorch = farm_options.split_functorch(farm_options.check_options(options.mode, carried))
     prior = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in autocast]
     with (
         preserved(), torch.set_grad_enabled(not options.no_grad), _sdpa_backends(backends),

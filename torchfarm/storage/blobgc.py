@@ -27,7 +27,7 @@ import redis
 
 from torchfarm.storage.blobs import BlobInfo
 from torchfarm.storage.store import Store
-from torchfarm.wire.manifest import PRECOMPILED, Manifest, ManifestError
+from torchfarm.wire.manifest import PRECOMPILED, PRECOMPILED_PREFIX, Manifest, ManifestError
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,23 @@ def _values_in(client: redis.Redis, prefix: str) -> Iterator[bytes]:
         kind = client.type(name)
         if kind == b"string":
             value = cast("bytes | None", client.get(name)) or b""  # a client that never decodes
-            yield _named_blobs(value) if name.startswith(manifests) else value
+            # A precompiled package's key (`<prefix>:artifact:[<ns>:]pc1-...`): its
+            # manifest is parsed; every other value is read as it is.
+            package = name.startswith(manifests) and name.rsplit(b":", 1)[-1].startswith(_PACKAGE)
+            yield _named_blobs(value) if package else value
         elif kind == b"hash":
             yield from cast("list[bytes]", client.hvals(name))
         elif kind == b"list":
             yield from cast("list[bytes]", client.lrange(name, 0, -1))
 
 
+_PACKAGE = PRECOMPILED_PREFIX.encode()
+
+
 def _named_blobs(manifest: bytes) -> bytes:
     """Of a precompiled package's manifest, a client's upload, the blobs it names, not
     its other text, whose fingerprint or worker field could otherwise keep any blob
-    alive. A worker's manifest, or a value that is no manifest, is kept whole."""
+    alive. A value that is no such manifest is kept whole."""
     try:
         parsed = Manifest.from_json(manifest)
     except ManifestError:
