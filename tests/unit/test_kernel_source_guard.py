@@ -27,6 +27,12 @@ INJECTED = [
     "[[gnu::destructor]] static void f() {}",
     'static void (*p)() __attribute__((section(".ctors"))) = 0;',
     'static void (*p)() __attribute__((section(".fini_array"))) = 0;',
+    # Spellings the preprocessor or the compiler puts together from parts.
+    '#define CAT(a, b) a##b\nCAT(__as, m__)(".inc" "bin \\"/etc/hostname\\"");',
+    '#define CAT(a, b) a %:%: b\nCAT(__as, m__)("nop");',
+    '__as\\\nm__ volatile("nop");',
+    'static void (*p)() __attribute__((section(".init" "_array"))) = 0;',
+    'static void (*p)() __attribute__((__section__(".ini" "t_array"))) = 0;',
 ]
 
 

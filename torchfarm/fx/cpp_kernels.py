@@ -106,20 +106,28 @@ class KernelSpec:
 _NOT_INDUCTORS = re.compile(
     r"\b(?:asm|__asm__|__asm)\b"
     r"|\b_*(?:con|de)structor_*\s*[(),\]]"
+    r"|\b_*section_*\s*\("
     r"|\.incbin|\.(?:preinit|init|fini)_array|\.[cd]tors\b"
+    r"|##|%:%:"
 )
 """What Inductor's generated C++ never holds and an injection into it needs: inline
 assembly (an `.incbin` of a file), a constructor or destructor attribute (GNU's or
-C++'s, any spelling), or a function pointer put in a section the loader calls. (Not
-every way to run code at load: a global object's constructor has no such mark. The
-checks of what reaches the source come first; this is the depth behind them.)"""
+C++'s, any spelling), a section attribute or a section the loader calls (a function
+pointer put there), or the preprocessor's token pasting (`##`, or its digraph
+`%:%:`), which builds any of these from parts the rest does not match. (Not every way
+to run code at load: a global object's constructor has no such mark. The checks of
+what reaches the source come first; this is the depth behind them.)"""
+
+_SPLICE = re.compile(r"\\\r?\n")
+"""A backslash-newline, which the compiler deletes before it reads a token."""
 
 
 def check_code(*codes: str) -> None:
     """Raises KernelSpecError if any of these C++ sources holds what Inductor never
-    writes (`_NOT_INDUCTORS`)."""
+    writes (`_NOT_INDUCTORS`), read as the compiler reads it: with its backslash-newline
+    splices joined (`__as\\` and `m__` on the next line are `__asm__`)."""
     for code in codes:
-        found = _NOT_INDUCTORS.search(code)
+        found = _NOT_INDUCTORS.search(_SPLICE.sub("", code))
         if found is not None:
             raise KernelSpecError(f"the kernel's source holds {found.group(0)!r}, which Inductor never writes")
 
