@@ -131,10 +131,6 @@ class InlineDispatcher(Dispatcher):
         with self._lock:
             return sum(1 for t in self.pending if t.queue == queue)
 
-    def queues(self) -> set[str]:
-        with self._lock:
-            return {t.queue for t in self.sent}
-
     def take(self) -> Task | None:
         """The oldest pending task, removed; None when none is left."""
         with self._lock:

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 
@@ -113,10 +113,6 @@ class Dispatcher:
     def depth(self, queue: str) -> int:
         raise NotImplementedError
 
-    def queues(self) -> set[str]:
-        """Every queue the broker has seen declared (for the metrics); empty if unknown."""
-        return set()
-
 
 class CeleryDispatcher(Dispatcher):
     def __init__(self, broker_url: str):
@@ -141,15 +137,6 @@ class CeleryDispatcher(Dispatcher):
     def depth(self, queue: str) -> int:
         # Celery's Redis transport keeps each queue as a list named after it.
         return int(self.broker.llen(queue))
-
-    def queues(self) -> set[str]:
-        # Kombu records each queue binding in a set `_kombu.binding.<exchange>` whose
-        # members are "routing_key\x06\x16pattern\x06\x16queue"; they outlive the workers.
-        names: set[str] = set()
-        for binding in self.broker.scan_iter(match="_kombu.binding.*", count=500):
-            for member in cast("set[bytes]", self.broker.smembers(binding)):
-                names.add(member.decode(errors="replace").split("\x06\x16")[-1])
-        return names
 
 
 class Farm:

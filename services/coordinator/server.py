@@ -80,7 +80,9 @@ async def serve(
     http = None
     if settings.metrics_port:
         metrics.set_build_info()
-        metrics.install_farm_collector(functools.partial(read_gauges, store, farm.dispatcher))
+        metrics.install_farm_collector(
+            functools.partial(read_gauges, store, farm.dispatcher, settings.known_target_window_s)
+        )
         http, _ = start_http_server(settings.metrics_port, addr="0.0.0.0")
     names = ("", SERVICE_NAME)
     # Not ready until the first check of the backends says so.

@@ -112,16 +112,33 @@ def test_read_gauges_from_redis(store):
         store.create_job(key, queue, "", ttl_s=60)
         store.update_job(key, state=state)
     # Celery's own queues are declared in a real broker too; nothing runs what is sent.
-    broker = _queued({"cpu": 5, "rocm": 1, "xpu": 2, "cpu0@vm.celery.pidbox": 1, "celeryev": 1})
-    g = read_gauges(store, broker)
-    # Served, named by a job, or declared in the broker; Celery's own queues left out.
-    assert set(g.queued) == {"cpu", "cuda", "rocm", "xpu"}
-    assert g.queued == {"cpu": 5, "cuda": 0, "rocm": 1, "xpu": 2}
-    assert g.in_flight == {"cpu": 1, "cuda": 1, "rocm": 0, "xpu": 0}
-    # rocm and xpu have jobs waiting and no worker: what TorchfarmNoWorkerForQueuedJobs catches.
-    assert g.workers == {"cpu": 2, "cuda": 1, "rocm": 0, "xpu": 0}
+    broker = _queued({"cpu": 5, "rocm": 1, "cpu0@vm.celery.pidbox": 1, "celeryev": 1})
+    g = read_gauges(store, broker, window_s=600)
+    # Served, or named by a job; Celery's own queues left out.
+    assert set(g.queued) == {"cpu", "cuda", "rocm"}
+    assert g.queued == {"cpu": 5, "cuda": 0, "rocm": 1}
+    assert g.in_flight == {"cpu": 1, "cuda": 1, "rocm": 0}
+    # rocm has a job waiting and no worker: what TorchfarmNoWorkerForQueuedJobs catches.
+    assert g.workers == {"cpu": 2, "cuda": 1, "rocm": 0}
     assert g.cache_used_bytes > 0
     assert g.cache_evictions >= 0
+
+
+@pytest.mark.integration
+def test_messages_no_worker_will_take_and_no_one_waits_for_are_not_queue_depth(store):
+    # A tenant's jobs for a made-up build of a known target: queued for a pool that
+    # never serves that build. Their records expire with the tenant's quota; their
+    # messages do not. Counted as depth, they would hold the pool's autoscaler up for
+    # ever (k8s/keda.yaml sums every build of a target).
+    store.heartbeat("w1", ["cuda.sm_90.breal"], "real", ttl_s=30)
+    store.create_job("k1", "cuda.sm_90.bmadeup1", "", ttl_s=60)
+    broker = _queued({"cuda.sm_90.breal": 2, "cuda.sm_90.bmadeup1": 3, "cuda.sm_90.bmadeup2": 4})
+    g = read_gauges(store, broker, window_s=600)
+    # The one live record stands for one message; the expired ones' stand for none.
+    assert g.queued == {"cuda.sm_90.breal": 2, "cuda.sm_90.bmadeup1": 1}
+    # A pool that went away within the window still reports what waits for it.
+    store.forget_worker("w1")
+    assert read_gauges(store, broker, window_s=600).queued["cuda.sm_90.breal"] == 2
 
 
 
