@@ -37,10 +37,10 @@ from sdk import artifact, precompile_key
 from sdk.backend import FarmBackend
 from sdk.errors import ArtifactRejected, ConfigError, FarmError, GraphRejected
 from sdk.settings import SDKSettings
-from sdk.trust import Trust
+from sdk.trust import Trust, pinned_keys
 from torchfarm.fx.fingerprint import Fingerprint, device_kind, local_fingerprint
 from torchfarm.fx.internals import resolve
-from torchfarm.trust.signing import Signer, TrustedKeys
+from torchfarm.trust.signing import Signer
 from torchfarm.v1.farm_pb2 import PrecompiledRecord
 from torchfarm.wire.codes import Reason
 from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
@@ -103,7 +103,7 @@ class Gate:
         self._lock = threading.Lock()
         settings = backend.settings
         try:
-            self.pinned = TrustedKeys.load(settings.precompile_trusted_keys_file, settings.precompile_trusted_keys)
+            self.pinned = pinned_keys(settings.precompile_trusted_keys_file, settings.precompile_trusted_keys)
             self.signer = Signer.from_file(settings.precompile_key_file) if settings.precompile_key_file else None
         except (OSError, ValueError) as e:
             raise ConfigError(f"cannot read the precompile keys: {e}") from e

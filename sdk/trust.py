@@ -26,13 +26,34 @@ is the unnamed namespace of a farm without authentication.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
+from torchfarm.files import others_may_write
 from torchfarm.trust import trustfile
 from torchfarm.trust.signing import TrustedKeys
 from torchfarm.trust.tokens import TokenError, namespace_of
+
+
+def pinned_keys(path: str, inline: str) -> TrustedKeys:
+    """The keys pinned by a file and/or inline text (TrustedKeys.load), once the file
+    and its directory are this user's or root's and no one else may write them: another
+    user who could add a key there would have whatever they serve as the farm trusted.
+    Raises OSError or ValueError."""
+    if path:
+        for where in (Path(path), Path(path).parent):
+            st = where.stat()
+            sticky = where.is_dir() and st.st_mode & stat.S_ISVTX  # others cannot replace the file
+            if st.st_uid not in (os.getuid(), 0) or (others_may_write(st, private_group=True) and not sticky):
+                raise ValueError(
+                    f"{where} is writable by others or owned by another user (uid {st.st_uid}, mode "
+                    f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w it)"
+                )
+    return TrustedKeys.load(path, inline)
 
 
 def is_loopback(address: str) -> bool:
@@ -80,7 +101,7 @@ class Trust:
     @classmethod
     def from_settings(cls, settings: SDKSettings, address: str) -> Trust:
         try:
-            keys = TrustedKeys.load(settings.trusted_keys_file, settings.trusted_keys)
+            keys = pinned_keys(settings.trusted_keys_file, settings.trusted_keys)
             keys_from = settings.trusted_keys_file or "TORCHFARM_TRUSTED_KEYS"
             if not keys:
                 found = trustfile.find(address)

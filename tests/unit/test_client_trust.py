@@ -237,3 +237,38 @@ def test_an_unknown_key_names_the_pins_and_where_they_came_from(tmp_path):
     [old_id] = old.trusted_entry()
     with pytest.raises(ArtifactRejected, match=rf"not pinned \(pinned: {old_id}, from {pins}\); if the farm's key"):
         artifact.verify(*_signed(farm), KEY, FP, trust)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o602])
+def test_a_pinned_keys_file_others_can_write_is_refused(tmp_path, mode):
+    # Another user who may write the file adds a key of their own, and then anything
+    # they serve as the farm (or store in its Redis) is trusted.
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(Signer.generate().trusted_entry()))
+    keys.chmod(mode)
+    with pytest.raises(ConfigError, match=rf"TORCHFARM_TRUSTED_KEYS_FILE.*{keys}.*writable by others"):
+        Trust.from_settings(SDKSettings(trusted_keys_file=str(keys)), "127.0.0.1:50051")
+
+
+def test_a_pinned_keys_file_in_a_directory_others_can_write_is_refused(tmp_path):
+    # There they replace the file itself; a sticky directory (/tmp) does not let them.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    keys = shared / "keys.json"
+    keys.write_text(json.dumps(Signer.generate().trusted_entry()))
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        Trust.from_settings(SDKSettings(trusted_keys_file=str(keys)), "127.0.0.1:50051")
+    shared.chmod(0o777 | stat.S_ISVTX)
+    assert Trust.from_settings(SDKSettings(trusted_keys_file=str(keys)), "127.0.0.1:50051").keys
+
+
+def test_the_precompile_keys_are_checked_alike(tmp_path):
+    from sdk.trust import pinned_keys
+
+    keys = tmp_path / "precompile-keys.json"
+    keys.write_text(json.dumps(Signer.generate().trusted_entry()))
+    assert pinned_keys(str(keys), "")
+    keys.chmod(0o646)
+    with pytest.raises(ValueError, match="writable by others"):
+        pinned_keys(str(keys), "")
