@@ -30,7 +30,7 @@ import grpc
 
 from sdk import wake
 from sdk.blobcache import BlobCache
-from sdk.direct import Link, download_all
+from sdk.direct import Link, check_links, download_all
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -432,11 +432,16 @@ class StubClient:
         if not links:
             return manifest, blobs
         try:
+            check_links(links, self.on_this_machine())
             return manifest, download_all(links, self.settings.fetch_timeout_s, self._blob_cache())
         except (OSError, ValueError, ArtifactRejected) as e:
             log.warning("torchfarm: direct download of %s failed (%s); streaming it", key[:12], e)
             manifest, blobs, _ = self._stream(key, False)
             return manifest, blobs
+
+    def on_this_machine(self) -> bool:
+        """Whether the farm runs on this machine, so that its blob store's links may too."""
+        return is_loopback(self.address)
 
     def _blob_cache(self) -> BlobCache | None:
         if not self.settings.blob_cache_dir:
@@ -463,6 +468,13 @@ class StubClient:
                     manifest = chunk.manifest
                     continue
                 if chunk.WhichOneof("kind") == "link":
+                    if not direct:
+                        # Nothing is fetched from a URL the client did not ask for: its
+                        # direct downloads may be off to keep every byte on this stream.
+                        raise ArtifactRejected(
+                            f"artifact {key[:12]}: the farm sent a blob link the client did not ask for",
+                            Rejection.MALFORMED,
+                        )
                     links.append(Link(chunk.link.digest, chunk.link.size, chunk.link.url))
                     received += chunk.link.size
                     if received > self.settings.max_artifact_bytes:

@@ -8,7 +8,9 @@ The manifest's signature is verified afterwards exactly as for streamed bytes
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
+import socket
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit
 
 from sdk.blobcache import BlobCache
 from sdk.errors import ArtifactRejected
+from torchfarm.wire.codes import Rejection
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,41 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def check_url(url: str, loopback_ok: bool) -> None:
+    """ArtifactRejected unless `url` is http(s) to a host a blob store may be on. The farm
+    names the URL and this machine GETs it before any signature is checked, so a farm, or
+    whoever answers as it, could aim it inside this machine's network: never at a
+    link-local address (a cloud's metadata service), an unspecified or multicast one, nor
+    at this machine unless the farm is on it too (`loopback_ok`: a local farm's store)."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        raise ArtifactRejected("the farm sent a blob URL that is not http(s) to a host", Rejection.MALFORMED)
+    try:
+        # Every address the name has: a name is as good as the address it stands for.
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as e:
+        raise ArtifactRejected(f"blob URL host {host!r} does not resolve ({e})") from e
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if ip.is_link_local or ip.is_unspecified or ip.is_multicast or (ip.is_loopback and not loopback_ok):
+            raise ArtifactRejected(
+                f"blob URL host {host!r} is {ip}, which a farm's links may not name", Rejection.MALFORMED
+            )
+
+
+def check_links(links: list[Link], loopback_ok: bool) -> None:
+    """`check_url` for each link, before any is downloaded; each host once."""
+    seen: set[tuple[str, str]] = set()
+    for link in links:
+        parts = urlsplit(link.url)
+        if (parts.scheme, parts.netloc) not in seen:
+            check_url(link.url, loopback_ok)
+            seen.add((parts.scheme, parts.netloc))
 
 
 def download(link: Link, timeout_s: float) -> bytes:

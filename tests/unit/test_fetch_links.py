@@ -1,0 +1,123 @@
+"""The links a farm puts in a FetchArtifact stream are followed only when the client asked
+for direct downloads, and only to hosts a blob store may be on: a farm (or whoever answers
+as it) must not make training nodes send requests to addresses of their own network."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import http.server
+import threading
+
+import pytest
+
+from sdk import direct
+from sdk.client import StubClient
+from sdk.errors import ArtifactRejected
+from sdk.settings import SDKSettings
+from torchfarm.v1 import farm_pb2
+from torchfarm.wire.codes import Rejection
+
+BODY = b"the blob's bytes"
+DIGEST = "sha256:" + hashlib.sha256(BODY).hexdigest()
+
+
+class _Host(http.server.BaseHTTPRequestHandler):
+    """Any HTTP service on this machine; records what it was asked."""
+
+    seen: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.seen.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+
+@pytest.fixture
+def local_url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Host)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Host.seen = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+class _Farm:
+    """A FetchArtifact that sends a link to `url`, even when none was asked for, and the
+    blob's bytes only on a stream that asked for none."""
+
+    def __init__(self, url: str, links_always: bool = False):
+        self.url, self.links_always, self.asked = url, links_always, []
+
+    def FetchArtifact(self, ref, timeout=None, metadata=None):  # noqa: N802 - the stub's name
+        self.asked.append(ref.direct)
+        yield farm_pb2.ArtifactChunk(manifest=b"{}")
+        if ref.direct or self.links_always:
+            yield farm_pb2.ArtifactChunk(link=farm_pb2.BlobLink(digest=DIGEST, size=len(BODY), url=self.url))
+        else:
+            yield farm_pb2.ArtifactChunk(blob=farm_pb2.BlobChunk(digest=DIGEST, offset=0, data=BODY))
+
+
+def _client(address: str, stub: _Farm, ask_direct: bool) -> StubClient:
+    settings = dataclasses.replace(SDKSettings(), direct_downloads=ask_direct, blob_cache_dir="", fetch_timeout_s=5.0)
+    return StubClient(address, settings, stub)
+
+
+def test_a_link_the_client_did_not_ask_for_is_refused_unfollowed(local_url):
+    stub = _Farm(f"{local_url}/admin/delete?everything=1", links_always=True)
+    with pytest.raises(ArtifactRejected, match="did not ask") as e:
+        _client("127.0.0.1:50051", stub, ask_direct=False).fetch("ab" * 32)
+    assert e.value.code == Rejection.MALFORMED and e.value.fallback
+    assert _Host.seen == []
+
+
+def test_a_remote_farms_link_to_this_machine_is_not_followed_and_the_blob_is_streamed(local_url):
+    stub = _Farm(f"{local_url}/blob")
+    _, blobs = _client("farm.example:50051", stub, ask_direct=True).fetch("ab" * 32)
+    assert blobs == {DIGEST: BODY}
+    assert stub.asked == [True, False]  # the direct stream, then the plain one
+    assert _Host.seen == []
+
+
+def test_a_local_farms_link_to_its_local_store_is_followed(local_url):
+    stub = _Farm(f"{local_url}/blob")
+    _, blobs = _client("127.0.0.1:50051", stub, ask_direct=True).fetch("ab" * 32)
+    assert blobs == {DIGEST: BODY}
+    assert stub.asked == [True] and _Host.seen == ["/blob"]
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data/",  # a cloud's metadata service
+    "http://[fe80::1]/x",
+    "http://0.0.0.0:9000/x",  # connects to this machine
+    "http://[::ffff:169.254.169.254]/x",
+    "http://224.0.0.1/x",
+])
+def test_link_local_and_unspecified_hosts_are_refused_even_for_a_local_farm(url):
+    with pytest.raises(ArtifactRejected, match="may not"):
+        direct.check_url(url, loopback_ok=True)
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:9000/x", "http://localhost/x", "http://[::1]/x", "http://127.1/x",
+    "http://[::ffff:127.0.0.1]/x",
+])
+def test_this_machine_is_refused_unless_the_farm_is_on_it_too(url):
+    with pytest.raises(ArtifactRejected, match="may not"):
+        direct.check_url(url, loopback_ok=False)
+    direct.check_url(url, loopback_ok=True)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://store/x", "gopher://store/x", "http:///x"])
+def test_only_http_urls_with_a_host_are_followed(url):
+    with pytest.raises(ArtifactRejected, match="http"):
+        direct.check_url(url, loopback_ok=True)
+
+
+def test_a_store_on_another_host_is_allowed():
+    direct.check_url("https://10.0.0.5:9000/bucket/blob?X-Amz-Signature=abc", loopback_ok=False)
