@@ -443,8 +443,8 @@ def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> t
 
     Every parameter must appear, in order, with a Triton type; `tl.constexpr`
     parameters must be typed "constexpr", and every "constexpr" one needs a value
-    (a JSON number, boolean or null; an int fits in 64 bits) or a default. Given
-    those values, the numbers Triton folds must stay bounded (`triton_fold`).
+    (a JSON number, boolean or null; an int fits in 64 bits; each name given once) or a
+    default. Given those values, the numbers Triton folds must stay bounded (`triton_fold`).
     """
     args = [(a.name, a.type) for a in request.signature]
     names = [n for n, _ in args]
@@ -456,6 +456,10 @@ def check_signature(request: farm_pb2.KernelRequest, checked: KernelSource) -> t
     for option in request.constexprs:
         if option.name not in checked.params:
             raise KernelRejected(f"constexpr {option.name!r} is not a parameter")
+        if option.name in values:
+            # The kernel key sorts the pairs and the last value would win: two orders of
+            # one list would share a key and compile differently.
+            raise KernelRejected(f"constexpr {option.name!r} is given twice")
         try:
             value = json.loads(option.json_value)
         except ValueError as e:
