@@ -26,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from torchfarm.files import write_atomic
+
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 20.0
@@ -118,19 +120,24 @@ def worker_command(i: int, concurrency: int, python: str = sys.executable, pin_c
 def service_env(
     *, listen: str, broker_url: str, cache_url: str, state_url: str, metrics_port: int,
     signing_key_file: Path | None = None, trusted_keys_file: Path | None = None,
-    tokens_file: Path | None = None,
+    tokens_file: Path | None = None, url_dir: Path | None = None,
 ) -> dict[str, str]:
     """The environment the coordinator and the workers share: this one's, plus where
-    they listen, their Redis, and their keys and tokens."""
+    they listen, their Redis, and their keys and tokens. With `url_dir` (mode 0700), the
+    Redis URLs, which carry a password, are written there (0600) and named by
+    `TORCHFARM_*_URL_FILE`, as the deployments pass them."""
     env = dict(os.environ)
-    env.update(
-        TORCHFARM_LISTEN=listen,
-        TORCHFARM_BROKER_URL=broker_url,
-        TORCHFARM_CACHE_URL=cache_url,
-        TORCHFARM_STATE_URL=state_url,
-        TORCHFARM_METRICS_PORT=str(metrics_port),
-        PYTHONUNBUFFERED="1",
-    )
+    env.update(TORCHFARM_LISTEN=listen, TORCHFARM_METRICS_PORT=str(metrics_port), PYTHONUNBUFFERED="1")
+    urls = {"BROKER_URL": broker_url, "CACHE_URL": cache_url, "STATE_URL": state_url}
+    for name, url in urls.items():
+        if url_dir is None:
+            env[f"TORCHFARM_{name}"] = url
+            continue
+        path = url_dir / name.lower().replace("_", "-")
+        write_atomic(path, (url + "\n").encode(), 0o600)
+        # A URL in the environment would win over its file.
+        env.pop(f"TORCHFARM_{name}", None)
+        env[f"TORCHFARM_{name}_FILE"] = str(path)
     if signing_key_file is not None:
         env["TORCHFARM_SIGNING_KEY_FILE"] = str(signing_key_file)
     if trusted_keys_file is not None:

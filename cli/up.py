@@ -6,12 +6,18 @@ without a limit); then the coordinator and N CPU workers, started by cli/launch.
 cli/supervisor.py: a child that dies is restarted, up to a bound, past which
 the farm stops with the child's last log lines and exit status 1.
 
-With `--data-dir DIR` the farm keeps, across runs:
+Both Redis let in only the farm's own user, whose password `up` makes (kept in
+DIR/keys); the processes read their password-bearing URLs from files there
+(`TORCHFARM_*_URL_FILE`). Without it any local user could read and rewrite every
+tenant's requests and artifacts on 127.0.0.1, whatever tokens `--auth` requires.
+
+With `--data-dir DIR` the farm keeps, across runs (each directory mode 0700):
 
     DIR/redis/       the state Redis's append-only file: job records, quotas, ledgers
     DIR/cache/       the cache Redis's append-only file: artifacts, stats
     DIR/logs/        one log per child, appended to
-    DIR/keys/        the workers' signing key (so kept artifacts stay verifiable), tokens
+    DIR/keys/        the workers' signing key (so kept artifacts stay verifiable), tokens,
+                     the Redis password, its ACL file and the processes' Redis URLs
     DIR/worker{i}/   worker i's Inductor and Triton caches
 
 Without it, all of that lives in a temporary directory, removed when the farm stops
@@ -36,6 +42,7 @@ import grpc
 from cli import launch
 from cli.errors import CliError
 from cli.supervisor import ChildFailed, Supervisor
+from torchfarm.files import write_atomic
 from torchfarm.trust import trustfile
 
 
@@ -91,10 +98,16 @@ class Layout:
     def keys(self) -> Path:
         return self.root / "keys"
 
-    def make(self) -> Layout:
-        for d in (self.redis, self.cache, self.logs, self.keys):
-            d.mkdir(parents=True, exist_ok=True)
-        self.keys.chmod(0o700)
+    def worker(self, i: int) -> Path:
+        return self.root / f"worker{i}"
+
+    def make(self, workers: int = 0) -> Layout:
+        # The user's own: Redis's files hold every tenant's requests and artifacts. A
+        # data dir made by an earlier version (0755) is narrowed too.
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (self.redis, self.cache, self.logs, self.keys, *map(self.worker, range(workers))):
+            d.mkdir(exist_ok=True)
+            d.chmod(0o700)
         return self
 
 
@@ -136,6 +149,21 @@ def _token(keys: Path, tenant: str) -> tuple[Path, str]:
     return path, token
 
 
+REDIS_USER = "farm"
+"""The one user of `up`'s Redis, with the password in DIR/keys/redis.password."""
+
+
+def _redis_acl(keys: Path) -> tuple[Path, str]:
+    """The ACL file `up`'s Redis start with and its user's password (made on the first
+    run and kept): the unauthenticated may only PING."""
+    from torchfarm.trust import provision
+
+    password = provision.password(keys / "redis.password")
+    acl = keys / "redis.acl"
+    write_atomic(acl, provision.redis_acl({REDIS_USER: password}).encode(), 0o600)
+    return acl, password
+
+
 SERVER_MODULES = ("redis", "celery", "grpc_health", "prometheus_client")
 """What the coordinator and the workers import beyond a client's `[sdk]` install."""
 
@@ -161,9 +189,9 @@ def run(args: argparse.Namespace) -> int:
     _check_ports(args)
     launch.redis_server()  # fails now, in one line, where redis-server is not installed
     if args.data_dir is not None:
-        layout = Layout(args.data_dir.resolve(), persistent=True).make()
+        layout = Layout(args.data_dir.resolve(), persistent=True).make(args.workers)
     else:
-        layout = Layout(Path(tempfile.mkdtemp(prefix="torchfarm-up-")), persistent=False).make()
+        layout = Layout(Path(tempfile.mkdtemp(prefix="torchfarm-up-")), persistent=False).make(args.workers)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -209,22 +237,28 @@ class _Farm:
         if args.auth:
             self.tokens_file, self.token = _token(layout.keys, args.auth)
         self.trust_file: Path | None = None
+        self.redis_acl, self.redis_password = _redis_acl(layout.keys)
+
+    def _url(self, port: int, db: int) -> str:
+        from torchfarm.trust import provision
+
+        return provision.redis_url(REDIS_USER, self.redis_password, f"127.0.0.1:{port}", db)
 
     @property
     def redis_url(self) -> str:
         """The state's Redis (and, without a capped cache, the cache's)."""
-        return f"redis://127.0.0.1:{self.redis_port}/1"
+        return self._url(self.redis_port, 1)
 
     @property
     def cache_url(self) -> str:
-        return f"redis://127.0.0.1:{self.cache_port}/0" if self.cache_memory else self.redis_url
+        return self._url(self.cache_port, 0) if self.cache_memory else self.redis_url
 
     def env(self) -> dict[str, str]:
         return launch.service_env(
-            listen=self.listen, broker_url=f"redis://127.0.0.1:{self.redis_port}/0",
+            listen=self.listen, broker_url=self._url(self.redis_port, 0),
             cache_url=self.cache_url, state_url=self.redis_url, metrics_port=self.args.metrics_port,
             signing_key_file=self.signing_key, trusted_keys_file=self.pins,
-            tokens_file=self.tokens_file,
+            tokens_file=self.tokens_file, url_dir=self.layout.keys,
         )
 
     def _child(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
@@ -240,19 +274,20 @@ class _Farm:
         # The workers sign every artifact with this farm's key. It is published in this
         # user's trust file for the farm's address, where the SDK finds it.
         self.trust_file = trustfile.publish(self.listen, json.loads(self.pins.read_text()))
-        persist = launch.PERSIST if self.layout.persistent else ()
-        state = (*persist, "--maxmemory-policy", "noeviction") if self.cache_memory else persist
+        # The ACL file by its path: a password in the argv is every local user's to read.
+        both = (*(launch.PERSIST if self.layout.persistent else ()), "--aclfile", str(self.redis_acl))
+        state = (*both, "--maxmemory-policy", "noeviction") if self.cache_memory else both
         self._child("redis", launch.redis_command(self.redis_port, self.layout.redis, *state), self.env())
         launch.wait_for_redis(self.redis_url, 30.0, self._alive)
         if self.cache_memory:
-            capped = (*persist, "--maxmemory", self.cache_memory, "--maxmemory-policy", "allkeys-lru")
+            capped = (*both, "--maxmemory", self.cache_memory, "--maxmemory-policy", "allkeys-lru")
             self._child("cache", launch.redis_command(self.cache_port, self.layout.cache, *capped), self.env())
             launch.wait_for_redis(self.cache_url, 30.0, self._alive)
         self._child("coordinator", launch.coordinator_command(), self.env())
         for i in range(self.args.workers):
             port = self.args.metrics_port + 1 + i if self.args.metrics_port else 0
-            metrics = self.layout.root / f"worker{i}" / "metrics" if port else None
-            env = launch.worker_env(self.env(), i, self.layout.root / f"worker{i}", port, metrics)
+            metrics = self.layout.worker(i) / "metrics" if port else None
+            env = launch.worker_env(self.env(), i, self.layout.worker(i), port, metrics)
             self._child(f"worker{i}", launch.worker_command(i, self.args.concurrency, pin_cores=self.args.pin_cores), env)
         with grpc.insecure_channel(self.listen) as channel:
             launch.wait_ready(

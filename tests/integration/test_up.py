@@ -70,8 +70,11 @@ def test_up_restarts_a_dead_coordinator_and_keeps_its_data_dir(tmp_path):
     data, port, redis_port = tmp_path / "farm", free_port(), free_port()
     up = start_up("--grpc-port", str(port), "--redis-port", str(redis_port), "--data-dir", str(data))
     try:
-        db = redis.Redis(port=redis_port, db=1)
+        password = (data / "keys" / "redis.password").read_text().strip()
+        db = redis.Redis(port=redis_port, db=1, username="farm", password=password)
         db.set("tf:test:kept", b"across runs")
+        with pytest.raises(redis.exceptions.NoPermissionError):  # another local user has no password
+            redis.Redis(port=redis_port, db=1).get("tf:test:kept")
         pins = (data / "keys" / "trusted-keys.json").read_text()
 
         coordinator = child_pid(up, "services.coordinator.server")
@@ -95,7 +98,9 @@ def test_up_restarts_a_dead_coordinator_and_keeps_its_data_dir(tmp_path):
 
     up = start_up("--grpc-port", str(port), "--redis-port", str(redis_port), "--data-dir", str(data))
     try:
-        assert redis.Redis(port=redis_port, db=1).get("tf:test:kept") == b"across runs"
+        # The password was kept with the data: the same one opens the kept Redis.
+        db = redis.Redis(port=redis_port, db=1, username="farm", password=password)
+        assert db.get("tf:test:kept") == b"across runs"
         assert (data / "keys" / "trusted-keys.json").read_text() == pins  # kept artifacts verify
         up.send_signal(signal.SIGTERM)
         assert up.wait(90) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -128,7 +129,8 @@ def test_torchfarm_up_caps_its_cache_and_keeps_the_state_apart(monkeypatch, tmp_
         started[log.stem] = cmd
         if log.stem == "coordinator":
             raise Started
-        assert env["TORCHFARM_STATE_URL"] != env["TORCHFARM_CACHE_URL"]
+        urls = {Path(env[f"TORCHFARM_{name}_URL_FILE"]).read_text() for name in ("STATE", "CACHE")}
+        assert len(urls) == 2
 
     monkeypatch.setattr(launch, "spawn", spawn)
     monkeypatch.setattr(launch, "wait_for_redis", lambda *a, **k: None)

@@ -31,7 +31,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -63,7 +63,7 @@ def provision(out: Path, *, tenant: str, hosts: Sequence[str], broker: str, cach
     _token(dirs, tenant)
     _tls(dirs, hosts)
     _redis(dirs, broker, cache, state)
-    _password(dirs["grafana"] / "admin-password")
+    password(dirs["grafana"] / "admin-password")
     if owner is not None:
         _chown(out, owner, skip=dirs["redis"])
     client = {p.name: p for p in sorted(dirs["client"].iterdir())}
@@ -167,21 +167,30 @@ def _san(host: str) -> x509.GeneralName:
 
 
 def _redis(dirs: dict[str, Path], broker: str, cache: str, state: str) -> None:
-    shared = {role: _password(dirs["redis"] / f"{role}.password") for role in ROLES}
-    own = {role: _password(dirs["redis"] / f"state-{role}.password") for role in ROLES}
+    shared = {role: password(dirs["redis"] / f"{role}.password") for role in ROLES}
+    own = {role: password(dirs["redis"] / f"state-{role}.password") for role in ROLES}
     for instance, address, db in (("broker", broker, 0), ("cache", cache, 0), ("state", state, 0)):
         passwords = own if instance == "state" else shared
-        # The unauthenticated default user may PING only: health checks need no password.
-        acl = "user default on nopass -@all +ping\n" + "".join(
-            f"user {role} on >{pw} ~* &* +@all\n" for role, pw in passwords.items()
-        )
-        _write(dirs["redis"] / f"{instance}.acl", acl, 0o644)
+        _write(dirs["redis"] / f"{instance}.acl", redis_acl(passwords), 0o644)
         for role in ROLES:
-            url = f"redis://{role}:{passwords[role]}@{address}/{db}\n"
-            _write(dirs[role] / f"{instance}-url", url, 0o600)
+            _write(dirs[role] / f"{instance}-url", redis_url(role, passwords[role], address, db) + "\n", 0o600)
 
 
-def _password(path: Path) -> str:
+def redis_acl(passwords: Mapping[str, str]) -> str:
+    """A Redis ACL file: one user per name, with its password, allowed everything. The
+    unauthenticated default user may PING only: health checks need no password."""
+    return "user default on nopass -@all +ping\n" + "".join(
+        f"user {user} on >{pw} ~* &* +@all\n" for user, pw in passwords.items()
+    )
+
+
+def redis_url(user: str, pw: str, address: str, db: int) -> str:
+    """The URL of `redis_acl`'s `user` at "host:port", database `db`."""
+    return f"redis://{user}:{pw}@{address}/{db}"
+
+
+def password(path: Path) -> str:
+    """The random password kept in `path` (mode 0600), made the first time."""
     _write(path, secrets.token_urlsafe(24), 0o600)
     return path.read_text().strip()
 
