@@ -43,7 +43,7 @@ from cli import launch
 from cli.errors import CliError
 from cli.supervisor import ChildFailed, Supervisor
 from torchfarm.files import write_atomic
-from torchfarm.trust import trustfile
+from torchfarm.trust import provision, trustfile
 
 
 def add_up_parser(sub: argparse._SubParsersAction) -> None:
@@ -156,8 +156,6 @@ REDIS_USER = "farm"
 def _redis_acl(keys: Path) -> tuple[Path, str]:
     """The ACL file `up`'s Redis start with and its user's password (made on the first
     run and kept): the unauthenticated may only PING."""
-    from torchfarm.trust import provision
-
     password = provision.password(keys / "redis.password")
     acl = keys / "redis.acl"
     write_atomic(acl, provision.redis_acl({REDIS_USER: password}).encode(), 0o600)
@@ -240,8 +238,6 @@ class _Farm:
         self.redis_acl, self.redis_password = _redis_acl(layout.keys)
 
     def _url(self, port: int, db: int) -> str:
-        from torchfarm.trust import provision
-
         return provision.redis_url(REDIS_USER, self.redis_password, f"127.0.0.1:{port}", db)
 
     @property
