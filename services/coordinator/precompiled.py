@@ -78,7 +78,8 @@ def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes], ttl_
     """Stores the package, expiring after `ttl_s` (0: never). The blobs it creates are
     recorded with its charge, so they leave the cache when it is evicted. A package
     uploaded again under its key replaces the earlier one: the blobs that one created
-    and this one does not name leave now (else they stayed, charged to no one)."""
+    and this one does not name leave now (else they stayed, charged to no one); those
+    it names too stay its own only while no other entry has come to name them."""
     refs = list(manifest.blobs())
     existed = store.blobs.present(r.digest for r in refs)
     for ref in refs:
@@ -86,7 +87,7 @@ def store_upload(store: Store, manifest: Manifest, blobs: dict[str, bytes], ttl_
     earlier = store.ledger().created_blobs(manifest.key)
     named = {r.digest for r in refs}
     created = [r.digest for r, there in zip(refs, existed, strict=True) if not there]
-    created += [d for d in earlier if d in named and d not in created]
-    store.put_manifest(manifest, ttl_s=ttl_s, created_blobs=created)
+    kept = [d for d in earlier if d in named and d not in created]
+    store.put_manifest(manifest, ttl_s=ttl_s, created_blobs=created, kept_blobs=kept)
     storage.drop_owned_blobs(store, manifest.key, (d for d in earlier if d not in named))
     log.info("key=%s precompiled package stored (%d frames' backends)", keys.short(manifest.key), len(manifest.graphs))

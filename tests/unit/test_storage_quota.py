@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from localfarm.fakes import InProcessFarm
+from localfarm.memory_store import MemoryStore
 from services.coordinator.errors import CoordinatorError
 from services.coordinator.settings import CoordinatorSettings
 from tests.requests import RELU_QUEUE, relu_request
@@ -236,3 +237,43 @@ def test_a_blob_another_entry_names_outlives_the_package_that_stored_it_first():
         _put(farm, n)
     assert farm.store.tenant(ALICE.namespace).get_manifest("pc1-" + "b" * 64) is None
     assert _kept(farm, BOB, bobs)
+
+
+def test_a_package_uploaded_again_never_takes_back_a_blob_another_entry_came_to_name():
+    """A re-upload once claimed again every blob the upload it replaces had created,
+    though another tenant's artifact had come to name one since; the next re-upload,
+    without those bytes, then deleted them from under that artifact."""
+    farm = _farm(upload_bytes_per_minute=0)
+    shared = b"a kernel both compiles produce" * 1000
+    key = "pc1-" + "c" * 64
+    _put_bytes(farm, key, shared)
+    bobs = f"{8:064x}"
+    store = farm.store.tenant(BOB.namespace)
+    store.put_blob(blob_digest(shared), shared)
+    store.put_manifest(Manifest(key=bobs, fingerprint={}, payload=BlobRef(blob_digest(shared), len(shared)),
+                                tenant=BOB.namespace, kind=COMPILE, created=time.time()))
+    _put_bytes(farm, key, shared)  # unchanged: the blob stays bob's too
+    _put_bytes(farm, key, b"another payload" * 1000)
+    assert farm.store.get_blob(blob_digest(shared)) is not None
+    assert _kept(farm, BOB, bobs)
+
+
+def test_a_package_uploaded_again_unchanged_keeps_the_blobs_it_alone_names():
+    """What only the package names still leaves with it after an unchanged re-upload."""
+    farm = _farm(upload_bytes_per_minute=0)
+    first = b"bytes no one else stores" * 1000
+    key = "pc1-" + "d" * 64
+    _put_bytes(farm, key, first)
+    _put_bytes(farm, key, first)
+    _put_bytes(farm, key, b"another payload" * 1000)
+    assert farm.store.get_blob(blob_digest(first)) is None
+
+
+def test_a_claim_never_takes_a_blob_another_entry_owns():
+    """Two entries that both created a blob (each found it absent): neither owns it, so
+    neither one's eviction deletes what the other names."""
+    owners = MemoryStore.create().blob_owners()
+    owners.claim("alice/pc1-a", ["sha256:1"])
+    owners.claim("bob/pc1-b", ["sha256:1"])
+    assert owners.release("alice/pc1-a", ["sha256:1"]) == []
+    assert owners.release("bob/pc1-b", ["sha256:1"]) == []

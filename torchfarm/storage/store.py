@@ -296,17 +296,21 @@ class Store:
     def has_blobs(self, digests: Iterable[str]) -> bool:
         return all(self.blobs.present(digests))
 
-    def put_manifest(self, manifest: Manifest, ttl_s: int = 0, created_blobs: Iterable[str] = ()) -> None:
+    def put_manifest(
+        self, manifest: Manifest, ttl_s: int = 0, created_blobs: Iterable[str] = (), kept_blobs: Iterable[str] = (),
+    ) -> None:
         """Writes the manifest (expiring after `ttl_s`, 0: never) and charges it, with
         the blobs it names, to this namespace's stored bytes (torchfarm/storage/usage.py).
-        `created_blobs`: those its writer created, which leave the cache with it."""
+        `created_blobs`: those its writer created, which leave the cache with it;
+        `kept_blobs`: those an earlier write of this key created, which leave with it
+        only while no other entry has named them (`BlobOwners.claim`)."""
         data = manifest.to_json()
-        created = set(created_blobs)
+        created, kept = set(created_blobs), set(kept_blobs)
         owners = self.blob_owners()
-        owners.share(d for d in dict.fromkeys(b.digest for b in manifest.blobs()) if d not in created)
-        owners.claim(owners.owner(self.namespace, manifest.key), created)
+        owners.share(d for d in dict.fromkeys(b.digest for b in manifest.blobs()) if d not in created | kept)
+        owned = owners.claim(owners.owner(self.namespace, manifest.key), created, kept)
         self.c.set(self._j("artifact", manifest.key), data, ex=ttl_s or None)
-        self.ledger().charge(manifest.key, len(data) + manifest.total_bytes(), created)
+        self.ledger().charge(manifest.key, len(data) + manifest.total_bytes(), owned)
 
     def ledger(self) -> Ledger:
         """This namespace's stored entries and bytes, in the state Redis."""

@@ -13,8 +13,8 @@ keeps each namespace within its quota by evicting that namespace's own oldest en
 - `tf:uploaded:<ns>:<window>`: bytes uploaded in one rate window, expiring with it;
 - `tf:blobowner:<digest>`: the entry (`<ns>/<key>`) that created a blob which leaves the
   cache with it (`BlobOwners`). Blobs are content-addressed and shared: any later entry
-  that names the blob takes its owner away, so no entry's eviction deletes bytes another
-  entry, of any tenant, still names.
+  that names the blob takes its owner away, for good, so no entry's eviction deletes
+  bytes another entry, of any tenant, still names.
 
 The open farm's unnamed namespace is `-`. An entry whose manifest the cache lost (its
 expiry, Redis's own eviction, `torchfarm cache evict`) is dropped when found
@@ -138,6 +138,27 @@ return owned
 """
 """Gives up the blobs an entry still owns, in one step, and says which they were."""
 
+_CLAIM = """
+-- KEYS: owner keys, one per blob. ARGV: the owner, then per key 'c' (this write created
+-- the blob) or 'k' (an earlier write of this entry created it). Returns the indexes owned.
+local owned = {}
+for i, key in ipairs(KEYS) do
+  local now = redis.call('GET', key)
+  if now == ARGV[1] then
+    table.insert(owned, i - 1)
+  elseif not now and ARGV[i + 1] == 'c' then
+    redis.call('SET', key, ARGV[1])
+    table.insert(owned, i - 1)
+  elseif now then
+    redis.call('DEL', key)
+  end
+end
+return owned
+"""
+"""Takes the blobs an entry created, in one step: never one another entry owns (that
+entry and this one both name it: it is shared now), nor, of those an earlier write
+created, one whose owner was dropped since (another entry named it)."""
+
 
 class BlobOwners:
     """Which entry created each blob that leaves the cache with it. An entry owns the
@@ -148,16 +169,26 @@ class BlobOwners:
         self.r = state
         self.prefix = f"{prefix}:blobowner:"
         self._release = state.register_script(_RELEASE_OWNED)
+        self._claim = state.register_script(_CLAIM)
 
     @staticmethod
     def owner(namespace: str, key: str) -> str:
         return f"{namespace or '-'}/{key}"
 
-    def claim(self, owner: str, digests: Iterable[str]) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        for digest in digests:
-            pipe.set(self.prefix + digest, owner)
-        pipe.execute()
+    def claim(self, owner: str, created: Iterable[str], kept: Iterable[str] = ()) -> list[str]:
+        """Of the blobs this write `created` and those an earlier write of the same entry
+        created (`kept`), those `owner` owns now. A blob is owned by one entry or by
+        none: a record naming another entry is dropped, not taken, and a kept blob whose
+        record was dropped stays shared (a re-upload once took it back, and deleted it
+        from under the entry that had come to name it)."""
+        roles = {d: "k" for d in kept} | {d: "c" for d in created}
+        if not roles:
+            return []
+        digests = list(roles)
+        owned = cast("list[int]", self._claim(
+            keys=[self.prefix + d for d in digests], args=[owner, *roles.values()],
+        ))
+        return [digests[int(i)] for i in owned]
 
     def share(self, digests: Iterable[str]) -> None:
         """These blobs are named by more than the entry that created them: no eviction
