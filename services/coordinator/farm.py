@@ -39,6 +39,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
+from services.coordinator.ratelimit import FailureLimiter
 from services.coordinator.runner import Runner
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.celeryconf import make_celery
@@ -158,6 +159,9 @@ class Farm:
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
         self._known_queues = known_queues(settings.known_targets)
+        per_minute = settings.explain_misses_per_minute
+        self._explains = FailureLimiter(per_minute, per_minute / 60) if per_minute else None
+        """Each tenant's ExplainPrecompiledMiss calls: each costs a few ms of this process."""
 
     async def submit(
         self, request: farm_pb2.CompileRequest, size: int, tenant: Tenant = OPEN
@@ -493,6 +497,11 @@ class Farm:
     async def explain_precompiled(self, miss: farm_pb2.PrecompiledMiss, tenant: Tenant = OPEN) -> Explanation:
         """Why the caller's precompiled key missed, against its namespace's packages of the
         same model; counted by reason and kept for `torchfarm explain`."""
+        if self._explains is not None and not self._explains.take(tenant.name):
+            raise TenantQueueFull(
+                f"more than {self.settings.explain_misses_per_minute} precompiled misses to explain "
+                "in a minute: retry later", Reason.EXPLAIN_RATE,
+            )
         precompiled.check_key(miss.key, "precompiled miss refused")
         try:
             explanation = await self.runner.run(

@@ -10,6 +10,9 @@ bad tokens lock a valid tenant out (auth.py). That a right guess is admitted whi
 bucket is empty tells a guesser nothing it could use: it would have to guess right.
 Clients behind one NAT share an address's bucket; behind a trusted proxy the address
 is the client's the proxy forwards (proxies.py).
+
+The same buckets serve as a plain per-tenant call rate (`take`), where a call costs the
+coordinator more than its request does (farm.py's ExplainPrecompiledMiss).
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ class FailureLimiter:
     def allowed(self, peer: str) -> bool:
         """Whether the peer may make another attempt now (a failure left in its bucket)."""
         return peer not in self._buckets or self._level(peer) >= 1.0
+
+    def take(self, peer: str) -> bool:
+        """Takes one attempt out of the peer's bucket if one is left: whether it did. As a
+        plain call rate, each call takes one (farm.py's ExplainPrecompiledMiss)."""
+        if not self.allowed(peer):
+            return False
+        self.failed(peer)
+        return True
 
     def failed(self, peer: str) -> None:
         """Takes one failure out of the peer's bucket."""

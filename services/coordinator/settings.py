@@ -75,6 +75,10 @@ class CoordinatorSettings:
     upload_bytes_per_minute: int = 256 * 1024 * 1024
     """Bytes of precompiled packages one namespace may upload per minute (RESOURCE_EXHAUSTED,
     UPLOAD_RATE, past it); 0 turns the limit off."""
+    explain_misses_per_minute: int = 120
+    """ExplainPrecompiledMiss calls one tenant may make at once, and then per minute, on
+    one coordinator process (RESOURCE_EXHAUSTED, EXPLAIN_RATE, past it); 0 turns the
+    limit off."""
     precompiled_ttl_s: int = 7 * 24 * 3600
     """How long a precompiled package stays in the cache after its upload; the client
     uploads it again after a miss. 0: until it is evicted."""

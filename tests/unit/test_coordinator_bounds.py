@@ -12,11 +12,12 @@ import pytest
 from localfarm.fakes import InlineDispatcher, memory_store
 from services.coordinator import precompiled
 from services.coordinator.cache import MAX_FILTER_KEYS, CacheService, Filters
-from services.coordinator.errors import InvalidRequest
+from services.coordinator.errors import InvalidRequest, TenantQueueFull
 from services.coordinator.farm import Farm
 from services.coordinator.precompiled import MAX_MANIFEST_BYTES, check_upload
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.storage import explain
+from torchfarm.trust.tokens import Tenant
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire.codes import Reason
 from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
@@ -98,18 +99,14 @@ def test_a_precompiled_record_is_kept_bounded_and_an_explanation_reads_a_bounded
 def test_an_explanation_stops_reading_records_when_its_budget_is_spent(monkeypatch):
     store = memory_store()
     index = explain.MissIndex(store)
-    parts = explain.MAX_PARTS // 16  # records of about 130 KB: kept whole
     for i in range(explain.INDEX_SIZE):
-        record = _big_record(i)
-        del record.parts[parts:]
-        index.remember_precompiled(explain.check_precompiled(record, f"pc1-{i:064x}"))
-    monkeypatch.setattr(explain, "READ_BUDGET_BYTES", 1 << 20)
+        index.remember_precompiled(explain.check_precompiled(_big_record(i), f"pc1-{i:064x}"))
+    record_bytes = max(store.c.strlen(name) for name in store.c.scan_iter(match="tf:explain:*"))
+    monkeypatch.setattr(explain, "READ_BUDGET_BYTES", 4 * record_bytes)
     counting = _CountingReads(store.c)
     store.c = counting
     index.explain_precompiled(_big_record(999), "pc1-" + "f" * 64)
-    record_bytes = max(store.c.strlen(name) for name in store.c.scan_iter(match="tf:explain:*"))
-    assert 100_000 < record_bytes <= explain.MAX_RECORD_BYTES
-    assert counting.read <= (1 << 20) + record_bytes
+    assert 4 * record_bytes <= counting.read <= 5 * record_bytes
 
 
 @pytest.mark.parametrize("key", ["pc1-*", "pc1-a:b", "pc1-" + "A" * 64, "pc1-x\n", "pc1-" + "a" * 125])
@@ -122,3 +119,70 @@ def test_a_precompiled_key_is_a_name_the_farm_can_use_as_a_redis_key(key):
 
 def test_a_precompiled_key_the_sdk_makes_passes():
     precompiled.check_key("pc1-" + "0f" * 32, "refused")
+
+
+class _CountingAllReads(_CountingReads):
+    """Counts every miss record's bytes read, its parts' included."""
+
+    def get(self, name):
+        data = self.client.get(name)
+        if data is not None and b":explain" in (name if isinstance(name, bytes) else name.encode()):
+            self.read += len(data)
+        return data
+
+
+def test_a_precompiled_explanation_parses_only_the_parts_of_the_closest_package():
+    """One small miss made the coordinator read and parse every record of the model's
+    index, up to 8 MiB of JSON (some 50 ms, holding the loop's thread); the ranking
+    needs only the components, and the detail only the closest record's parts."""
+    store = memory_store()
+    index = explain.MissIndex(store)
+    for i in range(explain.INDEX_SIZE):
+        record = _big_record(i)
+        del record.parts[explain.MAX_PARTS // 16:]  # about 130 KB each: kept whole
+        record.parts.add(component="model_code", name="m.Net.forward", value=f"{i}")
+        index.remember_precompiled(explain.check_precompiled(record, f"pc1-{i:064x}"))
+    counting = _CountingAllReads(store.c)
+    store.c = counting
+    mine = _big_record(7)
+    del mine.parts[:]
+    mine.parts.add(component="model_code", name="m.Net.forward", value="7")
+    mine.components["parameters"] = "changed"
+    found = index.explain_precompiled(mine, "pc1-" + "f" * 64)
+    assert (found.reason, found.closest_key) == ("parameters", f"pc1-{7:064x}")
+    assert "p0" in found.detail  # the closest record's parts still name the part
+    assert counting.read <= explain.MAX_RECORD_BYTES + explain.INDEX_SIZE * 4096
+
+
+def _miss(key: str) -> farm_pb2.PrecompiledMiss:
+    return farm_pb2.PrecompiledMiss(key=key, record=farm_pb2.PrecompiledRecord(
+        model="other.Model", components={"model_code": "x"},
+        parts=[farm_pb2.PrecompiledPart(component="model_code", name="N" * 256, value="V" * 256)],
+    ))
+
+
+def test_a_tenants_precompiled_miss_explanations_kept_are_bounded():
+    """Each ExplainPrecompiledMiss kept a 30-day explanation of any key the caller made
+    up, charged to no quota, in the cache whose LRU then evicted other tenants' entries
+    for it; a namespace keeps its newest ones only."""
+    store = memory_store()
+    farm = Farm(CoordinatorSettings(explain_misses_per_minute=0), store, InlineDispatcher())
+    mallory = Tenant("mallory", "mallory")
+    calls = explain.MAX_PRECOMPILED_WHYS + 40
+    for i in range(calls):
+        asyncio.run(farm.explain_precompiled(_miss(f"pc1-{i:064x}"), mallory))
+    kept = list(store.c.scan_iter(match="tf:why:mallory:*"))
+    assert len(kept) == explain.MAX_PRECOMPILED_WHYS
+    assert explain.MissIndex(store.tenant("mallory")).last(f"pc1-{calls - 1:064x}") is not None
+    assert explain.MissIndex(store.tenant("mallory")).last(f"pc1-{0:064x}") is None
+
+
+def test_precompiled_miss_explanations_have_a_rate_per_tenant():
+    farm = Farm(CoordinatorSettings(explain_misses_per_minute=5), memory_store(), InlineDispatcher())
+    mallory, bob = Tenant("mallory", "mallory"), Tenant("bob", "bob")
+    for i in range(5):
+        asyncio.run(farm.explain_precompiled(_miss(f"pc1-{i:064x}"), mallory))
+    with pytest.raises(TenantQueueFull) as refused:
+        asyncio.run(farm.explain_precompiled(_miss(f"pc1-{9:064x}"), mallory))
+    assert refused.value.reason == Reason.EXPLAIN_RATE
+    assert asyncio.run(farm.explain_precompiled(_miss(f"pc1-{9:064x}"), bob)).reason == "new"

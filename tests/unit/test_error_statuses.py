@@ -119,7 +119,9 @@ def test_a_failed_kernel_job_is_not_retried(served):
     assert error.__cause__.code() == grpc.StatusCode.ABORTED and calls == 1
 
 
-@pytest.mark.parametrize("reason", [Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.TENANT_QUEUE_FULL])
+@pytest.mark.parametrize(
+    "reason", [Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.TENANT_QUEUE_FULL, Reason.EXPLAIN_RATE],
+)
 def test_a_tenants_quota_or_rate_is_quota_exceeded_not_too_large(served, reason):
     error, calls = _submit(served, errors.StorageFull("over the quota", reason))
     assert isinstance(error, QuotaExceeded) and error.code == reason and calls == 1

@@ -23,8 +23,11 @@ The records are the client's word, so they are bounded (`check_precompiled`) and
 only as explanations.
 
 Torch-free, like the key. Redis entries (tenant-scoped like every per-key entry):
-`tf:explain:<key>` (the record, JSON), `tf:explainidx:<ns>:<identity>` (a sorted set of
-keys by time, the newest `INDEX_SIZE`), `tf:why:<key>` (the last explanation of a miss).
+`tf:explain:<key>` (the record, JSON), `tf:explainparts:<key>` (a precompiled record's
+parts, read for the closest record only), `tf:explainidx:<ns>:<identity>` (a sorted set of
+keys by time, the newest `INDEX_SIZE`), `tf:why:<key>` (the last explanation of a miss)
+and `tf:whyidx:<ns>` (the namespace's precompiled misses kept, the newest
+`MAX_PRECOMPILED_WHYS`).
 """
 
 from __future__ import annotations
@@ -78,7 +81,12 @@ so a miss names the component that differs but not the part."""
 
 READ_BUDGET_BYTES = 8 * 1024 * 1024
 """Record bytes one explanation reads at most: it compares the newest records of its
-identities until this is spent."""
+identities until this is spent. A precompiled record is read without its parts (some
+3 KiB), and only the closest one's parts are read."""
+
+MAX_PRECOMPILED_WHYS = 256
+"""Explanations of precompiled misses one namespace keeps, its newest: a precompiled
+key is the client's word, so without this each call could keep one more, uncharged."""
 
 
 def digest(value: Any) -> str:
@@ -276,10 +284,10 @@ class MissIndex:
 
     def remember_precompiled(self, record: Record) -> None:
         """Records an uploaded package's components (`check_precompiled`'s) under its model,
-        without its parts where they would pass MAX_RECORD_BYTES."""
-        if len(record.to_json()) > MAX_RECORD_BYTES:
-            record = dataclasses.replace(record, parts=[])
-        self._remember(record, [_precompiled_identity(record)])
+        its parts apart (none where they would pass MAX_RECORD_BYTES): an explanation
+        ranks every record of the model by its components, and reads the closest's parts."""
+        parts = json.dumps(record.parts, separators=(",", ":")) if len(record.to_json()) <= MAX_RECORD_BYTES else ""
+        self._remember(dataclasses.replace(record, parts=[]), [_precompiled_identity(record)], parts)
 
     def explain(self, request: farm_pb2.CompileRequest, key: str) -> Explanation:
         """Why `key` missed: compared with the closest record of its structure or model."""
@@ -289,11 +297,16 @@ class MissIndex:
     def explain_precompiled(self, record: farm_pb2.PrecompiledRecord, key: str) -> Explanation:
         """Why the precompiled `key` missed: compared with the closest package of its model."""
         mine = check_precompiled(record, key)
-        return self._closest(mine, [_precompiled_identity(mine)], PRECOMPILED_COMPONENTS)
+        return self._closest(mine, [_precompiled_identity(mine)], PRECOMPILED_COMPONENTS, kept=MAX_PRECOMPILED_WHYS)
 
-    def _remember(self, record: Record, found_under: list[str]) -> None:
+    def _remember(self, record: Record, found_under: list[str], parts: str | None = None) -> None:
+        """`parts`: a precompiled record's, kept apart ("": none, an earlier upload's dropped)."""
         pipe = self.store.c.pipeline(transaction=False)
         pipe.set(self.store._j("explain", record.key), record.to_json(), ex=RECORD_TTL_S)
+        if parts:
+            pipe.set(self.store._j("explainparts", record.key), parts, ex=RECORD_TTL_S)
+        elif parts is not None:
+            pipe.delete(self.store._j("explainparts", record.key))
         for identity in found_under:
             index = self._index(identity)
             pipe.zadd(index, {record.key: record.created})
@@ -301,14 +314,16 @@ class MissIndex:
             pipe.expire(index, RECORD_TTL_S)
         pipe.execute()
 
-    def _closest(self, mine: Record, found_under: list[str], order: tuple[str, ...]) -> Explanation:
+    def _closest(self, mine: Record, found_under: list[str], order: tuple[str, ...], kept: int = 0) -> Explanation:
+        """`kept`: how many of the namespace's explanations of this kind to keep (0: each
+        lives its TTL; a compile's are bounded by its job quota)."""
         key = mine.key
         if self.store.c.exists(self.store._j("explain", key)):
             result = Explanation("evicted", key, (
                 "this very key was stored before; its artifact left the cache "
                 "(evicted, expired or refused)"
             ))
-            self._keep(key, result)
+            self._keep(key, result, kept)
             return result
         seen: list[str] = []
         for identity in found_under:
@@ -318,7 +333,7 @@ class MissIndex:
                 other_key = other.decode()
                 if other_key != key and other_key not in seen:
                     seen.append(other_key)
-        best: Explanation | None = None
+        best: tuple[Explanation, Record] | None = None
         budget = READ_BUDGET_BYTES
         for other_key in seen:
             if budget <= 0:
@@ -327,15 +342,34 @@ class MissIndex:
             if data is None:
                 continue
             budget -= len(data)
-            found = compare(mine, Record.from_json(data), order)
-            if best is None or len(found.differs) < len(best.differs):
-                best = found
-        result = best or Explanation("new", "", "no artifact of this graph or model on the farm yet")
-        self._keep(key, result)
+            theirs = Record.from_json(data)
+            found = compare(mine, theirs, order)
+            if best is None or len(found.differs) < len(best[0].differs):
+                best = found, theirs
+        if best is not None and mine.parts and not best[1].parts:
+            parts = self.store.c.get(self.store._j("explainparts", best[1].key))
+            if parts is not None:
+                best = compare(mine, dataclasses.replace(best[1], parts=list(json.loads(parts))), order), best[1]
+        result = best[0] if best else Explanation("new", "", "no artifact of this graph or model on the farm yet")
+        self._keep(key, result, kept)
         return result
 
-    def _keep(self, key: str, result: Explanation) -> None:
-        self.store.c.set(self.store._j("why", key), json.dumps(asdict(result)), ex=RECORD_TTL_S)
+    def _keep(self, key: str, result: Explanation, kept: int = 0) -> None:
+        pipe = self.store.c.pipeline(transaction=False)
+        pipe.set(self.store._j("why", key), json.dumps(asdict(result)), ex=RECORD_TTL_S)
+        if not kept:
+            pipe.execute()
+            return
+        index = self.store._k("whyidx", self.store.namespace or "-")
+        pipe.zadd(index, {key: time.time()})
+        pipe.expire(index, RECORD_TTL_S)
+        pipe.zrange(index, 0, -kept - 1)
+        # The store's client never decodes replies: bytes, whatever redis-py's types say.
+        older = [k.decode() for k in cast("list[bytes]", pipe.execute()[-1])]
+        if older:
+            pipe.delete(*(self.store._j("why", k) for k in older))
+            pipe.zrem(index, *older)
+            pipe.execute()
 
     def last(self, key: str) -> Explanation | None:
         """The explanation of `key`'s last miss, if the farm still has it."""

@@ -232,6 +232,7 @@ class Failure(_message.Message):
         BUILD_NOT_SERVED: _ClassVar[Failure.Reason]
         STORAGE_QUOTA: _ClassVar[Failure.Reason]
         UPLOAD_RATE: _ClassVar[Failure.Reason]
+        EXPLAIN_RATE: _ClassVar[Failure.Reason]
     REASON_UNSPECIFIED: Failure.Reason
     INTERNAL: Failure.Reason
     INVALID_REQUEST: Failure.Reason
@@ -261,6 +262,7 @@ class Failure(_message.Message):
     BUILD_NOT_SERVED: Failure.Reason
     STORAGE_QUOTA: Failure.Reason
     UPLOAD_RATE: Failure.Reason
+    EXPLAIN_RATE: Failure.Reason
     def __init__(self) -> None: ...
 
 class ArtifactRejection(_message.Message):

@@ -89,6 +89,7 @@ class Reason(_ProtoEnum):
     BUILD_NOT_SERVED = "BUILD_NOT_SERVED"
     STORAGE_QUOTA = "STORAGE_QUOTA"
     UPLOAD_RATE = "UPLOAD_RATE"
+    EXPLAIN_RATE = "EXPLAIN_RATE"
 
 
 class Stage(_ProtoEnum):
@@ -231,6 +232,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     # The package is not stored; the client runs its frames the normal way.
     Reason.STORAGE_QUOTA: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
     Reason.UPLOAD_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
+    # The SDK names no reason for that miss; the package is uploaded as ever.
+    Reason.EXPLAIN_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
 }
 """Every refusal's status and meaning for the client."""
 
