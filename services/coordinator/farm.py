@@ -11,7 +11,8 @@ Every call names its tenant (torchfarm/trust/tokens.py); all it reads and writes
 `Store.tenant(namespace)`, so a tenant can neither see nor fetch another's jobs.
 
 Redis and Celery clients are synchronous; their calls go through a `Runner`
-(runner.py), so the asyncio loop that serves gRPC never blocks on them.
+(runner.py), so the asyncio loop that serves gRPC never blocks on them, nor on
+checking a request's graph.
 """
 
 from __future__ import annotations
@@ -171,6 +172,19 @@ class Farm:
                 f"request is {size} bytes; the farm accepts at most "
                 f"{self.settings.max_request_bytes}"
             )
+        queue, key = await self.runner.compute(self._checked, request, tenant.namespace)
+        result = await self.runner.run(self._submit_sync, key, queue, request, tenant)
+        metrics.REQUESTS.labels(outcome=_outcome(result)).inc()
+        log.info(
+            "submit key=%s queue=%s state=%s hit=%s dedup=%s label=%s",
+            keys.short(key), queue, result.state, result.cache_hit, result.deduplicated,
+            request.label,
+        )
+        return result
+
+    def _checked(self, request: farm_pb2.CompileRequest, namespace: str) -> tuple[str, str]:
+        """The queue and key of a well-formed request; InvalidRequest otherwise. Pure
+        Python over the whole graph, so `submit` runs it off the loop (runner.py)."""
         try:
             labels.check_label(request.label)
             queue = routing.queue_for(request.target, build=builds.digest(builds.of_request(request)))
@@ -191,15 +205,7 @@ class Farm:
         except GraphError as e:
             metrics.REQUESTS.labels(outcome="invalid").inc()
             raise InvalidRequest(str(e), _graph_reason(e)) from e
-        key = keys.compute_key(request, tenant.namespace)
-        result = await self.runner.run(self._submit_sync, key, queue, request, tenant)
-        metrics.REQUESTS.labels(outcome=_outcome(result)).inc()
-        log.info(
-            "submit key=%s queue=%s state=%s hit=%s dedup=%s label=%s",
-            keys.short(key), queue, result.state, result.cache_hit, result.deduplicated,
-            request.label,
-        )
-        return result
+        return queue, keys.compute_key(request, namespace)
 
     def _submit_sync(
         self, key: str, queue: str, request: farm_pb2.CompileRequest, tenant: Tenant = OPEN
@@ -483,7 +489,9 @@ class Farm:
     async def put_precompiled(self, upload: farm_pb2.PrecompiledUpload, tenant: Tenant = OPEN) -> str:
         """Stores a client's precompiled package in its namespace, unread
         (services/coordinator/precompiled.py); returns its key."""
-        manifest, blobs, record = precompiled.check_upload(upload, tenant.namespace, self.settings.max_request_bytes)
+        manifest, blobs, record = await self.runner.compute(
+            precompiled.check_upload, upload, tenant.namespace, self.settings.max_request_bytes
+        )
         store = self.store.tenant(tenant.namespace)
         await self.runner.run(storage.admit_upload, store, self.settings, upload.ByteSize())
         await self.runner.run(precompiled.store_upload, store, manifest, blobs, self.settings.precompiled_ttl_s)

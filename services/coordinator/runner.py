@@ -6,12 +6,18 @@ by `Farm`, `KernelService` and `CacheService`: it runs the call in a worker thre
 the loop that serves gRPC never blocks, and turns a backend's failure (Redis, the
 broker, the network) into `BackendUnavailable`, which the servicer answers with
 UNAVAILABLE and the SDK retries.
+
+The CPU-bound checks of a request (a graph's validation and key, an upload's digests, a
+kernel's source) go through `Runner.compute`, on threads of their own: on the loop, one
+tenant's large graph stalled every tenant's calls for seconds, and on the store calls'
+threads a few of them would keep those calls waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import redis
@@ -24,9 +30,16 @@ T = TypeVar("T")
 BACKEND_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OperationalError, OSError)
 """What a store or broker call raises when its backend is down or unreachable."""
 
+CHECK_THREADS = 2
+"""Threads checking requests. Pure Python holds the GIL, so more would not check faster;
+the loop still gets it every few milliseconds (sys.getswitchinterval)."""
+
 
 class Runner:
-    """Runs blocking store and broker calls off the event loop."""
+    """Runs blocking store and broker calls, and requests' checks, off the event loop."""
+
+    def __init__(self, check_threads: int = CHECK_THREADS) -> None:
+        self._checks = ThreadPoolExecutor(check_threads, thread_name_prefix="check")
 
     async def run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` in a worker thread; BackendUnavailable if its backend failed."""
@@ -34,3 +47,8 @@ class Runner:
             return await asyncio.to_thread(fn, *args)
         except BACKEND_ERRORS as e:
             raise BackendUnavailable(f"farm backend unavailable: {e}") from e
+
+    async def compute(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, CPU-bound work on a request, in a check thread; its errors (the
+        request's refusals) reach the caller unchanged."""
+        return await asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)

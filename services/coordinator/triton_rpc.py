@@ -39,7 +39,7 @@ from torchfarm.v1 import farm_pb2
 from torchfarm.wire import keys, labels, routing
 from torchfarm.wire.codes import JobError, Reason
 from torchfarm.wire.manifest import Manifest
-from torchfarm.wire.targets import TargetError
+from torchfarm.wire.targets import Target, TargetError
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +83,10 @@ class KernelService:
             raise RequestTooLarge(
                 f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
             )
-        try:
-            labels.check_label(request.label)
-            target = routing.target_of(request.target, "a kernel compile")
-            queue = routing.queue_name(target, routing.KERNEL)
-            checked = triton_check.check_kernel_source(request.source, request.name)
-            triton_check.check_signature(request, checked)
-            triton_check.check_options(request.options)
-        except labels.BadLabel as e:
-            raise InvalidRequest(str(e), reason=Reason.INVALID_REQUEST) from e
-        except (TargetError, triton_check.KernelRejected) as e:
-            raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
+        target, queue = await self.runner.compute(_checked, request)
         workers = await self.runner.run(self.farm.store.live_workers)
         request = _with_triton_version(request, str(target), workers)
-        key = keys.compute_kernel_key(request, namespace)
+        key = await self.runner.compute(keys.compute_kernel_key, request, namespace)
         store = self.farm.store.tenant(namespace)
         manifest = await self.runner.run(self._start, store, key, queue, request, tenant)
         hit = manifest is not None
@@ -234,3 +224,20 @@ def _kernel_triton(worker: dict[str, Any]) -> str:
 
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.+-]", version))
+
+
+def _checked(request: farm_pb2.KernelRequest) -> tuple[Target, str]:
+    """The target and queue of a well-formed kernel request; InvalidRequest otherwise.
+    Reading up to 256 KiB of source is pure Python: `compile` runs it off the loop."""
+    try:
+        labels.check_label(request.label)
+        target = routing.target_of(request.target, "a kernel compile")
+        queue = routing.queue_name(target, routing.KERNEL)
+        checked = triton_check.check_kernel_source(request.source, request.name)
+        triton_check.check_signature(request, checked)
+        triton_check.check_options(request.options)
+    except labels.BadLabel as e:
+        raise InvalidRequest(str(e), reason=Reason.INVALID_REQUEST) from e
+    except (TargetError, triton_check.KernelRejected) as e:
+        raise InvalidRequest(str(e), reason=Reason.INVALID_KERNEL) from e
+    return target, queue

@@ -4,6 +4,8 @@ decodes) and the worker's propagation must both refuse them (torchfarm/graph/gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from torchfarm.graph import graphbounds
@@ -258,3 +260,47 @@ def test_small_integer_products_still_decode():
 
     g = graph(size_node(), Node(name="p", op=Node.CALL_FUNCTION, target="math.prod", args=[Arg(node="size")]))
     decode_graph(g)
+
+
+# Parsing size expressions is pure Python: each one is bounded, and so is the graph's sum.
+
+
+def _strided(count: int, stride: Callable[[int], str]) -> graph_pb2.Graph:
+    """`count` rank-16 placeholders of size 1, their strides `stride(0)`, `stride(1)`, ..."""
+    g = graph(symbols=(graph_pb2.Symbol(name="s0", hint=2, min=2),))
+    for p in range(count):
+        tensor = meta([("1", 1)] * 16)
+        for d in range(16):
+            tensor.stride[d].expr = stride(p * 16 + d)
+        g.nodes.insert(1 + p, Node(name=f"p{p}", op=Node.PLACEHOLDER, target=f"L_p{p}_", tensor=tensor))
+    return g
+
+
+def _deep(i: int) -> str:
+    return "(" * 30 + f"s0 + {i}" + ")" * 30
+
+
+def test_the_distinct_size_expressions_of_a_graph_are_bounded_together():
+    """Each expression within its own bounds, 4,000 distinct ones over 256 KiB: seconds of
+    parsing, refused before it is spent."""
+    g = _strided(250, _deep)
+    with pytest.raises(GraphTooLarge, match="max_expr_text"):
+        validate_graph(g)
+
+
+def test_a_repeated_size_expression_is_parsed_once(monkeypatch):
+    """Real graphs repeat the same few expressions: the same 4,000 strides all alike cost
+    one parse, and fit the bound however often they recur."""
+    from torchfarm.graph import graphcheck
+
+    parsed: list[str] = []
+    original = graphcheck.parse_sym_expr
+
+    def counting(text, symbols, limits):
+        parsed.append(text)
+        return original(text, symbols, limits)
+
+    monkeypatch.setattr(graphcheck, "parse_sym_expr", counting)
+    validate_graph(_strided(250, lambda i: _deep(7)))
+    assert sorted(set(parsed)) == sorted(parsed)
+    assert _deep(7) in parsed

@@ -48,6 +48,7 @@ def test_any_other_error_is_left_as_it_is():
 
 class _Counting(Runner):
     def __init__(self) -> None:
+        super().__init__()
         self.calls: list[str] = []
 
     async def run(self, fn, *args):
@@ -84,3 +85,78 @@ def test_a_store_outage_reaches_the_client_as_unavailable(monkeypatch):
     with pytest.raises(FarmUnavailable, match="connection refused") as raised:
         farm.client(run_jobs=False).submit(relu_request())
     assert raised.value.code == "BACKEND_UNAVAILABLE"
+
+
+class _Threads:
+    """Spies on CPU-bound checks: the thread each ran in, then the check itself."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.ran: dict[str, int] = {}
+
+    def spy(self, module, name: str) -> None:
+        original = getattr(module, name)
+
+        def spied(*args, **kwargs):
+            self.ran[name] = threading.get_ident()
+            return original(*args, **kwargs)
+
+        self.monkeypatch.setattr(module, name, spied)
+
+    def off(self, call) -> tuple[int, BaseException | None]:
+        """The event loop's thread, and what `call()` (a coroutine) raised."""
+        async def main() -> tuple[int, BaseException | None]:
+            try:
+                await call()
+            except Exception as e:  # the checks' outcome is not what this tests
+                return threading.get_ident(), e
+            return threading.get_ident(), None
+
+        return asyncio.run(main())
+
+
+def test_a_submits_validation_and_key_run_off_the_event_loop(monkeypatch):
+    """A graph's validation is pure Python and may take a while: on the loop, it would
+    stall every other tenant's calls."""
+    from torchfarm.graph import graphcheck
+    from torchfarm.wire import keys, options
+
+    spies = _Threads(monkeypatch)
+    spies.spy(graphcheck, "validate_graph")
+    spies.spy(options, "check_options")
+    spies.spy(keys, "compute_key")
+    farm = Farm(CoordinatorSettings(), memory_store(), InlineDispatcher())
+    loop, _ = spies.off(lambda: farm.submit(relu_request(), 0))
+    assert set(spies.ran) == {"validate_graph", "check_options", "compute_key"}
+    assert loop not in spies.ran.values()
+
+
+def test_a_refused_graph_is_refused_as_before_off_the_loop():
+    from services.coordinator.errors import InvalidRequest
+    from torchfarm.wire.codes import Reason
+
+    request = relu_request()
+    request.graph.nodes[1].target = "os.system"
+    farm = Farm(CoordinatorSettings(), memory_store(), InlineDispatcher())
+    with pytest.raises(InvalidRequest) as refused:
+        asyncio.run(farm.submit(request, 0))
+    assert refused.value.reason == Reason.DISALLOWED_OP
+
+
+def test_an_uploads_and_a_kernels_checks_run_off_the_event_loop(monkeypatch):
+    from services.coordinator import precompiled
+    from services.coordinator.triton_rpc import KernelService
+    from torchfarm.kernels import triton_check
+    from torchfarm.v1 import farm_pb2
+
+    spies = _Threads(monkeypatch)
+    spies.spy(precompiled, "check_upload")
+    spies.spy(triton_check, "check_kernel_source")
+    farm = Farm(CoordinatorSettings(), memory_store(), InlineDispatcher())
+    loop, _ = spies.off(lambda: farm.put_precompiled(farm_pb2.PrecompiledUpload(manifest=b"{}")))
+    kernels = KernelService(farm, farm.runner)
+    request = farm_pb2.KernelRequest(source="@triton.jit\ndef k(x):\n    pass\n", name="k",
+                                     target=farm_pb2.Target(device="cuda", arch="sm_90"))
+    _, refused = spies.off(lambda: kernels.compile(request, 0))
+    assert set(spies.ran) == {"check_upload", "check_kernel_source"}
+    assert loop not in spies.ran.values()

@@ -67,6 +67,9 @@ class GraphLimits:
     """Declared symbols (dynamic sizes)."""
     max_expr_chars: int = 4_096
     """Characters in one symbolic size expression."""
+    max_expr_text: int = 1 << 18
+    """Characters of all the distinct size expressions of the graph and its subgraphs: the
+    parsing it costs (a repeated expression is parsed once)."""
     max_name_chars: int = 1_024
     """Characters in a node, placeholder, constant, symbol or keyword name."""
     max_placeholder_elements: int = 1 << 32
@@ -319,6 +322,17 @@ def parse_sym_expr(text: str, symbols: Container[str], limits: GraphLimits) -> S
 
 
 @dataclass
+class _Parsed:
+    """A size expression as one validation parsed it, and its value at the symbols' hints
+    once asked: symbols are only ever added and never change their hints, so both hold
+    wherever the same text recurs."""
+
+    tree: SymAst
+    has_symbol: bool
+    at_hints: int | None = None
+
+
+@dataclass
 class _Totals:
     """What the outermost graph and all its subgraphs share: symbols, process groups,
     and the counts bounded over the whole tree."""
@@ -339,6 +353,11 @@ class _Totals:
     traced: int = 0
     """Nodes the worker's fake propagation runs: each graph's own, and a body's again
     at every higher-order call of it, recursively."""
+    parsed: dict[str, _Parsed] = field(default_factory=dict)
+    """Each distinct size expression, by its text: real graphs repeat a few of them
+    thousands of times, and the parser is pure Python."""
+    expr_text: int = 0
+    """Characters of the distinct size expressions parsed (`GraphLimits.max_expr_text`)."""
 
 
 class _Checker:
@@ -541,9 +560,32 @@ class _Checker:
         if not -1 <= dev.index < MAX_DEVICE_INDEX:
             raise MalformedGraph(f"{where}: bad device index {dev.index}")
 
+    def parsed(self, text: str) -> _Parsed:
+        """`text` parsed once per validation; the distinct texts' total is bounded, so a
+        graph cannot buy seconds of parsing with expressions each within its own bounds."""
+        found = self.totals.parsed.get(text)
+        if found is None:
+            self.totals.expr_text += len(text)
+            if self.totals.expr_text > self.limits.max_expr_text:
+                raise GraphTooLarge(
+                    f"distinct size expressions exceed {self.limits.max_expr_text} characters "
+                    "together (max_expr_text)"
+                )
+            tree = parse_sym_expr(text, self.symbols, self.limits)
+            found = self.totals.parsed[text] = _Parsed(tree, _has_symbol(tree))
+        return found
+
+    def at_hints(self, text: str) -> int:
+        """The value of an expression `sym_expr` checked, its symbols at their hints."""
+        found = self.totals.parsed[text]
+        if found.at_hints is None:
+            found.at_hints = graphbounds.evaluate(found.tree, self.hints)
+        return found.at_hints
+
     def sym_expr(self, expr: graph_pb2.SymExpr, where: str, size: bool) -> SymAst:
-        tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
-        if not _has_symbol(tree) and tree[0] != "int":
+        parsed = self.parsed(expr.expr)
+        tree = parsed.tree
+        if not parsed.has_symbol and tree[0] != "int":
             # sympy folds constants, so "3 - 5" or "-2" never come from a real graph.
             raise MalformedGraph(f"{where}: constant size {expr.expr!r} is not a plain integer")
         if size and (expr.hint < 0 or (tree[0] == "int" and tree[1] != expr.hint)):
@@ -706,8 +748,9 @@ class _Checker:
             raise GraphTooLarge(
                 f"{where} has rank {len(meta.shape)}, more than {self.limits.max_rank}"
             )
-        trees = [self.sym_expr(size, where, size=True) for size in (*meta.shape, *meta.stride)]
-        dims = tuple(max(0, graphbounds.evaluate(tree, self.hints)) for tree in trees[: len(meta.shape)])
+        for expr in (*meta.shape, *meta.stride):
+            self.sym_expr(expr, where, size=True)
+        dims = tuple(max(0, self.at_hints(expr.expr)) for expr in meta.shape)
         self.sequences.shapes[node.name] = dims
         numel = 1
         for size in dims:
