@@ -304,3 +304,25 @@ def test_a_repeated_size_expression_is_parsed_once(monkeypatch):
     validate_graph(_strided(250, lambda i: _deep(7)))
     assert sorted(set(parsed)) == sorted(parsed)
     assert _deep(7) in parsed
+
+
+def test_the_worker_parses_a_repeated_size_expression_once(monkeypatch):
+    """The worker decodes what the coordinator admitted: 64 strides alike cost one parse
+    (and one sympy expression), not one each."""
+    from torchfarm.fx import decode
+
+    parsed: list[str] = []
+    original = decode.parse_sym_expr
+
+    def counting(text, symbols, limits):
+        parsed.append(text)
+        return original(text, symbols, limits)
+
+    monkeypatch.setattr(decode, "parse_sym_expr", counting)
+    g = _strided(4, lambda i: "(((s0 + 7)))")
+    g.nodes.pop(0)  # the [2, 3] placeholder: only the strided ones, and relu of the first
+    g.nodes[-1].args[0].tuple.items[0].node = "p0"
+    decoded = decode.decode_graph(g)
+    assert decoded is not None
+    assert sorted(set(parsed)) == sorted(parsed)
+    assert "(((s0 + 7)))" in parsed

@@ -395,6 +395,9 @@ class _Decoder:
         self.bound = bound
         """Set when the graph's symbols are an existing ShapeEnv's: name → expression."""
         self.symbols: dict[str, sympy.Expr] = {}
+        self.sizes: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}
+        """Each size expression's value and hint, by its text: graphs repeat a few of them
+        thousands of times, and parsing and sympy are slow (symbols never change)."""
         self.env: dict[str, torch.fx.Node] = {}
         self.children: list[tuple[torch.fx.GraphModule, list[Any], _Decoder]] = []
         self.meshes: list[Any] = []
@@ -416,11 +419,15 @@ class _Decoder:
         self.symbols[sym.name] = expr
 
     def size(self, expr: graph_pb2.SymExpr) -> int | torch.SymInt:
-        tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
-        value = _sympy(tree, self.symbols)
-        hint = value.xreplace(self.shape_env.backed_var_to_val)
-        if not hint.is_Integer:
-            raise MalformedGraph(f"size {expr.expr!r} is not an integer")
+        found = self.sizes.get(expr.expr)
+        if found is None:
+            tree = parse_sym_expr(expr.expr, self.symbols, self.limits)
+            value = _sympy(tree, self.symbols)
+            hint = value.xreplace(self.shape_env.backed_var_to_val)
+            if not hint.is_Integer:
+                raise MalformedGraph(f"size {expr.expr!r} is not an integer")
+            found = self.sizes[expr.expr] = (value, hint)
+        value, hint = found
         if value.is_number:
             return int(value)
         return self.shape_env.create_symintnode(value, hint=int(hint))
