@@ -133,6 +133,7 @@ def _map_error(e: grpc.RpcError, what: str, key: str = "") -> FarmError:
 _QUOTAS = frozenset({
     Reason.TENANT_QUEUE_FULL, Reason.AUTH_THROTTLED, Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.WATCH_LIMIT,
     Reason.EXPLAIN_RATE,
+    Reason.FETCH_LIMIT,
 })
 """RESOURCE_EXHAUSTED reasons that are a tenant's quota or rate, not the request's size."""
 
@@ -455,7 +456,20 @@ class StubClient:
             return None
 
     def _stream(self, key: str, direct: bool) -> tuple[bytes, dict[str, bytes], list[Link]]:
-        """The FetchArtifact stream: the manifest, streamed blobs, and any direct links."""
+        """The FetchArtifact stream: the manifest, streamed blobs, and any direct links. A
+        fetch refused because this tenant has its most fetches open (FETCH_LIMIT: other
+        graphs, other processes) is tried again each second, until fetch_timeout_s."""
+        deadline = time.monotonic() + self.settings.fetch_timeout_s
+        while True:
+            try:
+                return self._stream_once(key, direct)
+            except QuotaExceeded as e:
+                if e.code != Reason.FETCH_LIMIT or time.monotonic() + 1.0 >= deadline:
+                    raise
+                log.info("fetch of %s deferred: %s", key[:12], e)
+                time.sleep(1.0)
+
+    def _stream_once(self, key: str, direct: bool) -> tuple[bytes, dict[str, bytes], list[Link]]:
         manifest: bytes | None = None
         parts: dict[str, list[bytes]] = {}
         links: list[Link] = []

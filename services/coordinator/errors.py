@@ -8,8 +8,9 @@ sends its name in the `torchfarm-reason` trailing metadata.
     ├── RequestTooLarge     RESOURCE_EXHAUSTED  over the request size limit
     ├── TenantQueueFull     RESOURCE_EXHAUSTED  the tenant has its quota of jobs in flight
     │                                           (graph and kernel), or of Watch streams
-    │                                           (reason WATCH_LIMIT), or of miss
-    │                                           explanations a minute (EXPLAIN_RATE)
+    │                                           (reason WATCH_LIMIT) or FetchArtifact
+    │                                           streams (FETCH_LIMIT) open at once, or of
+    │                                           miss explanations a minute (EXPLAIN_RATE)
     ├── StorageFull         RESOURCE_EXHAUSTED  an upload over the tenant's stored-bytes
     │                                           quota or the cache's room (STORAGE_QUOTA),
     │                                           or its upload rate (UPLOAD_RATE)

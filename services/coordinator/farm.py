@@ -5,7 +5,8 @@ answer from the cache → or join the in-flight job for that key → or, within 
 tenant's quota, create the job and queue it on the target's queue (and evict the
 namespace's own oldest entries while it stores more than its quota: storage.py).
 watch/job: read the job record the workers keep up to date.
-fetch: stream the manifest, then every blob, in chunks, checking each blob's digest.
+fetch: stream the manifest, then every blob, in chunks, checking each blob's digest;
+each stream holds one of the tenant's places (`TenantSlots`), as each Watch does.
 
 Every call names its tenant (torchfarm/trust/tokens.py); all it reads and writes goes through
 `Store.tenant(namespace)`, so a tenant can neither see nor fetch another's jobs.
@@ -154,7 +155,9 @@ class Farm:
         kernel and cache services."""
         self.events = events
         """Wake-ups when a job record changes; None polls every poll_interval_s instead."""
-        self._watches: dict[str, int] = {}
+        self._watches = TenantSlots(
+            settings.max_watches_per_tenant, "Watch streams and kernel waits", Reason.WATCH_LIMIT)
+        self._fetches = TenantSlots(settings.max_fetches_per_tenant, "FetchArtifact streams", Reason.FETCH_LIMIT)
         self._served: tuple[float, frozenset[str]] = (-math.inf, frozenset())
         """When `served_queues` last read the workers' queues, and those queues."""
         self.limits = graphcheck.GraphLimits(max_nodes=settings.max_nodes, max_rank=settings.max_rank)
@@ -420,28 +423,10 @@ class Farm:
         async with self.events.watching(channel) as event:
             yield lambda: wait_for_change(event, self.settings.watch_poll_s)
 
-    @contextlib.asynccontextmanager
-    async def wait_slot(self, tenant: Tenant) -> AsyncIterator[None]:
+    def wait_slot(self, tenant: Tenant) -> contextlib.AbstractAsyncContextManager[None]:
         """Holds one of the tenant's waits in this process (a Watch stream, a CompileKernel
-        call waiting for its job), or refuses."""
-        limit = self.settings.max_watches_per_tenant
-        held = self._watches.get(tenant.name, 0)
-        if limit and held >= limit:
-            metrics.QUOTA_REFUSALS.inc()
-            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
-            raise TenantQueueFull(
-                f"{who} has {held} Watch streams and kernel waits open on this coordinator, the "
-                f"most it allows per tenant ({limit}); retry when some end", Reason.WATCH_LIMIT,
-            )
-        self._watches[tenant.name] = held + 1
-        try:
-            yield
-        finally:
-            left = self._watches[tenant.name] - 1
-            if left:
-                self._watches[tenant.name] = left
-            else:
-                del self._watches[tenant.name]
+        call waiting for its job), or refuses (WATCH_LIMIT)."""
+        return self._watches.hold(tenant)
 
     async def fetch(self, key: str, tenant: Tenant = OPEN, direct: bool = False) -> AsyncIterator[ArtifactPiece]:
         """Streams the manifest, then each blob in chunks. A blob whose bytes no longer
@@ -449,42 +434,47 @@ class Farm:
         ArtifactCorrupt and drops the manifest, so the next submit recompiles.
 
         With `direct`, where the blob store pre-signs URLs, each blob is a link instead
-        of bytes: the client downloads and checks it, and no byte passes through here."""
+        of bytes: the client downloads and checks it, and no byte passes through here.
+
+        The stream holds one of the tenant's fetch places from its start to its end
+        (FETCH_LIMIT past them): a stream its client stopped reading keeps chunks in memory.
+        """
         _check_named(key)
-        store = self.store.tenant(tenant.namespace)
-        manifest_bytes = await self.runner.run(store.get_manifest_bytes, key)
-        manifest = await self.runner.run(store.get_manifest, key)
-        if manifest is None or manifest_bytes is None:
-            raise NotFound(f"no artifact for key {keys.short(key)}")
-        yield ArtifactPiece("", 0, manifest_bytes)
-        if direct:
-            links = await self.runner.run(self._links, store, manifest)
-            if links is not None:
-                for piece in links:
-                    yield piece
-                return
-        step = self.settings.chunk_bytes
-        for ref in manifest.blobs():
-            digest = hashlib.sha256()
-            for offset in range(0, max(ref.size, 1), step):
-                end = min(offset + step, ref.size) - 1
-                data = await self.runner.run(store.get_blob_range, ref.digest, offset, end)
-                if len(data) != end - offset + 1:
-                    raise NotFound(f"artifact {keys.short(key)} was evicted while streaming")
-                digest.update(data)
-                yield ArtifactPiece(ref.digest, offset, data)
-            if "sha256:" + digest.hexdigest() != ref.digest:
-                metrics.ARTIFACTS_REFUSED.labels(reason=Rejection.CORRUPT).inc()
-                log.error("key=%s blob %s does not match its digest; dropping the artifact",
-                          keys.short(key), ref.digest[:19])
-                # The blob is keyed by the digest it no longer has: drop it too, or the
-                # recompile's SET NX would keep the bad bytes.
-                await self.runner.run(store.delete_artifact, key)
-                await self.runner.run(store.delete_blob, ref.digest)
-                raise ArtifactCorrupt(
-                    f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
-                )
-        metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
+        async with self._fetches.hold(tenant):
+            store = self.store.tenant(tenant.namespace)
+            manifest_bytes = await self.runner.run(store.get_manifest_bytes, key)
+            manifest = await self.runner.run(store.get_manifest, key)
+            if manifest is None or manifest_bytes is None:
+                raise NotFound(f"no artifact for key {keys.short(key)}")
+            yield ArtifactPiece("", 0, manifest_bytes)
+            if direct:
+                links = await self.runner.run(self._links, store, manifest)
+                if links is not None:
+                    for piece in links:
+                        yield piece
+                    return
+            step = self.settings.chunk_bytes
+            for ref in manifest.blobs():
+                digest = hashlib.sha256()
+                for offset in range(0, max(ref.size, 1), step):
+                    end = min(offset + step, ref.size) - 1
+                    data = await self.runner.run(store.get_blob_range, ref.digest, offset, end)
+                    if len(data) != end - offset + 1:
+                        raise NotFound(f"artifact {keys.short(key)} was evicted while streaming")
+                    digest.update(data)
+                    yield ArtifactPiece(ref.digest, offset, data)
+                if "sha256:" + digest.hexdigest() != ref.digest:
+                    metrics.ARTIFACTS_REFUSED.labels(reason=Rejection.CORRUPT).inc()
+                    log.error("key=%s blob %s does not match its digest; dropping the artifact",
+                              keys.short(key), ref.digest[:19])
+                    # The blob is keyed by the digest it no longer has: drop it too, or the
+                    # recompile's SET NX would keep the bad bytes.
+                    await self.runner.run(store.delete_artifact, key)
+                    await self.runner.run(store.delete_blob, ref.digest)
+                    raise ArtifactCorrupt(
+                        f"artifact {keys.short(key)}: a cached blob is corrupt; it will be recompiled"
+                    )
+            metrics.ARTIFACT_BYTES.observe(manifest.total_bytes())
 
     async def put_precompiled(self, upload: farm_pb2.PrecompiledUpload, tenant: Tenant = OPEN) -> str:
         """Stores a client's precompiled package in its namespace, unread
@@ -556,6 +546,38 @@ class Farm:
         return FarmState(
             workers=workers, queues=queues, recent_jobs=jobs, artifacts=artifacts, cache_bytes=cache_bytes,
         )
+
+
+class TenantSlots:
+    """Long calls of `what` one tenant holds open in this process, up to `limit` (0: no
+    cap); past it, TenantQueueFull with `reason`. Each held call costs memory (a stalled
+    fetch keeps a few chunks), so a tenant past its cap is refused, not queued."""
+
+    def __init__(self, limit: int, what: str, reason: Reason):
+        self.limit = limit
+        self.what = what
+        self.reason = reason
+        self.held: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: Tenant) -> AsyncIterator[None]:
+        held = self.held.get(tenant.name, 0)
+        if self.limit and held >= self.limit:
+            metrics.QUOTA_REFUSALS.inc()
+            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
+            raise TenantQueueFull(
+                f"{who} has {held} {self.what} open on this coordinator, the most it allows per "
+                f"tenant ({self.limit}); retry when some end", self.reason,
+            )
+        self.held[tenant.name] = held + 1
+        try:
+            yield
+        finally:
+            left = self.held[tenant.name] - 1
+            if left:
+                self.held[tenant.name] = left
+            else:
+                del self.held[tenant.name]
 
 
 def known_queues(names: tuple[str, ...]) -> frozenset[str]:

@@ -49,6 +49,10 @@ class CoordinatorSettings:
     """Watch streams and waiting CompileKernel calls one tenant may hold open at once on
     one coordinator process (RESOURCE_EXHAUSTED, reason WATCH_LIMIT, past it); 0 turns the
     cap off."""
+    max_fetches_per_tenant: int = 32
+    """FetchArtifact streams one tenant may hold open at once on one coordinator process
+    (RESOURCE_EXHAUSTED, reason FETCH_LIMIT, past it; the SDK waits and fetches again); each
+    stalled stream holds a few chunks in memory. 0 turns the cap off."""
     grace_s: float = 10.0
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0

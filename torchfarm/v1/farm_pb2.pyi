@@ -233,6 +233,7 @@ class Failure(_message.Message):
         STORAGE_QUOTA: _ClassVar[Failure.Reason]
         UPLOAD_RATE: _ClassVar[Failure.Reason]
         EXPLAIN_RATE: _ClassVar[Failure.Reason]
+        FETCH_LIMIT: _ClassVar[Failure.Reason]
     REASON_UNSPECIFIED: Failure.Reason
     INTERNAL: Failure.Reason
     INVALID_REQUEST: Failure.Reason
@@ -263,6 +264,7 @@ class Failure(_message.Message):
     STORAGE_QUOTA: Failure.Reason
     UPLOAD_RATE: Failure.Reason
     EXPLAIN_RATE: Failure.Reason
+    FETCH_LIMIT: Failure.Reason
     def __init__(self) -> None: ...
 
 class ArtifactRejection(_message.Message):

@@ -90,6 +90,7 @@ class Reason(_ProtoEnum):
     STORAGE_QUOTA = "STORAGE_QUOTA"
     UPLOAD_RATE = "UPLOAD_RATE"
     EXPLAIN_RATE = "EXPLAIN_RATE"
+    FETCH_LIMIT = "FETCH_LIMIT"
 
 
 class Stage(_ProtoEnum):
@@ -234,6 +235,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.UPLOAD_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
     # The SDK names no reason for that miss; the package is uploaded as ever.
     Reason.EXPLAIN_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
+    # Like WATCH_LIMIT: the client waits and fetches again itself, within its fetch deadline.
+    Reason.FETCH_LIMIT: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
 }
 """Every refusal's status and meaning for the client."""
 

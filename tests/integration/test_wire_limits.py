@@ -1,0 +1,110 @@
+"""The coordinator's limits on what one call, and many at once, may hold, on the wire: a real
+gRPC coordinator over a real redis-server, Celery replaced by a recorder.
+
+- A tenant's FetchArtifact streams open at once are capped (FETCH_LIMIT): stalled ones
+  pinned ~5 MiB each, with no cap, until the coordinator was killed at its memory limit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+
+import grpc
+import pytest
+
+from localfarm.fakes import InlineDispatcher
+from localfarm.stack import free_port
+from sdk.client import FarmClient
+from sdk.settings import SDKSettings
+from services.coordinator.settings import CoordinatorSettings
+from tests.coordinator_server import running_coordinator
+from tests.requests import RELU_QUEUE
+from torchfarm.trust import tokens
+from torchfarm.v1 import farm_pb2, farm_pb2_grpc
+from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
+
+pytestmark = pytest.mark.integration
+
+MIB = 1 << 20
+KEY = "pc1-" + "c" * 64
+
+
+@pytest.fixture
+def start(store, tmp_path, redis_url):
+    """Starts a coordinator for alice with the settings given; yields (address, alice's token)."""
+    stack = contextlib.ExitStack()
+    alice = tokens.new_token("alice")
+
+    def run(**over) -> tuple[str, str]:
+        path = tmp_path / "tokens.json"
+        path.write_text(json.dumps(tokens.table_entry(alice, "alice")))
+        os.chmod(path, 0o600)
+        port = free_port()
+        settings = CoordinatorSettings(
+            listen=f"127.0.0.1:{port}", cache_url=redis_url, tokens_file=str(path),
+            **{"poll_interval_s": 0.02, "grace_s": 1, **over},
+        )
+        store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
+        stack.enter_context(running_coordinator(settings, InlineDispatcher()))
+        return f"127.0.0.1:{port}", alice
+
+    with stack:
+        yield run
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 30),
+                                                  ("grpc.max_receive_message_length", 1 << 30)])
+
+
+def _md(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def _refused(fn) -> tuple[grpc.StatusCode, str, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    reason = dict(info.value.trailing_metadata() or ()).get("torchfarm-reason", "")
+    return info.value.code(), reason, info.value.details()
+
+
+def _upload(payload: bytes) -> farm_pb2.PrecompiledUpload:
+    m = Manifest(key=KEY, fingerprint={"torch": "x"}, payload=BlobRef(blob_digest(payload), len(payload)),
+                 tenant="alice", kind=PRECOMPILED, graphs={})
+    return farm_pb2.PrecompiledUpload(
+        manifest=m.to_json(), blobs=[farm_pb2.PrecompiledBlob(digest=m.payload.digest, data=payload)])
+
+
+def test_a_tenants_open_fetches_are_capped_and_the_sdk_waits_for_a_place(start):
+    address, alice = start(max_fetches_per_tenant=2)
+    payload = os.urandom(12 * MIB)  # more than flow control lets the server send unread
+    with _channel(address) as ch:
+        stub = farm_pb2_grpc.CompileFarmStub(ch)
+        stub.PutPrecompiled(_upload(payload), timeout=30, metadata=_md(alice))
+        held = []
+        for _ in range(2):  # two stalled streams: the manifest read, no chunk taken
+            stream = stub.FetchArtifact(farm_pb2.ArtifactRef(key=KEY), timeout=60, metadata=_md(alice))
+            assert next(stream).manifest
+            held.append(stream)
+        code, reason, details = _refused(
+            lambda: next(stub.FetchArtifact(farm_pb2.ArtifactRef(key=KEY), timeout=30, metadata=_md(alice))))
+        assert (code, reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "FETCH_LIMIT"), details
+        assert "FetchArtifact" in details
+
+        fetched: list[tuple[bytes, dict[str, bytes]]] = []
+        client = FarmClient(address, SDKSettings(token=alice, direct_downloads=False))
+        sdk_fetch = threading.Thread(target=lambda: fetched.append(client.fetch(KEY)))
+        try:
+            sdk_fetch.start()
+            time.sleep(1.5)  # refused at least once meanwhile
+            assert not fetched
+            held.pop().cancel()  # a cancelled stream gives its place back
+            sdk_fetch.join(30)
+        finally:
+            client.close()
+        assert fetched and fetched[0][1] == {blob_digest(payload): payload}
+        for stream in held:
+            stream.cancel()
