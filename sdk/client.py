@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -155,7 +156,7 @@ def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         if reason in _QUOTAS:
             return QuotaExceeded(detail, reason)
-        return RequestTooLarge(detail, reason)
+        return _exhausted(e, detail, reason)
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return Unauthenticated(f"{detail} (check TORCHFARM_TOKEN)", reason)
     if code == grpc.StatusCode.DATA_LOSS:
@@ -165,6 +166,26 @@ def _error_of(e: grpc.RpcError, what: str, key: str) -> FarmError:
     if code == grpc.StatusCode.NOT_FOUND:
         return RemoteCompileError(detail, reason)
     return FarmUnavailable(detail, reason)
+
+
+def _exhausted(e: grpc.RpcError, detail: str, reason: str) -> FarmError:
+    """RESOURCE_EXHAUSTED that is no tenant's quota: a message over a size limit, or, from
+    grpc itself with no farm reason, a message over its limit or a farm at its most calls."""
+    details = e.details() or ""
+    if reason != grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+        return RequestTooLarge(detail, reason)
+    limit = re.search(r"larger than max \(\d+ vs\. (\d+)\)", details)
+    if limit is None:  # grpc's "Concurrent RPC limit exceeded!": the farm is busy
+        return FarmUnavailable(detail, reason)
+    if details.startswith("SERVER:"):
+        # The coordinator's receive limit follows its request limit: a request well over
+        # it is refused while grpc reads it, before the farm's own check.
+        return RequestTooLarge(
+            f"{detail}: the farm receives at most {limit[1]} bytes (the coordinator's "
+            "TORCHFARM_MAX_REQUEST_BYTES and a margin)", Reason.REQUEST_TOO_LARGE,
+        )
+    return RequestTooLarge(f"{detail}: this client sends and receives at most {limit[1]} bytes "
+                           "(TORCHFARM_MAX_MESSAGE_BYTES)", Reason.REQUEST_TOO_LARGE)
 
 
 def _read(path: str) -> bytes | None:

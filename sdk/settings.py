@@ -27,7 +27,9 @@ class SDKSettings:
     fetch_timeout_s: float = 300.0
     """Deadline for streaming one artifact."""
     max_message_bytes: int = 64 * 1024 * 1024
-    """gRPC send and receive limit, matching the coordinator's."""
+    """gRPC send and receive limit: the coordinator's send limit (its own
+    TORCHFARM_MAX_MESSAGE_BYTES); it receives no more than its TORCHFARM_MAX_REQUEST_BYTES
+    and a margin."""
     direct_downloads: bool = True
     """Ask for pre-signed blob URLs and download blobs directly from the store, where the
     farm's store offers them (object storage); the coordinator's stream otherwise."""

@@ -13,15 +13,16 @@ client's it forwards (proxies.py).
 
 **An unauthenticated request is never read.** grpc.aio runs the interceptor with the
 call's metadata only, before any message arrives; a *unary* handler then has grpc read
-the whole request (up to `max_receive_message_length`, 64 MiB) before it is called. So a
-refusal is a *request-streaming* handler of the method's response shape that answers
-without iterating its requests: grpc never reads the message into the application, and
+the whole request (up to `max_receive_message_length`: max_request_bytes and a margin,
+server.py) before it is called. So a refusal is a *request-streaming* handler of the
+method's response shape that answers without iterating its requests: grpc never reads
+the message into the application, and
 a request over the size limit is answered UNAUTHENTICATED, not RESOURCE_EXHAUSTED
 (tests/integration/test_auth_limits.py). What the server's HTTP/2 layer takes in before
 the reply resets the stream is bounded by flow control, not by us: gRPC core's initial
 stream window is 64 KiB, and its BDP probing can widen a connection's window to a few
 MiB on a fast link. grpc Python exposes no per-call receive limit, so an authenticated
-call still gets the full `max_message_bytes`, and a smaller limit for unauthenticated
+call gets the server's whole receive limit, and a smaller limit for unauthenticated
 calls than that window is not something grpc Python can enforce.
 
 The tenant the token maps to reaches the servicer through a context variable, set

@@ -35,12 +35,28 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = farm_pb2.DESCRIPTOR.services_by_name["CompileFarm"].full_name
 
 
-def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+RECEIVE_MARGIN_BYTES = 64 * 1024
+"""What the receive limit allows past max_request_bytes: a request a little over the farm's
+limit still reaches it, to be refused with the farm's own reason and numbers."""
+
+
+def grpc_options(settings: CoordinatorSettings) -> list[tuple[str, int]]:
+    """The server's channel options. grpc reads and parses a whole request before its
+    handler runs, so the receive limit is what the farm accepts (every request it takes:
+    Submit, PutPrecompiled, CompileKernel, is held to max_request_bytes; the others are
+    small), not the send limit: at 64 MiB, each refused-anyway 60 MiB Submit cost the
+    process ~110 MiB while it was read and parsed."""
+    receive = min(settings.max_message_bytes, settings.max_request_bytes + RECEIVE_MARGIN_BYTES)
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", receive),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
+
+
+def max_concurrent_rpcs(settings: CoordinatorSettings) -> int | None:
+    """The server's cap on calls in flight, all tenants together (None: no cap)."""
+    return settings.max_concurrent_rpcs or None
 
 
 async def serve(
@@ -59,7 +75,8 @@ async def serve(
     events = None if sentinel else JobEvents(state_url)
     farm = Farm(settings, store, dispatcher or CeleryDispatcher(settings.broker_url), events)
     server = grpc.aio.server(
-        options=grpc_options(settings.max_message_bytes),
+        options=grpc_options(settings),
+        maximum_concurrent_rpcs=max_concurrent_rpcs(settings),
         interceptors=[
             metrics.RpcMetricsInterceptor(),
             auth.AuthInterceptor(

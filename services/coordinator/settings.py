@@ -27,9 +27,14 @@ class CoordinatorSettings:
     redis_prefix: str = "tf"
     """Prefix of every key the farm writes in the cache and state Redis."""
     max_message_bytes: int = 64 * 1024 * 1024
-    """gRPC send and receive limit; requests above max_request_bytes are refused first."""
+    """gRPC send limit (artifact chunks, kernel replies), and a cap on the receive limit,
+    which is max_request_bytes plus a margin (services/coordinator/server.py)."""
     max_request_bytes: int = 16 * 1024 * 1024
-    """Largest CompileRequest accepted, in serialized bytes."""
+    """Largest request accepted (a Submit, a precompiled upload, a kernel), in serialized
+    bytes; grpc refuses a message well over it while reading it, before it is parsed."""
+    max_concurrent_rpcs: int = 4096
+    """Calls, streams included, the server handles at once, all tenants together; past it
+    grpc answers RESOURCE_EXHAUSTED. 0: no limit."""
     chunk_bytes: int = 1024 * 1024
     """Size of each artifact chunk streamed to clients."""
     direct_url_ttl_s: int = 300
