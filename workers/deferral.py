@@ -8,7 +8,8 @@ the source, writes it and registers the real lazy loader in `cls.cache` but buil
 nothing (sdk/loader.py), records the call as a `KernelLoad`, and hands Inductor a
 getter that yields a stub `types.ModuleType`. `load_pybinding_async` asserts that the
 result is a ModuleType and returns its entry function; `AsyncCompile.cpp` returns its
-`kernel`. Both are stubs that raise `DeferredKernelCalled`: lowering only binds them,
+`kernel`; a C++ template's benchmark looks its kernel up by name. All are stubs that
+raise `DeferredKernelCalled`: lowering only binds them,
 so `standalone_compile(aot=True)` and `serialize()` complete with no compiler run. A
 compile that does call one (max-autotune benchmarking a C++ template, say) is noted in
 `DeferredLoads.stub_calls`, and the caller compiles the whole graph instead.
@@ -67,10 +68,18 @@ def _stub_module(cls: type, key: str, loads: DeferredLoads) -> types.ModuleType:
             f"kernel {key} was called during a compile whose kernel builds are deferred"
         )
 
+    def entry_point(name: str) -> Any:
+        # Any other name is an entry point looked up to be called: max-autotune's C++
+        # templates benchmark each candidate by name (CppBenchmarkRequest.make_run_fn).
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return deferred
+
     stub = types.ModuleType(f"torchfarm_deferred_{key}")
     stub.kernel = deferred  # type: ignore[attr-defined]
     setattr(stub, getattr(cls, "entry_function", "kernel"), deferred)
     stub.key = key  # type: ignore[attr-defined]  # what _load_library would set
+    stub.__getattr__ = entry_point  # type: ignore[method-assign]  # PEP 562
     return stub
 
 

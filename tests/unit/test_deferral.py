@@ -88,6 +88,22 @@ def test_a_stub_call_is_caught_and_nothing_stays_patched(fresh_inductor):
     assert len(real.kernels) == 1
 
 
+def test_a_kernel_looked_up_by_name_is_a_stub_call_too(fresh_inductor):
+    # max-autotune's C++ GEMM templates benchmark each candidate by its entry point's
+    # name (CppBenchmarkRequest.make_run_fn: getattr(CppCodeCache.load(src), name)).
+    from torch._inductor import autotune_process, codecache
+
+    make_run_fn = inspect.getsource(autotune_process.CppBenchmarkRequest.make_run_fn)
+    assert "CppCodeCache.load(" in make_run_fn and "getattr(self.DLL, self.kernel_name)" in make_run_fn
+    with defer_kernel_builds() as loads:
+        module = codecache.CppCodeCache.load(PROBE)
+        with pytest.raises(DeferredKernelCalled):
+            name = "cpp_CppMicroGemmFP32Vec_0"  # a template candidate's entry point
+            getattr(module, name)()
+        assert not hasattr(module, "__wrapped__")  # dunders stay Python's own
+    assert len(loads.stub_calls) == 1
+
+
 def test_lower_graph_hands_a_compile_that_runs_kernels_to_the_whole_path(monkeypatch, fresh_inductor):
     from torch._inductor import codecache
 
