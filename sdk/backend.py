@@ -427,8 +427,9 @@ class FarmBackend:
         code = f" [{e.code}]" if e.code else ""
         log.warning(
             "torchfarm: graph %d of %s %s (%s%s): %s",
-            index, self.name, instead, type(e).__name__, code, e,
+            index, self.name, instead, type(e).__name__, code, _first_line(str(e)),
         )
+        log.debug("torchfarm: graph %d of %s: the whole error: %s", index, self.name, e)
 
     def _remote(self, gm: torch.fx.GraphModule, example_inputs: list[Any], index: int) -> Callable[..., Any]:
         return self._complete(self._prepare(gm, example_inputs, index))
@@ -687,3 +688,18 @@ def _warn_once(what: str, message: str, *args: object) -> None:
             return
         _warned_once.add(what)
     log.warning(message, *args)
+
+
+WARNED_CHARS = 600
+"""A longer error is warned of by its first line: a compile error's carries its cause,
+the lines after it Inductor's IR, kilobytes of it."""
+
+
+def _first_line(message: str) -> str:
+    first, _, rest = message.partition("\n")
+    if not rest or len(message) <= WARNED_CHARS:
+        return message
+    more = rest.count("\n") + 1
+    return (
+        f"{first[:WARNED_CHARS]} [{more} more lines: the 'sdk' logger at DEBUG logs the whole error]"
+    )

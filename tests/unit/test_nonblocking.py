@@ -213,6 +213,28 @@ def test_the_blocking_backend_warns_of_every_farm_bug_but_of_an_outage_once(capl
     assert len(bugs) == 2 and "1" * 64 in bugs[0] and "2" * 64 in bugs[1]
 
 
+def test_a_long_compile_error_is_warned_of_by_its_first_line(caplog):
+    from sdk.backend import FarmBackend
+    from sdk.settings import SDKSettings
+
+    caplog.set_level(logging.DEBUG, logger="sdk")
+    dump = "\n".join(f"  ir line {i}" for i in range(200))  # an Inductor IR dump, say
+    error = RemoteCompileError(
+        "the farm could not compile the graph (COMPILE_ERROR): CompileFailed: InductorError: "
+        f"LoweringException: AttributeError: no attribute 'x'\n  target: aten.bmm.default\n{dump}",
+        "COMPILE_ERROR",
+    )
+    backend = FarmBackend(SDKSettings(remote="grpc://127.0.0.1:1"), name="m")
+    try:
+        backend._warn_fallback(1, error)
+    finally:
+        backend.client.close()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "AttributeError: no attribute 'x'" in warning and "ir line" not in warning
+    assert "201 more lines" in warning and "DEBUG" in warning
+    assert any("ir line 199" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
