@@ -84,6 +84,9 @@ def test_a_blob_named_only_by_what_a_client_sent_is_collected(store):
     orphan = put(store, b"unreferenced, then named in a label")
     store.create_job("k1", "cpu", f"my run {orphan}", ttl_s=600, request=orphan.encode())
     store.c.set("tf:why:alice:k1", json.dumps({"detail": orphan}))
+    # A precompiled record's parts, and the index of a namespace's kept misses.
+    store.c.set("tf:explainparts:alice:pc1-" + "a" * 64, json.dumps({"graphs": [orphan]}))
+    store.c.zadd("tf:whyidx:alice", {orphan: 1.0})
     assert [b.digest for b in collect(store, grace_s=0)] == [orphan]
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 DIGEST = re.compile(rb"sha256:[0-9a-f]{64}")
 
-CLIENT_TEXT = ("req", "kreq", "job", "stat", "explain", "explainidx", "why")
+CLIENT_TEXT = ("req", "kreq", "job", "stat", "explain", "explainidx", "explainparts", "why", "whyidx")
 """Kinds of records (torchfarm/storage/store.py, explain.py) whose values are a client's
 requests, labels and miss records, or a job's progress: none names a stored blob."""
 
