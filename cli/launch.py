@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -66,6 +67,14 @@ def redis_server() -> str:
     if not os.path.exists(path):
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
     return path
+
+
+def redis_version() -> tuple[int, int]:
+    """The installed redis-server's (major, minor), from `redis-server --version`
+    ("Redis server v=7.0.15 ..."); (0, 0) where it says none."""
+    out = subprocess.run([redis_server(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    found = re.search(r"\bv=(\d+)\.(\d+)", out)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def redis_command(port: int, workdir: Path, *extra: str) -> list[str]:

@@ -102,8 +102,9 @@ class Layout:
         return self.root / f"worker{i}"
 
     def make(self, workers: int = 0) -> Layout:
-        # The user's own: Redis's files hold every tenant's requests and artifacts. A
-        # data dir made by an earlier version (0755) is narrowed too.
+        # The user's own: Redis's files hold every tenant's requests and artifacts. The
+        # directories that hold data are narrowed where an earlier version made them
+        # 0755; a data dir given that exists keeps its own mode.
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for d in (self.redis, self.cache, self.logs, self.keys, *map(self.worker, range(workers))):
             d.mkdir(exist_ok=True)
@@ -158,7 +159,8 @@ def _redis_acl(keys: Path) -> tuple[Path, str]:
     run and kept): the unauthenticated may only PING."""
     password = provision.password(keys / "redis.password")
     acl = keys / "redis.acl"
-    write_atomic(acl, provision.redis_acl({REDIS_USER: password}).encode(), 0o600)
+    text = provision.redis_acl({REDIS_USER: password}, channels=launch.redis_version() >= (6, 2))
+    write_atomic(acl, text.encode(), 0o600)
     return acl, password
 
 
@@ -186,6 +188,12 @@ def run(args: argparse.Namespace) -> int:
     _check_extras()
     _check_ports(args)
     launch.redis_server()  # fails now, in one line, where redis-server is not installed
+    version = launch.redis_version()
+    if version < (6, 0):
+        raise CliError(
+            f"torchfarm up needs redis-server 6.0 or later, for the password its Redis requires "
+            f"(an ACL file); this one is {version[0]}.{version[1]}", 1,
+        )
     if args.data_dir is not None:
         layout = Layout(args.data_dir.resolve(), persistent=True).make(args.workers)
     else:

@@ -82,3 +82,27 @@ def test_the_data_dirs_are_the_users_alone(farm):
         assert _mode(d) == 0o700, d
     for f in layout.keys.iterdir():
         assert _mode(f) & 0o077 == 0 or f.name == "trusted-keys.json", f
+
+
+def test_the_acl_names_pub_sub_channels_only_where_the_redis_reads_them(monkeypatch, tmp_path):
+    # `&*` (all pub/sub channels) is Redis 6.2's syntax, and 7.0 denies every channel to
+    # a user without it; 6.0 and 6.1 refuse to start on an ACL file that has it.
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o700)
+    monkeypatch.setattr(launch, "redis_version", lambda: (6, 0))
+    acl, password = up._redis_acl(keys)
+    assert f"user farm on >{password} ~* +@all" in acl.read_text()
+    monkeypatch.setattr(launch, "redis_version", lambda: (7, 0))
+    assert "~* &* +@all" in up._redis_acl(keys)[0].read_text()
+
+
+def test_up_refuses_a_redis_without_acls_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch, "redis_version", lambda: (5, 0))
+    args = main.build_parser().parse_args(["up", "--grpc-port", str(launch.free_port())])
+    with pytest.raises(up.CliError, match="redis-server 6.0 or later.*5.0"):
+        up.run(args)
+
+
+def test_the_installed_redis_servers_version_is_read():
+    major, minor = launch.redis_version()
+    assert major >= 6 and minor >= 0

@@ -176,11 +176,14 @@ def _redis(dirs: dict[str, Path], broker: str, cache: str, state: str) -> None:
             _write(dirs[role] / f"{instance}-url", redis_url(role, passwords[role], address, db) + "\n", 0o600)
 
 
-def redis_acl(passwords: Mapping[str, str]) -> str:
+def redis_acl(passwords: Mapping[str, str], channels: bool = True) -> str:
     """A Redis ACL file: one user per name, with its password, allowed everything. The
-    unauthenticated default user may PING only: health checks need no password."""
+    unauthenticated default user may PING only: health checks need no password.
+    `channels=False` leaves out the pub/sub channels rule (`&*`), which Redis reads from
+    6.2 on and 6.0 refuses (channels are all allowed there anyway)."""
+    everything = "~* &* +@all" if channels else "~* +@all"
     return "user default on nopass -@all +ping\n" + "".join(
-        f"user {user} on >{pw} ~* &* +@all\n" for user, pw in passwords.items()
+        f"user {user} on >{pw} {everything}\n" for user, pw in passwords.items()
     )
 
 
