@@ -67,13 +67,32 @@ def check_url(url: str, loopback_ok: bool) -> None:
     except (OSError, UnicodeError) as e:
         raise ArtifactRejected(f"blob URL host {host!r} does not resolve ({e})") from e
     for *_, sockaddr in infos:
-        ip = ipaddress.ip_address(sockaddr[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        if ip.is_link_local or ip.is_unspecified or ip.is_multicast or (ip.is_loopback and not loopback_ok):
-            raise ArtifactRejected(
-                f"blob URL host {host!r} is {ip}, which a farm's links may not name", Rejection.MALFORMED
-            )
+        for ip in _addresses(ipaddress.ip_address(sockaddr[0])):
+            if (
+                ip.is_link_local or ip.is_unspecified or ip.is_multicast or any(ip in n for n in _METADATA)
+                or (ip.is_loopback and not loopback_ok)
+            ):
+                raise ArtifactRejected(
+                    f"blob URL host {host!r} is {ip}, which a farm's links may not name", Rejection.MALFORMED
+                )
+
+
+_METADATA = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("fd00:ec2::254/128"))
+"""Clouds' metadata services outside link-local: Alibaba's 100.100.100.200 (in the
+carriers' shared space, no blob store's), AWS's IPv6 one."""
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _addresses(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The address, and the IPv4 one an IPv6 address carries (mapped, NAT64, 6to4,
+    Teredo), which is where a connection to it may end up."""
+    found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64:
+            found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        found += [v4 for v4 in (ip.ipv4_mapped, ip.sixtofour, ip.teredo and ip.teredo[1]) if v4 is not None]
+    return found
 
 
 def check_links(links: list[Link], loopback_ok: bool) -> None:

@@ -97,6 +97,12 @@ def test_a_local_farms_link_to_its_local_store_is_followed(local_url):
     "http://0.0.0.0:9000/x",  # connects to this machine
     "http://[::ffff:169.254.169.254]/x",
     "http://224.0.0.1/x",
+    # Metadata services outside link-local: AWS's IPv6 one, Alibaba's (shared address
+    # space), and 169.254.169.254 through NAT64 and 6to4.
+    "http://[fd00:ec2::254]/latest/meta-data/",
+    "http://100.100.100.200/latest/meta-data/",
+    "http://[64:ff9b::a9fe:a9fe]/x",
+    "http://[2002:a9fe:a9fe::1]/x",
 ])
 def test_link_local_and_unspecified_hosts_are_refused_even_for_a_local_farm(url):
     with pytest.raises(ArtifactRejected, match="may not"):
