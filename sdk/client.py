@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import socket
 import threading
@@ -483,21 +484,24 @@ class StubClient:
         deadline = time.monotonic() + self.settings.fetch_timeout_s
         while True:
             try:
-                return self._stream_once(key, direct)
+                return self._stream_once(key, direct, deadline - time.monotonic())
             except QuotaExceeded as e:
-                if e.code != Reason.FETCH_LIMIT or time.monotonic() + 1.0 >= deadline:
+                pause = random.uniform(0.5, 1.5)  # graphs refused together do not return together
+                if e.code != Reason.FETCH_LIMIT or time.monotonic() + pause >= deadline:
                     raise
                 log.info("fetch of %s deferred: %s", key[:12], e)
-                time.sleep(1.0)
+                time.sleep(pause)
 
-    def _stream_once(self, key: str, direct: bool) -> tuple[bytes, dict[str, bytes], list[Link]]:
+    def _stream_once(
+        self, key: str, direct: bool, timeout_s: float
+    ) -> tuple[bytes, dict[str, bytes], list[Link]]:
         manifest: bytes | None = None
         parts: dict[str, list[bytes]] = {}
         links: list[Link] = []
         received = 0
         try:
             for chunk in self.stub.FetchArtifact(
-                farm_pb2.ArtifactRef(key=key, direct=direct), timeout=self.settings.fetch_timeout_s,
+                farm_pb2.ArtifactRef(key=key, direct=direct), timeout=timeout_s,
                 metadata=self.metadata,
             ):
                 if chunk.WhichOneof("kind") == "manifest":

@@ -118,9 +118,11 @@ class _FetchStub:
     def __init__(self, refusals: list[_Refused]):
         self.refusals = refusals
         self.calls = 0
+        self.timeouts: list[float] = []
 
     def FetchArtifact(self, ref, timeout, metadata):
         self.calls += 1
+        self.timeouts.append(timeout)
         if self.refusals:
             raise self.refusals.pop(0)
         return iter([farm_pb2.ArtifactChunk(manifest=b"{}"),
@@ -145,3 +147,15 @@ def test_a_fetch_refused_for_the_cap_past_the_fetch_deadline_is_a_quota(monkeypa
         client.fetch("k" * 64)
     assert raised.value.code == Reason.FETCH_LIMIT and raised.value.fallback
     assert 2 <= stub.calls <= 7
+
+
+def test_a_fetch_fetched_again_keeps_to_the_first_ones_deadline(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(client_mod.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(client_mod.time, "monotonic", lambda: clock[0])
+    stub = _FetchStub([_Refused("FETCH_LIMIT"), _Refused("FETCH_LIMIT")])
+    client = StubClient("127.0.0.1:1", SDKSettings(direct_downloads=False, fetch_timeout_s=10), stub)
+    client.fetch("k" * 64)
+    # Each wait counts against the one deadline: the last stream gets what is left.
+    assert stub.timeouts[0] == 10 and stub.timeouts[-1] == pytest.approx(10 - clock[0])
+    assert clock[0] > 0
