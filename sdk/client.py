@@ -32,7 +32,7 @@ import grpc
 
 from sdk import wake
 from sdk.blobcache import BlobCache
-from sdk.direct import Link, check_links, download_all
+from sdk.direct import Link, download_all
 from sdk.errors import (
     ArtifactRejected,
     ConfigError,
@@ -456,8 +456,10 @@ class StubClient:
         if not links:
             return manifest, blobs
         try:
-            check_links(links, self.on_this_machine())
-            return manifest, download_all(links, self.settings.fetch_timeout_s, self._blob_cache())
+            blobs = download_all(
+                links, self.settings.fetch_timeout_s, self._blob_cache(), loopback_ok=self.on_this_machine()
+            )
+            return manifest, blobs
         except (OSError, ValueError, ArtifactRejected) as e:
             log.warning("torchfarm: direct download of %s failed (%s); streaming it", key[:12], e)
             manifest, blobs, _ = self._stream(key, False)

@@ -11,6 +11,7 @@ import hashlib
 import ipaddress
 import logging
 import socket
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -95,14 +96,20 @@ def _addresses(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddr
     return found
 
 
-def check_links(links: list[Link], loopback_ok: bool) -> None:
-    """`check_url` for each link, before any is downloaded; each host once."""
-    seen: set[tuple[str, str]] = set()
-    for link in links:
-        parts = urlsplit(link.url)
-        if (parts.scheme, parts.netloc) not in seen:
-            check_url(link.url, loopback_ok)
-            seen.add((parts.scheme, parts.netloc))
+class _Checked:
+    """`check_url` once per scheme and host, from the download threads."""
+
+    def __init__(self, loopback_ok: bool):
+        self.loopback_ok = loopback_ok
+        self._hosts: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str) -> None:
+        parts = urlsplit(url)
+        with self._lock:
+            if (parts.scheme, parts.netloc) not in self._hosts:
+                check_url(url, self.loopback_ok)
+                self._hosts.add((parts.scheme, parts.netloc))
 
 
 def download(link: Link, timeout_s: float) -> bytes:
@@ -128,13 +135,22 @@ def download(link: Link, timeout_s: float) -> bytes:
     return b"".join(parts)
 
 
-def download_all(links: list[Link], timeout_s: float, cache: BlobCache | None = None) -> dict[str, bytes]:
-    """Every link's blob by digest, through this machine's blob cache when there is one."""
+def download_all(
+    links: list[Link], timeout_s: float, cache: BlobCache | None = None, *, loopback_ok: bool
+) -> dict[str, bytes]:
+    """Every link's blob by digest, through this machine's blob cache when there is one.
+    A blob not in the cache is downloaded once its URL passes `check_url`: one the cache
+    has needs no look-up of its host (an offline node's)."""
+    checked = _Checked(loopback_ok)
+
+    def fetch(link: Link) -> bytes:
+        checked(link.url)
+        return download(link, timeout_s)
 
     def one(link: Link) -> bytes:
         if cache is None:
-            return download(link, timeout_s)
-        return cache.get(link.digest, lambda: download(link, timeout_s))
+            return fetch(link)
+        return cache.get(link.digest, lambda: fetch(link))
 
     with ThreadPoolExecutor(max_workers=min(PARALLEL, max(len(links), 1))) as pool:
         return dict(zip((l.digest for l in links), pool.map(one, links), strict=True))

@@ -127,3 +127,19 @@ def test_only_http_urls_with_a_host_are_followed(url):
 
 def test_a_store_on_another_host_is_allowed():
     direct.check_url("https://10.0.0.5:9000/bucket/blob?X-Amz-Signature=abc", loopback_ok=False)
+
+
+def test_a_blob_this_machine_has_needs_no_look_up_of_its_links_host(tmp_path, monkeypatch):
+    # An offline node, or one that reaches the store only through a proxy, takes a
+    # cached blob from its cache; looking the host up first failed there and streamed
+    # the whole artifact through the coordinator again.
+    from sdk.blobcache import BlobCache
+
+    BlobCache(tmp_path, 1 << 20).get(DIGEST, lambda: BODY)
+    looked_up = []
+    monkeypatch.setattr(direct.socket, "getaddrinfo", lambda *a, **k: looked_up.append(a) or [])
+    stub = _Farm("http://store.invalid/blob")
+    settings = dataclasses.replace(SDKSettings(), direct_downloads=True, blob_cache_dir=str(tmp_path))
+    _, blobs = StubClient("farm.example:50051", settings, stub).fetch("ab" * 32)
+    assert blobs == {DIGEST: BODY}
+    assert stub.asked == [True] and looked_up == []
