@@ -50,7 +50,7 @@ from google.protobuf.message import DecodeError
 
 from services.coordinator import metrics
 from services.coordinator.proxies import TrustedProxies, bucket_of, forwarded_for
-from services.coordinator.ratelimit import FailureLimiter, peer_host
+from services.coordinator.ratelimit import TokenBuckets, peer_host
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.tokensource import TokenSource
 from torchfarm.trust.tokens import OPEN, Tenant, TokenError, TokenRefused, TokenTable, namespace_of
@@ -85,8 +85,8 @@ def load_tokens(settings: CoordinatorSettings) -> TokenSource | None:
     return TokenSource(settings.tokens_file, settings.tokens_check_s)
 
 
-def failure_limiter(settings: CoordinatorSettings) -> FailureLimiter:
-    return FailureLimiter(settings.auth_failure_burst, settings.auth_failure_per_s)
+def failure_limiter(settings: CoordinatorSettings) -> TokenBuckets:
+    return TokenBuckets(settings.auth_failure_burst, settings.auth_failure_per_s)
 
 
 def trusted_proxies(settings: CoordinatorSettings) -> TrustedProxies:
@@ -118,11 +118,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     others sent from its address or in its tenant's name."""
 
     def __init__(
-        self, tokens: TokenSource | None, limiter: FailureLimiter | None = None,
+        self, tokens: TokenSource | None, limiter: TokenBuckets | None = None,
         trusted_proxies: TrustedProxies | None = None,
     ):
         self.tokens = tokens
-        self.limiter = limiter if limiter is not None else FailureLimiter(burst=30, per_s=0.5)
+        self.limiter = limiter if limiter is not None else TokenBuckets(burst=30, per_s=0.5)
         self.proxies = trusted_proxies if trusted_proxies is not None else TrustedProxies()
 
     async def intercept_service(

@@ -41,7 +41,7 @@ from services.coordinator.errors import (
     TenantQueueFull,
 )
 from services.coordinator.jobevents import JobEvents, wait_for_change
-from services.coordinator.ratelimit import FailureLimiter
+from services.coordinator.ratelimit import TenantSlots, TokenBuckets
 from services.coordinator.runner import Runner
 from services.coordinator.settings import CoordinatorSettings
 from torchfarm.celeryconf import make_celery
@@ -164,7 +164,7 @@ class Farm:
         self.trusted = TrustedKeys.load(settings.trusted_keys_file) if settings.trusted_keys_file else None
         self._known_queues = known_queues(settings.known_targets)
         per_minute = settings.explain_misses_per_minute
-        self._explains = FailureLimiter(per_minute, per_minute / 60) if per_minute else None
+        self._explains = TokenBuckets(per_minute, per_minute / 60) if per_minute else None
         """Each tenant's ExplainPrecompiledMiss calls: each costs a few ms of this process."""
 
     async def submit(
@@ -546,38 +546,6 @@ class Farm:
         return FarmState(
             workers=workers, queues=queues, recent_jobs=jobs, artifacts=artifacts, cache_bytes=cache_bytes,
         )
-
-
-class TenantSlots:
-    """Long calls of `what` one tenant holds open in this process, up to `limit` (0: no
-    cap); past it, TenantQueueFull with `reason`. Each held call costs memory (a stalled
-    fetch keeps a few chunks), so a tenant past its cap is refused, not queued."""
-
-    def __init__(self, limit: int, what: str, reason: Reason):
-        self.limit = limit
-        self.what = what
-        self.reason = reason
-        self.held: dict[str, int] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, tenant: Tenant) -> AsyncIterator[None]:
-        held = self.held.get(tenant.name, 0)
-        if self.limit and held >= self.limit:
-            metrics.QUOTA_REFUSALS.inc()
-            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
-            raise TenantQueueFull(
-                f"{who} has {held} {self.what} open on this coordinator, the most it allows per "
-                f"tenant ({self.limit}); retry when some end", self.reason,
-            )
-        self.held[tenant.name] = held + 1
-        try:
-            yield
-        finally:
-            left = self.held[tenant.name] - 1
-            if left:
-                self.held[tenant.name] = left
-            else:
-                del self.held[tenant.name]
 
 
 def known_queues(names: tuple[str, ...]) -> frozenset[str]:

@@ -1,25 +1,34 @@
-"""A limit on failed authentication attempts: one small token bucket per key (a
-client address, a tenant name a token claims), refilled at a steady rate.
+"""Limits one coordinator process keeps per key: token buckets, and the long calls a
+tenant holds open.
 
-A token has 256 random bits, so the limit is not what keeps a guesser out; it bounds
-what a client that keeps presenting bad tokens costs the coordinator (a log line and a
-metric each; throttled ones log nothing), and the rate at which anyone can test guesses
-at all. Only failures drain a bucket, and only calls that fail to authenticate are
-refused when it is empty: a call whose token verifies is admitted at once, so no one's
-bad tokens lock a valid tenant out (auth.py). That a right guess is admitted while its
-bucket is empty tells a guesser nothing it could use: it would have to guess right.
-Clients behind one NAT share an address's bucket; behind a trusted proxy the address
-is the client's the proxy forwards (proxies.py).
+`TokenBuckets`: one small bucket per key, refilled at a steady rate.
+- **Failed authentication attempts**, per client address and per tenant name a token
+  claims (auth.py). A token has 256 random bits, so the limit is not what keeps a
+  guesser out; it bounds what a client that keeps presenting bad tokens costs the
+  coordinator (a log line and a metric each; throttled ones log nothing), and the rate
+  at which anyone can test guesses at all. Only failures drain a bucket, and only calls
+  that fail to authenticate are refused when it is empty: a call whose token verifies
+  is admitted at once, so no one's bad tokens lock a valid tenant out. That a right
+  guess is admitted while its bucket is empty tells a guesser nothing it could use: it
+  would have to guess right. Clients behind one NAT share an address's bucket; behind a
+  trusted proxy the address is the client's the proxy forwards (proxies.py).
+- **A plain per-tenant call rate** (`take`), where a call costs the coordinator more
+  than its request does (farm.py's ExplainPrecompiledMiss).
 
-The same buckets serve as a plain per-tenant call rate (`take`), where a call costs the
-coordinator more than its request does (farm.py's ExplainPrecompiledMiss).
+`TenantSlots`: Watch streams, kernel waits and FetchArtifact streams one tenant holds
+open (farm.py).
 """
-
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+
+from services.coordinator import metrics
+from services.coordinator.errors import TenantQueueFull
+from torchfarm.trust.tokens import Tenant
+from torchfarm.wire.codes import Reason
 
 MAX_PEERS = 10_000
 """Peers remembered at once; the least recently seen is forgotten first (a full bucket)."""
@@ -35,7 +44,7 @@ def peer_host(peer: str) -> str:
     return peer
 
 
-class FailureLimiter:
+class TokenBuckets:
     """Each peer may fail `burst` times at once, then once every 1/`per_s` seconds."""
 
     def __init__(
@@ -77,3 +86,35 @@ class FailureLimiter:
         self._buckets.move_to_end(peer)
         while len(self._buckets) > self.max_peers:
             self._buckets.popitem(last=False)
+
+
+class TenantSlots:
+    """Long calls of `what` one tenant holds open in this process, up to `limit` (0: no
+    cap); past it, TenantQueueFull with `reason`. Each held call costs memory (a stalled
+    fetch keeps a few chunks), so a tenant past its cap is refused, not queued."""
+
+    def __init__(self, limit: int, what: str, reason: Reason):
+        self.limit = limit
+        self.what = what
+        self.reason = reason
+        self.held: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: Tenant) -> AsyncIterator[None]:
+        held = self.held.get(tenant.name, 0)
+        if self.limit and held >= self.limit:
+            metrics.QUOTA_REFUSALS.inc()
+            who = f"tenant {tenant.name!r}" if tenant.name else "this farm's (open) tenant"
+            raise TenantQueueFull(
+                f"{who} has {held} {self.what} open on this coordinator, the most it allows per "
+                f"tenant ({self.limit}); retry when some end", self.reason,
+            )
+        self.held[tenant.name] = held + 1
+        try:
+            yield
+        finally:
+            left = self.held[tenant.name] - 1
+            if left:
+                self.held[tenant.name] = left
+            else:
+                del self.held[tenant.name]

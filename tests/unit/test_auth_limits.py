@@ -11,7 +11,7 @@ import pytest
 
 from services.coordinator import auth
 from services.coordinator.proxies import TrustedProxies, bucket_of
-from services.coordinator.ratelimit import FailureLimiter, peer_host
+from services.coordinator.ratelimit import TokenBuckets, peer_host
 from services.coordinator.tokensource import TokenSource
 from torchfarm.trust import tokens
 
@@ -77,7 +77,7 @@ def test_the_file_is_checked_at_most_every_interval(tmp_path):
 
 def test_failed_attempts_drain_a_per_peer_bucket_that_refills():
     now = [0.0]
-    limiter = FailureLimiter(burst=3, per_s=0.5, clock=lambda: now[0])
+    limiter = TokenBuckets(burst=3, per_s=0.5, clock=lambda: now[0])
     for _ in range(3):
         assert limiter.allowed("10.0.0.1")
         limiter.failed("10.0.0.1")
@@ -90,7 +90,7 @@ def test_failed_attempts_drain_a_per_peer_bucket_that_refills():
 
 
 def test_the_limiter_forgets_peers_beyond_its_size():
-    limiter = FailureLimiter(burst=1, per_s=0.0, max_peers=2, clock=lambda: 0.0)
+    limiter = TokenBuckets(burst=1, per_s=0.0, max_peers=2, clock=lambda: 0.0)
     for peer in ("a", "b", "c"):
         limiter.failed(peer)
     assert len(limiter) == 2
@@ -210,7 +210,7 @@ def _interceptor(tmp_path, *pairs, trusted=()):
     path = tmp_path / "tokens.json"
     _write(path, *pairs)
     return auth.AuthInterceptor(
-        TokenSource(str(path)), FailureLimiter(burst=3, per_s=0.0, clock=lambda: 0.0),
+        TokenSource(str(path)), TokenBuckets(burst=3, per_s=0.0, clock=lambda: 0.0),
         trusted_proxies=TrustedProxies.parse(trusted),
     )
 
