@@ -427,7 +427,7 @@ class FarmBackend:
         code = f" [{e.code}]" if e.code else ""
         log.warning(
             "torchfarm: graph %d of %s %s (%s%s): %s",
-            index, self.name, instead, type(e).__name__, code, _first_line(str(e)),
+            index, self.name, instead, type(e).__name__, code, _warned_text(str(e)),
         )
         log.debug("torchfarm: graph %d of %s: the whole error: %s", index, self.name, e)
 
@@ -695,7 +695,8 @@ WARNED_CHARS = 600
 the lines after it Inductor's IR, kilobytes of it."""
 
 
-def _first_line(message: str) -> str:
+def _warned_text(message: str) -> str:
+    """The message, or, when it is long and runs over lines, its first line and a count."""
     first, _, rest = message.partition("\n")
     if not rest or len(message) <= WARNED_CHARS:
         return message
