@@ -31,8 +31,10 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, Operational
 """What a store or broker call raises when its backend is down or unreachable."""
 
 CHECK_THREADS = 2
-"""Threads checking requests. Pure Python holds the GIL, so more would not check faster;
-the loop still gets it every few milliseconds (sys.getswitchinterval)."""
+"""Threads checking requests. Pure Python holds the GIL, so more would not check faster,
+and each busy one takes the GIL from the loop at every switch interval
+(sys.getswitchinterval, 5 ms): the loop runs slower while large requests are checked,
+but it runs (a call's median 4 ms beside a 13 MiB graph's check, measured)."""
 
 
 class Runner:
