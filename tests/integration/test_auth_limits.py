@@ -3,49 +3,21 @@ real redis-server, Celery replaced by a recorder."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import grpc
 import pytest
 
-from localfarm.fakes import InlineDispatcher
-from localfarm.stack import free_port
-from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import running_coordinator
-from tests.requests import RELU_QUEUE, relu_request
+from tests.coordinator_server import token_farms, write_token_table
+from tests.requests import relu_request
 from torchfarm.trust import tokens
 from torchfarm.v1 import farm_pb2
 
 pytestmark = pytest.mark.integration
 
 
-def _write_table(path, entries: dict) -> None:
-    tmp = path.with_suffix(".new")
-    tmp.write_text(json.dumps(entries))
-    os.replace(tmp, path)
-
-
 @pytest.fixture
 def make_farm(store, tmp_path, redis_url):
     """Starts a coordinator with the token table given; yields (address, tokens file)."""
-    import contextlib
-
-    stack = contextlib.ExitStack()
-
-    def start(entries: dict, **over):
-        path = tmp_path / "tokens.json"
-        _write_table(path, entries)
-        port = free_port()
-        settings = CoordinatorSettings(
-            listen=f"127.0.0.1:{port}", cache_url=redis_url, tokens_file=str(path),
-            **{"tokens_check_s": 0.0, "poll_interval_s": 0.02, "grace_s": 1, **over},
-        )
-        store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
-        stack.enter_context(running_coordinator(settings, InlineDispatcher()))
-        return f"127.0.0.1:{port}", path
-
-    with stack:
+    with token_farms(store, tmp_path, redis_url) as start:
         yield start
 
 
@@ -71,12 +43,12 @@ def test_a_revoked_token_stops_working_without_a_restart(make_farm):
     alice, bob = tokens.new_token("alice"), tokens.new_token("bob")
     address, path = make_farm({**tokens.table_entry(alice, "alice"), **tokens.table_entry(bob, "bob")})
     assert _submit(address, alice).key
-    _write_table(path, tokens.table_entry(bob, "bob"))  # the operator removes alice's line
+    write_token_table(path, tokens.table_entry(bob, "bob"))  # the operator removes alice's line
     code, reason, _ = _refused(lambda: _submit(address, alice))
     assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
     assert _submit(address, bob).key
     carol = tokens.new_token("carol")  # and a new one works at once
-    _write_table(path, {**tokens.table_entry(bob, "bob"), **tokens.table_entry(carol, "carol")})
+    write_token_table(path, {**tokens.table_entry(bob, "bob"), **tokens.table_entry(carol, "carol")})
     assert _submit(address, carol).key
 
 

@@ -10,8 +10,6 @@ gRPC coordinator over a real redis-server, Celery replaced by a recorder.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import threading
 import time
@@ -19,14 +17,11 @@ import time
 import grpc
 import pytest
 
-from localfarm.fakes import InlineDispatcher
-from localfarm.stack import free_port
 from sdk.client import FarmClient
 from sdk.errors import FarmUnavailable, RequestTooLarge
 from sdk.settings import SDKSettings
-from services.coordinator.settings import CoordinatorSettings
-from tests.coordinator_server import running_coordinator
-from tests.requests import RELU_QUEUE, relu_request
+from tests.coordinator_server import token_farms
+from tests.requests import relu_request
 from torchfarm.trust import tokens
 from torchfarm.v1 import farm_pb2, farm_pb2_grpc
 from torchfarm.wire.manifest import PRECOMPILED, BlobRef, Manifest, blob_digest
@@ -40,24 +35,9 @@ KEY = "pc1-" + "c" * 64
 @pytest.fixture
 def start(store, tmp_path, redis_url):
     """Starts a coordinator for alice with the settings given; yields (address, alice's token)."""
-    stack = contextlib.ExitStack()
     alice = tokens.new_token("alice")
-
-    def run(**over) -> tuple[str, str]:
-        path = tmp_path / "tokens.json"
-        path.write_text(json.dumps(tokens.table_entry(alice, "alice")))
-        os.chmod(path, 0o600)
-        port = free_port()
-        settings = CoordinatorSettings(
-            listen=f"127.0.0.1:{port}", cache_url=redis_url, tokens_file=str(path),
-            **{"poll_interval_s": 0.02, "grace_s": 1, **over},
-        )
-        store.heartbeat("w1", [RELU_QUEUE, "cpu"], "test", ttl_s=60)
-        stack.enter_context(running_coordinator(settings, InlineDispatcher()))
-        return f"127.0.0.1:{port}", alice
-
-    with stack:
-        yield run
+    with token_farms(store, tmp_path, redis_url) as farms:
+        yield lambda **over: (farms(tokens.table_entry(alice, "alice"), **over)[0], alice)
 
 
 def _channel(address: str) -> grpc.Channel:
