@@ -10,21 +10,8 @@ from sdk import client as client_mod
 from sdk.client import StubClient
 from sdk.errors import FarmUnavailable, QuotaExceeded
 from sdk.settings import SDKSettings
+from tests.rpc_errors import Exhausted
 from torchfarm.v1 import farm_pb2
-
-
-class _Refused(grpc.RpcError):
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def code(self):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def details(self):
-        return "too many"
-
-    def trailing_metadata(self):
-        return (("torchfarm-reason", self.reason),)
 
 
 class _Stub:
@@ -35,7 +22,7 @@ class _Stub:
     def Watch(self, ref, timeout, metadata):
         self.calls += 1
         if self.refusals:
-            raise _Refused(self.refusals.pop(0))
+            raise Exhausted(self.refusals.pop(0))
         return iter([farm_pb2.JobStatus(key=ref.key, state=farm_pb2.SUCCEEDED)])
 
 

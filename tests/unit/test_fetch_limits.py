@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from localfarm.fakes import InlineDispatcher, memory_store
@@ -20,6 +19,7 @@ from sdk.settings import SDKSettings
 from services.coordinator.errors import TenantQueueFull
 from services.coordinator.farm import Farm
 from services.coordinator.settings import CoordinatorSettings
+from tests.rpc_errors import Exhausted
 from torchfarm.trust.tokens import Tenant
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire.codes import REASONS, Reason
@@ -100,22 +100,8 @@ def test_the_fetch_limit_is_a_retryable_quota_for_the_client():
     assert info.status == "RESOURCE_EXHAUSTED" and info.fallback
 
 
-class _Refused(grpc.RpcError):
-    def __init__(self, reason: str, details: str = "too many"):
-        self.reason, self._details = reason, details
-
-    def code(self):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def details(self):
-        return self._details
-
-    def trailing_metadata(self):
-        return (("torchfarm-reason", self.reason),) if self.reason else ()
-
-
 class _FetchStub:
-    def __init__(self, refusals: list[_Refused]):
+    def __init__(self, refusals: list[Exhausted]):
         self.refusals = refusals
         self.calls = 0
         self.timeouts: list[float] = []
@@ -131,7 +117,7 @@ class _FetchStub:
 
 def test_a_fetch_refused_for_the_cap_is_fetched_again(monkeypatch):
     monkeypatch.setattr(client_mod.time, "sleep", lambda s: None)
-    stub = _FetchStub([_Refused("FETCH_LIMIT"), _Refused("FETCH_LIMIT")])
+    stub = _FetchStub([Exhausted("FETCH_LIMIT"), Exhausted("FETCH_LIMIT")])
     client = StubClient("127.0.0.1:1", SDKSettings(direct_downloads=False), stub)
     assert client.fetch("k" * 64) == (b"{}", {"sha256:d": b"ab"})
     assert stub.calls == 3
@@ -141,7 +127,7 @@ def test_a_fetch_refused_for_the_cap_past_the_fetch_deadline_is_a_quota(monkeypa
     clock = [0.0]
     monkeypatch.setattr(client_mod.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr(client_mod.time, "monotonic", lambda: clock[0])
-    stub = _FetchStub([_Refused("FETCH_LIMIT") for _ in range(100)])
+    stub = _FetchStub([Exhausted("FETCH_LIMIT") for _ in range(100)])
     client = StubClient("127.0.0.1:1", SDKSettings(direct_downloads=False, fetch_timeout_s=5), stub)
     with pytest.raises(QuotaExceeded) as raised:
         client.fetch("k" * 64)
@@ -153,7 +139,7 @@ def test_a_fetch_fetched_again_keeps_to_the_first_ones_deadline(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(client_mod.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr(client_mod.time, "monotonic", lambda: clock[0])
-    stub = _FetchStub([_Refused("FETCH_LIMIT"), _Refused("FETCH_LIMIT")])
+    stub = _FetchStub([Exhausted("FETCH_LIMIT"), Exhausted("FETCH_LIMIT")])
     client = StubClient("127.0.0.1:1", SDKSettings(direct_downloads=False, fetch_timeout_s=10), stub)
     client.fetch("k" * 64)
     # Each wait counts against the one deadline: the last stream gets what is left.

@@ -6,7 +6,6 @@ grpc itself refuses: the limit, by name."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from sdk.client import StubClient
@@ -14,22 +13,9 @@ from sdk.errors import FarmUnavailable, RequestTooLarge
 from sdk.settings import SDKSettings
 from services.coordinator import server
 from services.coordinator.settings import CoordinatorSettings
+from tests.rpc_errors import Exhausted
 from torchfarm.v1 import farm_pb2
 from torchfarm.wire.codes import Reason
-
-
-class _Refused(grpc.RpcError):
-    def __init__(self, reason: str, details: str):
-        self.reason, self._details = reason, details
-
-    def code(self):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def details(self):
-        return self._details
-
-    def trailing_metadata(self):
-        return (("torchfarm-reason", self.reason),) if self.reason else ()
 
 
 def test_a_message_grpc_refused_for_its_size_is_request_too_large():
@@ -41,7 +27,7 @@ def test_a_message_grpc_refused_for_its_size_is_request_too_large():
             self.details = details
 
         def Submit(self, request, timeout, metadata):
-            raise _Refused("", self.details)
+            raise Exhausted("", self.details)
 
     def refused(details: str) -> RequestTooLarge:
         with pytest.raises(RequestTooLarge) as raised:
@@ -58,7 +44,7 @@ def test_a_message_grpc_refused_for_its_size_is_request_too_large():
 def test_a_farm_at_its_most_calls_is_unavailable_not_a_size_refusal():
     class _Stub:
         def GetFarmStatus(self, request, timeout, metadata):
-            raise _Refused("", "Concurrent RPC limit exceeded!")
+            raise Exhausted("", "Concurrent RPC limit exceeded!")
 
     with pytest.raises(FarmUnavailable) as raised:
         StubClient("127.0.0.1:1", SDKSettings(), _Stub()).status()
