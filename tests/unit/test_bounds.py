@@ -288,19 +288,25 @@ def test_the_distinct_size_expressions_of_a_graph_are_bounded_together():
         validate_graph(g)
 
 
-def test_a_repeated_size_expression_is_parsed_once(monkeypatch):
-    """Real graphs repeat the same few expressions: the same 4,000 strides all alike cost
-    one parse, and fit the bound however often they recur."""
-    from torchfarm.graph import graphcheck
-
+def _parses(monkeypatch, module) -> list[str]:
+    """The texts `module` hands to parse_sym_expr from now on, one entry per parse."""
     parsed: list[str] = []
-    original = graphcheck.parse_sym_expr
+    original = module.parse_sym_expr
 
     def counting(text, symbols, limits):
         parsed.append(text)
         return original(text, symbols, limits)
 
-    monkeypatch.setattr(graphcheck, "parse_sym_expr", counting)
+    monkeypatch.setattr(module, "parse_sym_expr", counting)
+    return parsed
+
+
+def test_a_repeated_size_expression_is_parsed_once(monkeypatch):
+    """Real graphs repeat the same few expressions: the same 4,000 strides all alike cost
+    one parse, and fit the bound however often they recur."""
+    from torchfarm.graph import graphcheck
+
+    parsed = _parses(monkeypatch, graphcheck)
     validate_graph(_strided(250, lambda i: _deep(7)))
     assert sorted(set(parsed)) == sorted(parsed)
     assert _deep(7) in parsed
@@ -311,14 +317,7 @@ def test_the_worker_parses_a_repeated_size_expression_once(monkeypatch):
     (and one sympy expression), not one each."""
     from torchfarm.fx import decode
 
-    parsed: list[str] = []
-    original = decode.parse_sym_expr
-
-    def counting(text, symbols, limits):
-        parsed.append(text)
-        return original(text, symbols, limits)
-
-    monkeypatch.setattr(decode, "parse_sym_expr", counting)
+    parsed = _parses(monkeypatch, decode)
     g = _strided(4, lambda i: "(((s0 + 7)))")
     g.nodes.pop(0)  # the [2, 3] placeholder: only the strided ones, and relu of the first
     g.nodes[-1].args[0].tuple.items[0].node = "p0"
