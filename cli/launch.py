@@ -12,6 +12,7 @@ its parent dies, even by SIGKILL: nothing is left behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -69,6 +70,7 @@ def redis_server() -> str:
     return path
 
 
+@functools.cache  # `up` asks at its checks and again for the ACL file: one process
 def redis_version() -> tuple[int, int]:
     """The installed redis-server's (major, minor), from `redis-server --version`
     ("Redis server v=7.0.15 ..."); (0, 0) where it says none."""
