@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sdk.errors import ArtifactRejected, ConfigError
-from torchfarm.files import others_may_write, write_atomic
+from torchfarm.files import foreign, write_atomic
 from torchfarm.fx import autotune
 from torchfarm.fx import meshes as fx_meshes
 from torchfarm.fx.cpp_kernels import KernelSpec, KernelSpecError, local_outputs
@@ -48,7 +48,7 @@ def check_private_cache() -> None:
             st = os.stat(directory)
         except FileNotFoundError:
             continue  # Inductor makes it, as this user
-        if st.st_uid not in (os.getuid(), 0) or others_may_write(st, private_group=True):
+        if foreign(st, root_ok=True, private_group=True):
             raise ConfigError(
                 f"{directory} is writable by others or owned by another user (uid {st.st_uid}, "
                 f"mode {stat.S_IMODE(st.st_mode):o}): code planted there would run in place of the "

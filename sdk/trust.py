@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
-from torchfarm.files import others_may_write
+from torchfarm.files import foreign
 from torchfarm.trust import trustfile
 from torchfarm.trust.signing import TrustedKeys
 from torchfarm.trust.tokens import TokenError, namespace_of
@@ -47,8 +47,10 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
     if path:
         for where in (Path(path), Path(path).parent):
             st = where.stat()
-            sticky = where.is_dir() and st.st_mode & stat.S_ISVTX  # others cannot replace the file
-            if st.st_uid not in (os.getuid(), 0) or (others_may_write(st, private_group=True) and not sticky):
+            # A sticky directory of the user's or root's (/tmp): others may write in it,
+            # but not replace the file.
+            sticky = where.is_dir() and st.st_mode & stat.S_ISVTX and st.st_uid in (os.getuid(), 0)
+            if foreign(st, root_ok=True, private_group=True) and not sticky:
                 raise ValueError(
                     f"{where} is writable by others or owned by another user (uid {st.st_uid}, mode "
                     f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w it)"

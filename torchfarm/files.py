@@ -3,7 +3,8 @@
 Every file the project writes where another process may read it (a kernel library
 Inductor dlopens, a blob the node's ranks share, a package, the tokens a coordinator
 reloads, a trust file, the toolchain record) goes through `write_atomic`. What the SDK
-reads or loads from a directory it did not make passes `others_may_write` first.
+reads or loads from a directory it did not make passes `others_may_write` first
+(`foreign`, with its owner).
 """
 
 from __future__ import annotations
@@ -50,3 +51,11 @@ def others_may_write(st: os.stat_result, private_group: bool = False) -> bool:
         return st.st_gid != os.getgid() or bool(grp.getgrgid(st.st_gid).gr_mem)
     except KeyError:
         return True
+
+
+def foreign(st: os.stat_result, *, root_ok: bool = False, private_group: bool = False) -> bool:
+    """Whether someone other than this user may have written the file or directory `st`
+    describes: another owner (root is not one, with `root_ok`: a mounted secret, an
+    installed tree), or anyone `others_may_write` names."""
+    owners = (os.getuid(), 0) if root_ok else (os.getuid(),)
+    return st.st_uid not in owners or others_may_write(st, private_group)

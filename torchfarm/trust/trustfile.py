@@ -28,7 +28,7 @@ import re
 import stat
 from pathlib import Path
 
-from torchfarm.files import others_may_write, write_atomic
+from torchfarm.files import foreign, write_atomic
 from torchfarm.trust.signing import TrustedKeys
 
 TRUST_DIR_MODE = 0o700
@@ -109,7 +109,7 @@ def find(address: str, directory: Path | None = None) -> tuple[TrustedKeys, Path
     except FileNotFoundError:
         return None
     for what, s in ((path, st), (path.parent, parent)):
-        if s.st_uid != os.getuid() or others_may_write(s):
+        if foreign(s):
             raise TrustFileError(
                 f"{what} is writable by others or not owned by this user (mode "
                 f"{stat.S_IMODE(s.st_mode):o}); refusing its keys (chmod go-w, or delete it)"
