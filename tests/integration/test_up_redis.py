@@ -63,6 +63,14 @@ def test_a_client_without_the_password_is_refused(farm):
                 stranger.config_get("requirepass")
 
 
+def test_the_farms_own_user_may_not_administer_the_server(farm):
+    farm, _ = farm
+    r = redis.Redis.from_url(farm.redis_url)
+    for command in (("CONFIG", "SET", "maxmemory", "1"), ("FLUSHALL",), ("REPLICAOF", "127.0.0.1", "1")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.execute_command(*command)
+
+
 def test_the_password_reaches_the_processes_in_files_only_their_user_reads(farm):
     farm, env = farm
     for name in ("BROKER_URL", "CACHE_URL", "STATE_URL"):

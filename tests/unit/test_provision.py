@@ -12,6 +12,7 @@ import redis
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID
 
+from cli.launch import redis_version
 from torchfarm.trust import provision as prov
 from torchfarm.trust.signing import Signer, TrustedKeys
 from torchfarm.trust.tokens import TokenTable
@@ -110,15 +111,18 @@ def test_main_reads_its_defaults_from_the_environment(tmp_path):
     assert seen["state"] == "redis-state:6379"
 
 
-@pytest.mark.integration
-def test_redis_accepts_each_role_and_the_anonymous_user_only_pings(tmp_path):
-    """The ACL file as a real redis-server loads it."""
+@pytest.fixture
+def broker(tmp_path):
+    """A real redis-server loading provision's broker.acl; yields its port."""
     from localfarm.stack import free_port
 
     port = free_port()
     _run(tmp_path, broker=f"127.0.0.1:{port}")
+    # From 7.0 Redis refuses MODULE and DEBUG whoever asks unless told otherwise; enabled
+    # here, only the ACL refuses them.
+    enabled = ["--enable-module-command", "yes", "--enable-debug-command", "yes"] if redis_version() >= (7, 0) else []
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--aclfile", str(tmp_path / "redis/broker.acl"), "--dir", str(tmp_path)],
+                             "--aclfile", str(tmp_path / "redis/broker.acl"), "--dir", str(tmp_path), *enabled],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         anon = redis.Redis(port=port)
@@ -128,14 +132,57 @@ def test_redis_accepts_each_role_and_the_anonymous_user_only_pings(tmp_path):
                 break
             except redis.ConnectionError:
                 time.sleep(0.05)
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            anon.get("k")
-        for role in prov.ROLES:
-            r = redis.Redis.from_url((tmp_path / role / "broker-url").read_text().strip())
-            r.set(f"k-{role}", "v")
-            assert r.get(f"k-{role}") == b"v"
-        with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=port, username="worker", password="wrong").ping()
+        yield port
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.integration
+def test_redis_accepts_each_role_and_the_anonymous_user_only_pings(tmp_path, broker):
+    """The ACL file as a real redis-server loads it."""
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis(port=broker).get("k")
+    for role in prov.ROLES:
+        r = redis.Redis.from_url((tmp_path / role / "broker-url").read_text().strip())
+        r.set(f"k-{role}", "v")
+        assert r.get(f"k-{role}") == b"v"
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=broker, username="worker", password="wrong").ping()
+
+
+# What a leaked role password must not do to the server: wipe it whole, stop it, rewrite
+# its settings (memory, persistence, files), make it a replica of another host (whose
+# data it would then serve, the first step of loading a module from it), or load a module.
+SERVER_COMMANDS = [("FLUSHALL",), ("FLUSHDB",), ("SWAPDB", "0", "1"), ("CONFIG", "SET", "maxmemory", "1"),
+                   ("CONFIG", "GET", "dir"), ("REPLICAOF", "127.0.0.1", "1"), ("SHUTDOWN", "NOSAVE"),
+                   ("MODULE", "LOAD", "/tmp/x.so"), ("BGSAVE",), ("ACL", "SETUSER", "x", "on"),
+                   ("CLIENT", "KILL", "TYPE", "normal"), ("DEBUG", "SLEEP", "0")]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", SERVER_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_role_may_not_run_server_commands(tmp_path, broker, command):
+    for role in prov.ROLES:
+        r = redis.Redis.from_url((tmp_path / role / "broker-url").read_text().strip())
+        r.set("kept", "1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.execute_command(*command)
+        assert r.get("kept") == b"1"
+
+
+@pytest.mark.integration
+def test_a_role_may_run_what_the_farm_runs(tmp_path, broker):
+    """Scripts, pub/sub, transactions, scans, INFO (the queue gauges' memory) and the
+    client's name, which redis-py, Celery and kombu send."""
+    r = redis.Redis.from_url((tmp_path / "worker" / "broker-url").read_text().strip())
+    assert r.eval("return redis.call('SET', KEYS[1], ARGV[1])", 1, "k", "v") == b"OK"
+    assert r.publish("ch", "m") == 0
+    with r.pipeline(transaction=True) as p:
+        p.watch("k")
+        p.multi()
+        p.lpush("q", "x")
+        p.execute()
+    assert sorted(r.scan_iter()) == [b"k", b"q"]
+    assert r.info()["used_memory"] > 0
+    assert r.client_setname("worker-1")

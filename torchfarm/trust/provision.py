@@ -176,14 +176,22 @@ def _redis(dirs: dict[str, Path], broker: str, cache: str, state: str) -> None:
             _write(dirs[role] / f"{instance}-url", redis_url(role, passwords[role], address, db) + "\n", 0o600)
 
 
+# What no role runs and a leaked password must not: the server's administration (CONFIG,
+# SHUTDOWN, REPLICAOF, MODULE, SAVE, ACL, DEBUG, CLIENT KILL, MONITOR...) and wiping or
+# swapping whole databases. Replicating from a stranger's host and loading a module from
+# the file it sent is how a Redis password becomes code on the Redis host.
+SERVER_COMMANDS = "-@admin -flushall -flushdb -swapdb"
+
+
 def redis_acl(passwords: Mapping[str, str], channels: bool = True) -> str:
-    """A Redis ACL file: one user per name, with its password, allowed everything. The
-    unauthenticated default user may PING only: health checks need no password.
-    `channels=False` leaves out the pub/sub channels rule (`&*`), which Redis reads from
-    6.2 on and 6.0 refuses (channels are all allowed there anyway)."""
-    everything = "~* &* +@all" if channels else "~* +@all"
+    """A Redis ACL file: one user per name, with its password, allowed every key and
+    every command but `SERVER_COMMANDS`. The unauthenticated default user may PING only:
+    health checks need no password. `channels=False` leaves out the pub/sub channels rule
+    (`&*`), which Redis reads from 6.2 on and 6.0 refuses (channels are all allowed there
+    anyway)."""
+    rules = f"~* &* +@all {SERVER_COMMANDS}" if channels else f"~* +@all {SERVER_COMMANDS}"
     return "user default on nopass -@all +ping\n" + "".join(
-        f"user {user} on >{pw} {everything}\n" for user, pw in passwords.items()
+        f"user {user} on >{pw} {rules}\n" for user, pw in passwords.items()
     )
 
 
