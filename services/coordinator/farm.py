@@ -175,7 +175,7 @@ class Farm:
                 f"request is {size} bytes; the farm accepts at most "
                 f"{self.settings.max_request_bytes}"
             )
-        queue, key = await self.runner.compute(self._checked, request, tenant.namespace)
+        queue, key = await self.runner.compute(self._checked, request, tenant.namespace, tenant=tenant.namespace)
         result = await self.runner.run(self._submit_sync, key, queue, request, tenant)
         metrics.REQUESTS.labels(outcome=_outcome(result)).inc()
         log.info(
@@ -480,7 +480,8 @@ class Farm:
         """Stores a client's precompiled package in its namespace, unread
         (services/coordinator/precompiled.py); returns its key."""
         manifest, blobs, record = await self.runner.compute(
-            precompiled.check_upload, upload, tenant.namespace, self.settings.max_request_bytes
+            precompiled.check_upload, upload, tenant.namespace, self.settings.max_request_bytes,
+            tenant=tenant.namespace,
         )
         store = self.store.tenant(tenant.namespace)
         await self.runner.run(storage.admit_upload, store, self.settings, upload.ByteSize())

@@ -83,10 +83,10 @@ class KernelService:
             raise RequestTooLarge(
                 f"request is {size} bytes; the farm accepts at most {settings.max_request_bytes}"
             )
-        target, queue = await self.runner.compute(_checked, request)
+        target, queue = await self.runner.compute(_checked, request, tenant=namespace)
         workers = await self.runner.run(self.farm.store.live_workers)
         request = _with_triton_version(request, str(target), workers)
-        key = await self.runner.compute(keys.compute_kernel_key, request, namespace)
+        key = await self.runner.compute(keys.compute_kernel_key, request, namespace, tenant=namespace)
         store = self.farm.store.tenant(namespace)
         manifest = await self.runner.run(self._start, store, key, queue, request, tenant)
         hit = manifest is not None

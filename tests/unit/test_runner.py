@@ -160,3 +160,53 @@ def test_an_uploads_and_a_kernels_checks_run_off_the_event_loop(monkeypatch):
     spies.off(lambda: kernels.compile(request, 0))
     assert set(spies.ran) == {"check_upload", "check_kernel_source"}
     assert loop not in spies.ran.values()
+
+
+def test_one_tenants_checks_leave_a_thread_for_the_others():
+    """A tenant streaming large graphs holds at most all but one check thread: another
+    tenant's Submit is checked at once, not behind its queue."""
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(30)
+        return "a"
+
+    async def main() -> str:
+        runner = Runner()
+        flood = [asyncio.ensure_future(runner.compute(slow, tenant="team-a")) for _ in range(4)]
+        await asyncio.sleep(0.05)  # the flood reaches the threads first
+        try:
+            return await asyncio.wait_for(runner.compute(str.upper, "b", tenant="team-b"), 10)
+        finally:
+            release.set()
+            assert await asyncio.gather(*flood) == ["a"] * 4
+
+    assert asyncio.run(main()) == "B"
+
+
+def test_the_open_farms_one_tenant_uses_every_check_thread():
+    both = threading.Barrier(2, timeout=10)
+
+    async def main() -> list[int]:
+        runner = Runner()
+        return await asyncio.gather(*(runner.compute(both.wait) for _ in range(2)))
+
+    assert sorted(asyncio.run(main())) == [0, 1]
+
+
+def test_the_farm_checks_a_submit_in_its_tenants_share(monkeypatch):
+    seen: list[str] = []
+    farm = Farm(CoordinatorSettings(), memory_store(), InlineDispatcher())
+    compute = farm.runner.compute
+
+    async def spied(fn, *args, tenant=""):
+        seen.append(tenant)
+        return await compute(fn, *args, tenant=tenant)
+
+    monkeypatch.setattr(farm.runner, "compute", spied)
+    from services.coordinator.errors import NoWorker
+    from torchfarm.trust.tokens import Tenant
+
+    with pytest.raises(NoWorker):  # checked, then found no worker: this farm has none
+        asyncio.run(farm.submit(relu_request(), 0, Tenant(name="alice", namespace="team-a")))
+    assert seen == ["team-a"]
