@@ -135,7 +135,7 @@ def _map_error(e: grpc.RpcError, what: str, key: str = "") -> FarmError:
 _QUOTAS = frozenset({
     Reason.TENANT_QUEUE_FULL, Reason.AUTH_THROTTLED, Reason.STORAGE_QUOTA, Reason.UPLOAD_RATE, Reason.WATCH_LIMIT,
     Reason.EXPLAIN_RATE,
-    Reason.FETCH_LIMIT,
+    Reason.FETCH_LIMIT, Reason.LISTING_LIMIT,
 })
 """RESOURCE_EXHAUSTED reasons that are a tenant's quota or rate, not the request's size."""
 

@@ -5,6 +5,10 @@ evicts only its own namespace's entries. An entry is a manifest (`tf:artifact:<k
 with its use stats (`tf:stat:<key>`: hits, last hit, label), which `Farm.submit`
 updates on every cache hit.
 
+A listing or an eviction reads and parses every manifest of the namespace, so a tenant
+runs `max_listings_per_tenant` of them at once at most, and parses in its share of the
+check threads (runner.py): a namespace of tens of thousands of entries takes seconds.
+
 Evicting removes the manifest and its stats; the key compiles again on its next submit.
 Blobs are not deleted: they are content-addressed and shared between entries and
 between namespaces (and with the kernel records), so knowing that none refers to a
@@ -24,7 +28,9 @@ from dataclasses import dataclass, field
 
 from services.coordinator.errors import InvalidRequest
 from services.coordinator.farm import Farm
+from services.coordinator.ratelimit import TenantSlots
 from services.coordinator.runner import Runner
+from torchfarm.trust.tokens import OPEN, Tenant
 from torchfarm.wire import keys, targets
 from torchfarm.wire.codes import Reason
 from torchfarm.wire.manifest import Manifest, ManifestError
@@ -123,9 +129,12 @@ class CacheService:
         self.farm = farm
         self.runner = runner
         """Where each blocking store call runs: the one `farm` uses."""
+        self._running = TenantSlots(
+            farm.settings.max_listings_per_tenant, "cache listings and evictions", Reason.LISTING_LIMIT)
 
-    async def list(self, filters: Filters, limit: int, namespace: str = "") -> Listing:
-        matched = await self.runner.run(self._matching, filters, namespace)
+    async def list(self, filters: Filters, limit: int, tenant: Tenant = OPEN) -> Listing:
+        async with self._running.hold(tenant):
+            matched = await self._matching(filters, tenant)
         by_target: dict[str, list[Entry]] = {}
         for e in matched:
             by_target.setdefault(e.target, []).append(e)
@@ -136,35 +145,42 @@ class CacheService:
         )
 
     # `builtins.list`: in this class, after `def list`, a bare `list` names the method.
-    async def evict(self, filters: Filters, everything: bool, namespace: str = "") -> builtins.list[Entry]:
+    async def evict(self, filters: Filters, everything: bool, tenant: Tenant = OPEN) -> builtins.list[Entry]:
         if not (everything or filters.keys or filters.target or filters.older_than_s):
             raise InvalidRequest(
                 "evict needs keys, all, or a filter (target, older than)", Reason.NOTHING_TO_EVICT
             )
-        matched = await self.runner.run(self._matching, filters, namespace)
-        store = self.farm.store.tenant(namespace)
-        await self.runner.run(store.evict_artifacts, [e.key for e in matched])
+        async with self._running.hold(tenant):
+            matched = await self._matching(filters, tenant)
+            store = self.farm.store.tenant(tenant.namespace)
+            await self.runner.run(store.evict_artifacts, [e.key for e in matched])
         for e in matched:
             log.info("key=%s evicted (%s, %d bytes, %d hits)", keys.short(e.key), e.target,
                      e.bytes, e.hits)
         return matched
 
-    def _matching(self, filters: Filters, namespace: str) -> builtins.list[Entry]:
+    async def _matching(self, filters: Filters, tenant: Tenant) -> builtins.list[Entry]:
+        """The tenant's entries the filters match, newest first."""
         wanted = _check_filters(filters)
-        store = self.farm.store.tenant(namespace)
-        entries = [e for e in (_entry(*row) for row in store.my_artifacts()) if e is not None]
-        if filters.keys:
-            entries = _by_prefix(entries, filters.keys)
-        now = time.time()
-        return sorted(
-            (
-                e for e in entries
-                if (not wanted or e.target == wanted)
-                and (not filters.older_than_s or now - e.created >= filters.older_than_s)
-            ),
-            key=lambda e: e.created,
-            reverse=True,
-        )
+        rows = await self.runner.run(self.farm.store.tenant(tenant.namespace).my_artifacts)
+        return await self.runner.compute(_matched, rows, filters, wanted, tenant=tenant.namespace)
+
+
+def _matched(rows: builtins.list[tuple[str, bytes, dict[str, str]]], filters: Filters,
+             wanted: str) -> builtins.list[Entry]:
+    entries = [e for e in (_entry(*row) for row in rows) if e is not None]
+    if filters.keys:
+        entries = _by_prefix(entries, filters.keys)
+    now = time.time()
+    return sorted(
+        (
+            e for e in entries
+            if (not wanted or e.target == wanted)
+            and (not filters.older_than_s or now - e.created >= filters.older_than_s)
+        ),
+        key=lambda e: e.created,
+        reverse=True,
+    )
 
 
 def _check_filters(filters: Filters) -> str:

@@ -197,7 +197,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         async with _ErrorMapping(context):
             listing = await self.cache.list(
                 _filters(request.target, request.older_than_seconds, request.keys),
-                request.limit, auth.caller().namespace,
+                request.limit, auth.caller(),
             )
             now = time.time()
             return farm_pb2.CacheListing(
@@ -214,7 +214,7 @@ class CompileFarmServicer(farm_pb2_grpc.CompileFarmServicer):
         async with _ErrorMapping(context):
             evicted = await self.cache.evict(
                 _filters(request.target, request.older_than_seconds, request.keys),
-                request.all, auth.caller().namespace,
+                request.all, auth.caller(),
             )
             shared: dict[str, int] = {}
             for e in evicted:

@@ -58,6 +58,10 @@ class CoordinatorSettings:
     """FetchArtifact streams one tenant may hold open at once on one coordinator process
     (RESOURCE_EXHAUSTED, reason FETCH_LIMIT, past it; the SDK waits and fetches again); each
     stalled stream holds a few chunks in memory. 0 turns the cap off."""
+    max_listings_per_tenant: int = 2
+    """ListArtifacts and EvictArtifacts calls one tenant may run at once on one coordinator
+    process (RESOURCE_EXHAUSTED, reason LISTING_LIMIT, past it): each reads and parses
+    every manifest of the namespace. 0 turns the cap off."""
     grace_s: float = 10.0
     """On SIGTERM, in-flight calls get this long to finish."""
     metrics_port: int = 0

@@ -174,11 +174,11 @@ def test_cache_view_is_scoped_to_the_tenant_and_counts_hits(store):
         assert (await farm.submit(req, req.ByteSize(), alice)).cache_hit
         assert (await farm.submit(req, req.ByteSize(), alice)).cache_hit
         return (
-            await cache.list(Filters(), 100, "alice"),
-            await cache.list(Filters(), 100, "bob"),
-            await cache.list(Filters(), 100, ""),
-            await cache.list(Filters(target="cuda:sm_90"), 100, "alice"),
-            await cache.list(Filters(older_than_s=3600), 1, "alice"),
+            await cache.list(Filters(), 100, alice),
+            await cache.list(Filters(), 100, bob),
+            await cache.list(Filters(), 100, OPEN),
+            await cache.list(Filters(target="cuda:sm_90"), 100, alice),
+            await cache.list(Filters(older_than_s=3600), 1, alice),
         )
 
     mine, bobs, open_, cuda, old = asyncio.run(scenario())
@@ -194,17 +194,17 @@ def test_cache_view_is_scoped_to_the_tenant_and_counts_hits(store):
     assert len(old.entries) == 1 and old.matched.entries == 2
 
     with pytest.raises(InvalidRequest, match="matches 2 entries"):
-        asyncio.run(cache.evict(Filters(keys=("abababab",)), False, "alice"))
+        asyncio.run(cache.evict(Filters(keys=("abababab",)), False, alice))
     with pytest.raises(InvalidRequest, match="needs keys"):
-        asyncio.run(cache.evict(Filters(), False, "alice"))
+        asyncio.run(cache.evict(Filters(), False, alice))
     with pytest.raises(InvalidRequest):
-        asyncio.run(cache.list(Filters(target="gpu:9000"), 10, "alice"))
+        asyncio.run(cache.list(Filters(target="gpu:9000"), 10, alice))
 
     # Bob cannot evict Alice's entry even by its full key; Alice can.
-    assert asyncio.run(cache.evict(Filters(keys=(alice_key,)), False, "bob")) == []
-    assert [e.key for e in asyncio.run(cache.evict(Filters(keys=(alice_key,)), False, "alice"))] == [alice_key]
+    assert asyncio.run(cache.evict(Filters(keys=(alice_key,)), False, bob)) == []
+    assert [e.key for e in asyncio.run(cache.evict(Filters(keys=(alice_key,)), False, alice))] == [alice_key]
     assert store.tenant("alice").get_manifest_bytes(alice_key) is None
     assert not store.r.exists(f"tf:stat:alice:{alice_key}")
-    evicted = asyncio.run(cache.evict(Filters(target="cuda:sm_90"), False, "alice"))
-    assert len(evicted) == 2 and asyncio.run(cache.list(Filters(), 10, "alice")).matched.entries == 0
-    assert asyncio.run(cache.list(Filters(), 10, "bob")).matched.entries == 1  # untouched
+    evicted = asyncio.run(cache.evict(Filters(target="cuda:sm_90"), False, alice))
+    assert len(evicted) == 2 and asyncio.run(cache.list(Filters(), 10, alice)).matched.entries == 0
+    assert asyncio.run(cache.list(Filters(), 10, bob)).matched.entries == 1  # untouched

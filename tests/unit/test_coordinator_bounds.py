@@ -6,6 +6,7 @@ manifests of up to the whole request size."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -41,6 +42,70 @@ def test_a_cache_query_names_a_bounded_list_of_keys(prefixes):
 def test_the_most_keys_a_query_may_name_still_list():
     listing = asyncio.run(_service().list(Filters(keys=tuple(f"{i:08x}" for i in range(MAX_FILTER_KEYS))), 10))
     assert listing.entries == []
+
+
+class _HeldListing:
+    """A cache service whose reads of a namespace's manifests wait for `release`, as a
+    large namespace's do (tens of thousands of manifests: seconds each)."""
+
+    def __init__(self, **settings) -> None:
+        self.release = threading.Event()
+        self.farm = Farm(CoordinatorSettings(**settings), memory_store(), InlineDispatcher())
+        self.service = CacheService(self.farm, self.farm.runner)
+        tenant = self.farm.store.tenant
+        release = self.release
+
+        def slow_view(namespace: str):
+            view = tenant(namespace)
+            reads = view.my_artifacts
+
+            def held():
+                release.wait(30)
+                return reads()
+
+            view.my_artifacts = held
+            return view
+
+        self.farm.store.tenant = slow_view
+
+
+def test_a_tenants_cache_listings_at_once_are_capped():
+    """Each listing reads and parses every manifest of the namespace: a tenant running
+    dozens at once held the coordinator's store threads, and the interpreter, from every
+    other tenant's calls."""
+    held = _HeldListing(max_listings_per_tenant=2)
+    alice, bob = Tenant("alice", "alice"), Tenant("bob", "bob")
+
+    async def scenario() -> None:
+        running = [asyncio.ensure_future(held.service.list(Filters(), 10, alice)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(TenantQueueFull) as refused:
+            await held.service.list(Filters(), 10, alice)
+        assert refused.value.reason == Reason.LISTING_LIMIT
+        with pytest.raises(TenantQueueFull):
+            await held.service.evict(Filters(), True, alice)
+        bobs = asyncio.ensure_future(held.service.list(Filters(), 10, bob))  # his own cap
+        await asyncio.sleep(0.05)
+        held.release.set()
+        assert [(await r).matched.entries for r in (*running, bobs)] == [0, 0, 0]
+        assert (await held.service.list(Filters(), 10, alice)).matched.entries == 0  # the slots came back
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_listings_manifests_are_parsed_in_the_tenants_check_share(monkeypatch):
+    service = _service()
+    compute = service.runner.compute
+    shares: list[str] = []
+
+    async def spied(fn, *args, tenant=""):
+        shares.append(tenant)
+        return await compute(fn, *args, tenant=tenant)
+
+    monkeypatch.setattr(service.runner, "compute", spied)
+    asyncio.run(service.list(Filters(), 10, Tenant("alice", "team-a")))
+    asyncio.run(service.evict(Filters(), True, Tenant("alice", "team-a")))
+    assert shares == ["team-a", "team-a"]
 
 
 def test_an_upload_with_a_manifest_over_the_bound_is_refused():

@@ -37,6 +37,7 @@ class RaisingFarm:
         self.error: BaseException = RuntimeError("unset")
         self.calls = 0
         self.runner = Runner()  # what the servicer hands its kernel and cache services
+        self.settings = CoordinatorSettings()  # what its cache service reads its cap from
 
     async def submit(self, request, size, tenant):
         self.calls += 1

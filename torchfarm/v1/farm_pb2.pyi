@@ -234,6 +234,7 @@ class Failure(_message.Message):
         UPLOAD_RATE: _ClassVar[Failure.Reason]
         EXPLAIN_RATE: _ClassVar[Failure.Reason]
         FETCH_LIMIT: _ClassVar[Failure.Reason]
+        LISTING_LIMIT: _ClassVar[Failure.Reason]
     REASON_UNSPECIFIED: Failure.Reason
     INTERNAL: Failure.Reason
     INVALID_REQUEST: Failure.Reason
@@ -265,6 +266,7 @@ class Failure(_message.Message):
     UPLOAD_RATE: Failure.Reason
     EXPLAIN_RATE: Failure.Reason
     FETCH_LIMIT: Failure.Reason
+    LISTING_LIMIT: Failure.Reason
     def __init__(self) -> None: ...
 
 class ArtifactRejection(_message.Message):

@@ -91,6 +91,7 @@ class Reason(_ProtoEnum):
     UPLOAD_RATE = "UPLOAD_RATE"
     EXPLAIN_RATE = "EXPLAIN_RATE"
     FETCH_LIMIT = "FETCH_LIMIT"
+    LISTING_LIMIT = "LISTING_LIMIT"
 
 
 class Stage(_ProtoEnum):
@@ -237,6 +238,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     Reason.EXPLAIN_RATE: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
     # Like WATCH_LIMIT: the client waits and fetches again itself, within its fetch deadline.
     Reason.FETCH_LIMIT: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
+    # `torchfarm cache ls/evict` says so; the user runs it again when another has ended.
+    Reason.LISTING_LIMIT: ReasonInfo("RESOURCE_EXHAUSTED", retryable=False),
 }
 """Every refusal's status and meaning for the client."""
 
