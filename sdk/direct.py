@@ -2,12 +2,16 @@
 hands out, in parallel, each checked against its digest before anything trusts it.
 
 The manifest's signature is verified afterwards exactly as for streamed bytes
-(sdk/artifact.py): a URL only says where bytes are, never what they may be.
+(sdk/artifact.py): a URL only says where bytes are, never what they may be. Where a
+URL may point is checked when it is followed (`check_url`) and again on the addresses
+each connection goes to.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.client
 import ipaddress
 import logging
 import socket
@@ -17,7 +21,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.message import Message
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from sdk.blobcache import BlobCache
@@ -49,9 +53,6 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         raise ArtifactRejected(f"the blob URL answered with a redirect (HTTP {code}); direct downloads follow none")
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
 def check_url(url: str, loopback_ok: bool) -> None:
     """ArtifactRejected unless `url` is http(s) to a host a blob store may be on. The farm
     names the URL and this machine GETs it before any signature is checked, so a farm, or
@@ -62,13 +63,19 @@ def check_url(url: str, loopback_ok: bool) -> None:
     host = parts.hostname
     if parts.scheme not in ("http", "https") or not host:
         raise ArtifactRejected("the farm sent a blob URL that is not http(s) to a host", Rejection.MALFORMED)
+    _resolve(host, None, loopback_ok)
+
+
+def _resolve(host: str, port: int | None, loopback_ok: bool) -> list[str]:
+    """Every address `host` resolves to, once each, or ArtifactRejected if any is one
+    `check_url` refuses: a name is as good as the address it stands for."""
     try:
-        # Every address the name has: a name is as good as the address it stands for.
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as e:
         raise ArtifactRejected(f"blob URL host {host!r} does not resolve ({e})") from e
-    for *_, sockaddr in infos:
-        for ip in _addresses(ipaddress.ip_address(sockaddr[0])):
+    found = list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in infos))
+    for address in found:
+        for ip in _addresses(ipaddress.ip_address(address)):
             if (
                 ip.is_link_local or ip.is_unspecified or ip.is_multicast or any(ip in n for n in _METADATA)
                 or (ip.is_loopback and not loopback_ok)
@@ -76,6 +83,7 @@ def check_url(url: str, loopback_ok: bool) -> None:
                 raise ArtifactRejected(
                     f"blob URL host {host!r} is {ip}, which a farm's links may not name", Rejection.MALFORMED
                 )
+    return found
 
 
 _METADATA = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("fd00:ec2::254/128"))
@@ -96,6 +104,64 @@ def _addresses(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipaddr
     return found
 
 
+def _connect(
+    address: tuple[str, int], timeout: float | None, source_address: tuple[str, int] | None = None,
+    *, loopback_ok: bool,
+) -> socket.socket:
+    """socket.create_connection, to the addresses of the one look-up `_resolve` checked.
+    The check's own look-up is not enough: whoever answers for the host could name a
+    public address to it and this machine or a metadata service to the next."""
+    host, port = address
+    error: OSError = OSError(f"no address for {host!r}")
+    for ip in _resolve(host, port, loopback_ok):
+        try:
+            return socket.create_connection((ip, port), timeout, source_address)
+        except OSError as e:
+            error = e
+    raise error
+
+
+class _CheckedHTTPConnection(http.client.HTTPConnection):
+    """Connects as `_connect` does; the host name stays the Host header's (and, over
+    TLS, the name sent and the certificate is verified against)."""
+
+    def __init__(self, *args: Any, loopback_ok: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # http.client opens every connection through this attribute.
+        self._create_connection = functools.partial(_connect, loopback_ok=loopback_ok)
+
+
+class _CheckedHTTPSConnection(_CheckedHTTPConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _CheckedHTTP(urllib.request.HTTPHandler):
+    """Opens http:// URLs on `_CheckedHTTPConnection`s."""
+
+    def __init__(self, loopback_ok: bool):
+        super().__init__()
+        self.loopback_ok = loopback_ok
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        if req.has_proxy():  # the proxy looks the host up and connects (docs/security.md)
+            return super().http_open(req)
+        return self.do_open(_CheckedHTTPConnection, req, loopback_ok=self.loopback_ok)
+
+
+class _CheckedHTTPS(urllib.request.HTTPSHandler):
+    """Opens https:// URLs on `_CheckedHTTPSConnection`s (the default TLS context: the
+    system's CAs, the host name checked)."""
+
+    def __init__(self, loopback_ok: bool):
+        super().__init__()
+        self.loopback_ok = loopback_ok
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        if getattr(req, "_tunnel_host", None):  # through a proxy's CONNECT, as above
+            return super().https_open(req)
+        return self.do_open(_CheckedHTTPSConnection, req, loopback_ok=self.loopback_ok)
+
+
 class _Checked:
     """`check_url` once per scheme and host, from the download threads."""
 
@@ -112,14 +178,17 @@ class _Checked:
                 self._hosts.add((parts.scheme, parts.netloc))
 
 
-def download(link: Link, timeout_s: float) -> bytes:
+def download(link: Link, timeout_s: float, *, loopback_ok: bool) -> bytes:
     """One blob's bytes from its URL: exactly `size` bytes of the digest, or ArtifactRejected,
-    also when they have not all come within about `timeout_s` (then the caller streams)."""
+    also when they have not all come within about `timeout_s` (then the caller streams), or
+    when the connection would go to an address `check_url` refuses."""
     if urlsplit(link.url).scheme not in ("http", "https"):
         raise ArtifactRejected(f"blob {link.digest[:19]}: the farm sent a URL that is not http(s)")
     digest, parts, got = hashlib.sha256(), [], 0
     deadline = time.monotonic() + timeout_s
-    with _OPENER.open(link.url, timeout=timeout_s) as reply:
+    # Built for each blob, as cheap as its request: HTTP(S)_PROXY as the process has it now.
+    opener = urllib.request.build_opener(_NoRedirects, _CheckedHTTP(loopback_ok), _CheckedHTTPS(loopback_ok))
+    with opener.open(link.url, timeout=timeout_s) as reply:
         # Hashed as it arrives, not in a pass after: the digest costs no wall time of its own.
         # read1 returns what has come, so a store that sends a byte at a time meets the deadline.
         while got <= link.size and (part := reply.read1(min(CHUNK, link.size + 1 - got))):
@@ -145,7 +214,7 @@ def download_all(
 
     def fetch(link: Link) -> bytes:
         checked(link.url)
-        return download(link, timeout_s)
+        return download(link, timeout_s, loopback_ok=loopback_ok)
 
     def one(link: Link) -> bytes:
         if cache is None:

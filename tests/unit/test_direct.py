@@ -14,6 +14,7 @@ import redis
 from sdk.blobcache import BlobCache
 from sdk.direct import Link, download, download_all
 from sdk.errors import ArtifactRejected
+from tests.tls import make_pki
 from torchfarm.storage.blobs import open_blobs
 
 
@@ -47,7 +48,7 @@ def test_bytes_at_the_url_that_do_not_match_the_digest_are_refused(s3, tmp_path)
     s3.s3.put_object(Bucket=s3.bucket, Key=s3._key(digest_of(real)), Body=evil)
     link = Link(digest_of(real), len(real), s3.presign(digest_of(real), 60))
     with pytest.raises(ArtifactRejected, match="digest"):
-        download(link, 10)
+        download(link, 10, loopback_ok=True)
     with pytest.raises(ArtifactRejected):
         download_all([link], 10, BlobCache(tmp_path, 1 << 20), loopback_ok=True)
     assert BlobCache(tmp_path, 1 << 20).entries() == []  # nothing bad was cached
@@ -59,12 +60,12 @@ def test_a_url_serving_more_or_fewer_bytes_than_the_manifest_says_is_refused(s3)
     url = s3.presign(digest_of(data), 60)
     for size in (99, 101):
         with pytest.raises(ArtifactRejected, match="bytes"):
-            download(Link(digest_of(data), size, url), 10)
+            download(Link(digest_of(data), size, url), 10, loopback_ok=True)
 
 
 def test_a_url_that_is_not_http_is_refused_before_it_is_opened():
     with pytest.raises(ArtifactRejected, match="http"):
-        download(Link(digest_of(b""), 0, "file:///etc/passwd"), 10)
+        download(Link(digest_of(b""), 0, "file:///etc/passwd"), 10, loopback_ok=True)
 
 
 BODY = b"0123456789abcdef"
@@ -111,13 +112,43 @@ def test_a_redirect_is_not_followed(store_url):
     """The URL says where the farm's bytes are; a redirect would send this machine's
     request wherever the store (or whoever answers as it) names."""
     with pytest.raises(ArtifactRejected, match="redirect"):
-        download(Link(digest_of(BODY), len(BODY), f"{store_url}/redirect"), 5)
+        download(Link(digest_of(BODY), len(BODY), f"{store_url}/redirect"), 5, loopback_ok=True)
     assert _Store.seen == ["/redirect"]
 
 
 def test_a_download_ends_at_its_deadline_however_slowly_bytes_come(store_url):
-    assert download(Link(digest_of(BODY), len(BODY), f"{store_url}/fast"), 5) == BODY
+    assert download(Link(digest_of(BODY), len(BODY), f"{store_url}/fast"), 5, loopback_ok=True) == BODY
     started = time.monotonic()
     with pytest.raises(ArtifactRejected, match="within 1"):
-        download(Link(digest_of(BODY), len(BODY), f"{store_url}/trickle"), 1.0)
+        download(Link(digest_of(BODY), len(BODY), f"{store_url}/trickle"), 1.0, loopback_ok=True)
     assert time.monotonic() - started < 3  # 16 bytes at 0.3 s each would take 4.8 s
+
+
+
+@pytest.mark.parametrize("host", ["localhost", "blobs.example"])
+def test_https_to_a_checked_address_still_names_and_verifies_the_urls_host(tmp_path, monkeypatch, host):
+    # The connection goes to the address the check approved; TLS still sends the URL's
+    # host and verifies the store's certificate (127.0.0.1's and localhost's) against it.
+    import socket
+    import ssl
+
+    pki = make_pki(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki["server_cert"], pki["server_key"])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Store)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **k: real("127.0.0.1" if name == host else name, *a, **k))
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca"]))
+    for name in ("https_proxy", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    link = Link(digest_of(BODY), len(BODY), f"https://{host}:{server.server_address[1]}/fast")
+    try:
+        if host == "localhost":
+            assert download(link, 5, loopback_ok=True) == BODY
+        else:
+            with pytest.raises(OSError, match="Hostname mismatch"):
+                download(link, 5, loopback_ok=True)
+    finally:
+        server.shutdown()

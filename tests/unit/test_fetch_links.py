@@ -143,3 +143,90 @@ def test_a_blob_this_machine_has_needs_no_look_up_of_its_links_host(tmp_path, mo
     _, blobs = StubClient("farm.example:50051", settings, stub).fetch("ab" * 32)
     assert blobs == {DIGEST: BODY}
     assert stub.asked == [True] and looked_up == []
+
+
+class _Rebinding:
+    """A resolver whose answer for `name` changes after the first look-up: a public
+    address while the link is checked, this machine when the download connects."""
+
+    def __init__(self, name: str, monkeypatch: pytest.MonkeyPatch):
+        self.name, self.real, self.answers = name, direct.socket.getaddrinfo, 0
+        monkeypatch.setattr(direct.socket, "getaddrinfo", self)
+
+    def __call__(self, host, port, *args, **kwargs):
+        if host != self.name:
+            return self.real(host, port, *args, **kwargs)
+        self.answers += 1
+        ip = "203.0.113.7" if self.answers == 1 else "127.0.0.1"
+        return [(direct.socket.AF_INET, direct.socket.SOCK_STREAM, direct.socket.IPPROTO_TCP, "", (ip, port or 0))]
+
+
+class _Listener(http.server.ThreadingHTTPServer):
+    """`_Host`, also counting connections: a TLS hello never becomes a GET."""
+
+    connections = 0
+
+    def verify_request(self, request, client_address) -> bool:
+        _Listener.connections += 1
+        return True
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_host_that_resolves_elsewhere_when_the_download_connects_is_refused(monkeypatch, scheme):
+    # Whoever answers for the link's host names a public address to the check, then this
+    # machine (or a metadata service) to the connection that follows.
+    server = _Listener(("127.0.0.1", 0), _Host)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Host.seen, _Listener.connections = [], 0
+    try:
+        resolver = _Rebinding("blobs.example", monkeypatch)
+        stub = _Farm(f"{scheme}://blobs.example:{server.server_address[1]}/blob")
+        _, blobs = _client("farm.example:50051", stub, ask_direct=True).fetch("ab" * 32)
+    finally:
+        server.shutdown()
+    assert resolver.answers >= 2 and _Listener.connections == 0 and _Host.seen == []
+    assert blobs == {DIGEST: BODY}
+    assert stub.asked == [True, False]  # refused, then streamed
+
+
+def test_a_host_that_resolves_elsewhere_when_the_download_connects_is_refused_as_a_link(monkeypatch, local_url):
+    port = local_url.rpartition(":")[2]
+    _Rebinding("blobs.example", monkeypatch)
+    link = direct.Link(DIGEST, len(BODY), f"http://blobs.example:{port}/blob")
+    with pytest.raises(ArtifactRejected, match="is 127.0.0.1, which a farm's links may not name") as e:
+        direct.download_all([link], 5, None, loopback_ok=False)
+    assert e.value.code == Rejection.MALFORMED
+    assert _Host.seen == []
+
+
+class _Proxy(_Host):
+    """A forward proxy on this machine: records each request (a CONNECT too) and answers
+    a GET with the blob."""
+
+    def do_CONNECT(self) -> None:  # noqa: N802 - http.server's name
+        self.seen.append(f"CONNECT {self.path}")
+        self.send_response(502)
+        self.end_headers()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_through_a_proxy_this_machine_connects_to_the_proxy(monkeypatch, scheme):
+    # The proxy (here on loopback, which a remote farm's link may not name) looks the
+    # store's host up and connects; this machine checks its own look-up of the host.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Host.seen = []
+    for name in ("no_proxy", "NO_PROXY", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(f"{scheme}_proxy", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        _Rebinding("blobs.example", monkeypatch)
+        stub = _Farm(f"{scheme}://blobs.example/blob")
+        _, blobs = _client("farm.example:50051", stub, ask_direct=True).fetch("ab" * 32)
+    finally:
+        server.shutdown()
+    assert blobs == {DIGEST: BODY}
+    if scheme == "http":
+        assert _Host.seen == ["http://blobs.example/blob"] and stub.asked == [True]
+    else:  # this proxy refuses tunnels: the blob is streamed
+        assert _Host.seen == ["CONNECT blobs.example:443"] and stub.asked == [True, False]
