@@ -26,6 +26,7 @@ is the unnamed namespace of a farm without authentication.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -43,9 +44,14 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
     """The keys pinned by a file and/or inline text (TrustedKeys.load), once the file
     and its directory are this user's or root's and no one else may write them: another
     user who could add a key there would have whatever they serve as the farm trusted.
-    Raises OSError or ValueError."""
+    A symbolic link is followed: the file checked is the one it names, and each link on
+    the way, and its directory, is checked too. Raises OSError or ValueError."""
     if path:
-        for where in (Path(path), Path(path).parent):
+        for where in _on_the_way(Path(path)):
+            if where.is_symlink():
+                if where.lstat().st_uid not in (os.getuid(), 0):
+                    raise ValueError(f"{where} is a link owned by another user; refusing its keys")
+                continue
             st = where.stat()
             # A sticky directory of the user's or root's (/tmp): others may write in it,
             # but not replace the file.
@@ -56,6 +62,18 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
                     f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w it)"
                 )
     return TrustedKeys.load(path, inline)
+
+
+def _on_the_way(path: Path) -> list[Path]:
+    """`path`, each symbolic link it leads through to a file, that file, and the directory
+    each of them is in: whoever may replace any of them chooses the file read."""
+    found = [path, path.parent]
+    while path.is_symlink():
+        if len(found) > 2 * 40:  # the kernel's limit: it would not open the file either
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", str(found[0]))
+        path = path.parent / os.readlink(path)
+        found += [path, path.parent]
+    return found
 
 
 def is_loopback(address: str) -> bool:

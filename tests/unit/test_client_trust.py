@@ -6,6 +6,7 @@ a per-user trust file keyed by the farm's address."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 
 import pytest
@@ -261,6 +262,48 @@ def test_a_pinned_keys_file_in_a_directory_others_can_write_is_refused(tmp_path)
         Trust.from_settings(SDKSettings(trusted_keys_file=str(keys)), "127.0.0.1:50051")
     shared.chmod(0o777 | stat.S_ISVTX)
     assert Trust.from_settings(SDKSettings(trusted_keys_file=str(keys)), "127.0.0.1:50051").keys
+
+
+def _pins(where) -> None:
+    where.write_text(json.dumps(Signer.generate().trusted_entry()))
+
+
+def test_a_pinned_keys_file_that_links_into_a_directory_others_can_write_is_refused(tmp_path):
+    # The link sits in the user's own directory; the file it names is where another user
+    # may replace it with one that pins their key. A sticky directory does not let them.
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    shared.mkdir()
+    mine.mkdir(mode=0o700)
+    _pins(shared / "keys.json")
+    shared.chmod(0o777)
+    (mine / "keys.json").symlink_to(shared / "keys.json")
+    settings = SDKSettings(trusted_keys_file=str(mine / "keys.json"))
+    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+    shared.chmod(0o777 | stat.S_ISVTX)
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+
+
+def test_every_link_on_the_way_to_a_pinned_keys_file_is_checked(tmp_path):
+    # mine/keys.json -> shared/hop -> mine/real.json: whoever may write `shared` aims the
+    # hop at a file of theirs; and a link another user owns is theirs to aim.
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    shared.mkdir()
+    mine.mkdir(mode=0o700)
+    _pins(mine / "real.json")
+    (shared / "hop").symlink_to("../mine/real.json")
+    (mine / "keys.json").symlink_to(shared / "hop")
+    settings = SDKSettings(trusted_keys_file=str(mine / "keys.json"))
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+    shared.chmod(0o700)
+    if os.getuid() != 0:
+        return  # giving the link away needs root
+    os.lchown(shared / "hop", 12345, -1)
+    with pytest.raises(ConfigError, match=rf"{shared / 'hop'} is a link owned by another user"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
 
 
 def test_the_precompile_keys_are_checked_alike(tmp_path):
