@@ -38,8 +38,8 @@ def client(address: str, key: str, cache_dir: str, direct: bool, barrier, out) -
     downloaded = [0]
     real = sdk.direct.download
 
-    def counting(link, timeout_s):
-        data = real(link, timeout_s)
+    def counting(link, timeout_s, **kwargs):
+        data = real(link, timeout_s, **kwargs)
         downloaded[0] += len(data)
         return data
 
