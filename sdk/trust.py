@@ -45,14 +45,14 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
     and its directory are this user's or root's and no one else may write them: another
     user who could add a key there would have whatever they serve as the farm trusted.
     A symbolic link is followed: the file checked is the one it names, and each link on
-    the way, and its directory, is checked too. Raises OSError or ValueError."""
+    the way (its owner, what it leads to, and its directory), a linked directory's
+    included, is checked too. Raises OSError or ValueError."""
     if path:
         for where in _on_the_way(Path(path)):
             if where.is_symlink():
                 if where.lstat().st_uid not in (os.getuid(), 0):
                     raise ValueError(f"{where} is a link owned by another user; refusing its keys")
-                continue
-            st = where.stat()
+            st = where.stat()  # a link's, where it leads: a linked directory is read through
             # A sticky directory of the user's or root's (/tmp): others may write in it,
             # but not replace the file.
             sticky = where.is_dir() and st.st_mode & stat.S_ISVTX and st.st_uid in (os.getuid(), 0)

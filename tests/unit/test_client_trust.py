@@ -306,6 +306,20 @@ def test_every_link_on_the_way_to_a_pinned_keys_file_is_checked(tmp_path):
         Trust.from_settings(settings, "127.0.0.1:50051")
 
 
+def test_a_pinned_keys_file_in_a_linked_directory_others_can_write_is_refused(tmp_path):
+    # mine/keys is a link to shared/: the file is no link, the directory it is read from is.
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    shared.mkdir()
+    mine.mkdir(mode=0o700)
+    _pins(shared / "keys.json")
+    (mine / "keys").symlink_to(shared)
+    settings = SDKSettings(trusted_keys_file=str(mine / "keys" / "keys.json"))
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{mine / 'keys'} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+
+
 def test_the_precompile_keys_are_checked_alike(tmp_path):
     from sdk.trust import pinned_keys
 
