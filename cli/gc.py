@@ -16,6 +16,7 @@ import os
 
 from cli.confirm import confirm
 from cli.errors import CliError
+from cli.parser import count
 from torchfarm.tables import fmt_bytes, parse_age
 
 
@@ -28,7 +29,7 @@ def add_gc_parser(csub: argparse._SubParsersAction) -> None:
                     help="only blobs unused for at least AGE (default 1d)")
     gc.add_argument("--max-age", default=os.environ.get("TORCHFARM_BLOB_MAX_AGE", "0"), metavar="AGE",
                     help="also blobs older than AGE, named or not (default 0: no bound)")
-    gc.add_argument("--max-bytes", type=int, default=int(os.environ.get("TORCHFARM_BLOB_MAX_BYTES", "0")),
+    gc.add_argument("--max-bytes", type=count(0), default=int(os.environ.get("TORCHFARM_BLOB_MAX_BYTES", "0")),
                     help="then the oldest blobs until the rest fit in this many bytes (0: no bound)")
     gc.add_argument("--cache-url", default=os.environ.get("TORCHFARM_CACHE_URL", "redis://127.0.0.1:6379/1"),
                     help="the cache Redis (TORCHFARM_CACHE_URL)")

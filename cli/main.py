@@ -40,7 +40,7 @@ from cli.errors import CliError
 from cli.explain import add_explain_parser
 from cli.failures import reported
 from cli.gc import add_gc_parser
-from cli.parser import Parser
+from cli.parser import Parser, count
 from cli.render import hit_rate
 from cli.targets import add_kernel_parser, builds_table, targets_table
 from cli.up import add_up_parser
@@ -281,7 +281,7 @@ def build_parser() -> Parser:
     )
     worker.add_argument("-Q", "--queues", type=lambda s: s.split(","), default=[],
                         help="extra Celery queues (normally none: they follow from the targets)")
-    worker.add_argument("--concurrency", type=int, default=1, help="jobs run at once (pool processes)")
+    worker.add_argument("--concurrency", type=count(1), default=1, help="jobs run at once (pool processes)")
     worker.set_defaults(run=_worker)
 
     add_kernel_parser(sub)

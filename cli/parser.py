@@ -4,6 +4,7 @@ each command's name ("torchfarm cache gc") in `args.prog`, for its error lines."
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 
@@ -48,3 +49,29 @@ class Parser(argparse.ArgumentParser):
         if extra:
             parsed.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return parsed
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port number (0 for "pick one", where an option says so)."""
+    value = _integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return value
+
+
+def count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of `minimum` or more."""
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not a count of {minimum} or more")
+        return value
+
+    return parse
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None

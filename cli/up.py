@@ -39,7 +39,7 @@ from pathlib import Path
 
 import grpc
 
-from cli import launch
+from cli import launch, parser
 from cli.errors import CliError
 from cli.supervisor import ChildFailed, Supervisor
 from torchfarm.files import write_atomic
@@ -48,14 +48,14 @@ from torchfarm.trust import provision, trustfile
 
 def add_up_parser(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="run redis-server, the coordinator and CPU workers on loopback")
-    up.add_argument("--grpc-port", type=int, default=50051, help="the coordinator's port")
-    up.add_argument("--redis-port", type=int, default=0, help="0 picks a free port")
-    up.add_argument("--metrics-port", type=int, default=0,
+    up.add_argument("--grpc-port", type=parser.port, default=50051, help="the coordinator's port")
+    up.add_argument("--redis-port", type=parser.port, default=0, help="0 picks a free port")
+    up.add_argument("--metrics-port", type=parser.port, default=0,
                     help="Prometheus /metrics of the coordinator, worker i on PORT+1+i; 0 is off")
-    up.add_argument("--workers", type=int, default=1, help="CPU workers")
+    up.add_argument("--workers", type=parser.count(1), default=1, help="CPU workers")
     up.add_argument("--pin-cores", action="store_true", help="pin worker i to core i (taskset)")
     up.add_argument(
-        "--concurrency", type=int, default=1,
+        "--concurrency", type=parser.count(1), default=1,
         help="jobs each worker runs at once (Celery pool processes); with N cores and no "
         "pinning, N / workers lets a worker build kernels while it lowers",
     )
@@ -183,8 +183,6 @@ def _check_extras() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise CliError("--workers must be at least 1", 2)
     _check_extras()
     _check_ports(args)
     launch.redis_server()  # fails now, in one line, where redis-server is not installed

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.parser import count
+
 if TYPE_CHECKING:
     from sdk.report import GraphReport
 
@@ -34,7 +36,7 @@ def add_warm_parser(sub: argparse._SubParsersAction) -> None:
     )
     warm.add_argument("--remote", default="", help="grpc://host:port (default TORCHFARM_REMOTE)")
     warm.add_argument(
-        "--steps", type=int, default=1,
+        "--steps", type=count(0), default=1,
         help="stop at the end of N steps: when a compiled model is called the (N+1)-th time "
         "(default 1; 0 runs the script to its end)",
     )

@@ -146,6 +146,23 @@ def test_bad_age_is_a_usage_error():
     assert "not an age" in one_line_error(out, "torchfarm cache gc") and out.returncode == 2
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (("up", "--grpc-port", "99999"), "--grpc-port: 99999 is not a port (0 to 65535)"),
+    (("up", "--redis-port", "-1"), "--redis-port: -1 is not a port (0 to 65535)"),
+    (("up", "--workers", "-1"), "--workers: -1 is not a count of 1 or more"),
+    (("up", "--concurrency", "0"), "--concurrency: 0 is not a count of 1 or more"),
+    (("worker", "--concurrency", "0"), "--concurrency: 0 is not a count of 1 or more"),
+    (("warm", "--steps", "-2", "x.py"), "--steps: -2 is not a count of 0 or more"),
+    (("cache", "gc", "--max-bytes", "-1"), "--max-bytes: -1 is not a count of 0 or more"),
+])
+def test_a_number_out_of_its_range_is_a_usage_error(args, says):
+    # It reached the command before: a traceback's last line, or another error first.
+    out = run(*args)
+    prog = "torchfarm " + " ".join(a for a in args[:2] if not a.startswith("-"))
+    assert out.returncode == 2 and out.stderr.startswith(f"usage: {prog}"), out.stderr
+    assert f"{prog}: error: argument {says}" in out.stderr, out.stderr
+
+
 def test_a_stray_argument_is_named_by_its_command():
     # argparse's top-level parser reported it, with the top-level usage.
     out = run("cache", "ls", "--older-than", "3", "days")
