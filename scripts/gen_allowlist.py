@@ -113,6 +113,8 @@ HELPERS = (
     "torch._functorch.predispatch._vmap_decrement_nesting",
     "torch._functorch.predispatch._add_batch_dim",
     "torch._functorch.predispatch._remove_batch_dim",
+    # `torch.func.grad` inside the compiled code.
+    *graphcheck.FUNCTORCH_GRAD,
     # `sdpa_kernel(...)` inside the compiled code; graphcheck checks the backend names
     # and that the second takes only nodes of the first.
     graphcheck.SDPA_BACKEND,

@@ -93,10 +93,60 @@ def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
     assert len(kept) == len(graph.nodes) - 1
     del graph.nodes[:]
     graph.nodes.extend(kept)
-    level = internals.resolve("vmap_current_level")
+    depth = internals.resolve("functorch_depth")
     with global_state.applied(farm_pb2.CompileOptions()):
         graph_in = decoded(graph)
-        assert level() is None
+        assert depth() == 0
         with contextlib.suppress(CompileFailed):
             compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
-    assert level() is None
+    assert depth() == 0
+
+
+def _grad_graph(leave_out: tuple[str, ...]):
+    """`torch.func.grad` inside the compiled code, without the calls `leave_out` names."""
+    from tests.graphs import captured_graph
+
+    try:
+        graph = captured_graph(lambda x: torch.func.grad(lambda t: t.sin().pow(2).sum())(x) * 2, torch.randn(4, 3))
+    finally:
+        torch._dynamo.reset()
+    kept = [n for n in graph.nodes if not (leave_out and n.target.endswith(leave_out))]
+    assert len(kept) == len(graph.nodes) - len(leave_out)
+    del graph.nodes[:]
+    graph.nodes.extend(kept)
+    return graph
+
+
+@pytest.mark.slow  # a real compile
+def test_a_graph_that_never_leaves_its_grad_level_leaves_the_worker_as_it_was():
+    """A hostile graph that enters `torch.func.grad`'s level, switches saved-tensor hooks
+    off and allows in-place requires_grad, and undoes none of it, would leave the next
+    tenant's jobs inside a grad level, unable to save tensors for a hook."""
+    import contextlib
+
+    from workers.compiler import CompileFailed, compile_graph
+    from workers.fakepg import decoded
+
+    graph = _grad_graph(("_grad_decrement_nesting", "_saved_tensors_hooks_enable"))
+    allowing = [n for n in graph.nodes if n.target.endswith("set_inplace_requires_grad_allowed")]
+    graph.nodes.remove(allowing[-1])  # the call that disallows it again: left allowed
+    depth = internals.resolve("functorch_depth")
+    with global_state.applied(farm_pb2.CompileOptions()):
+        with contextlib.suppress(Exception):  # decoding it may fail; what it changed may not stay
+            graph_in = decoded(graph)
+            with contextlib.suppress(CompileFailed):
+                compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
+    assert depth() == 0
+    assert internals.resolve("saved_tensors_hooks_enabled")()
+    assert not internals.resolve("inplace_requires_grad_allowed")()
+
+
+@pytest.mark.slow  # a real compile
+def test_torch_func_grad_inside_the_graph_compiles_on_the_worker():
+    from workers.compiler import compile_graph
+    from workers.fakepg import decoded
+
+    with global_state.applied(farm_pb2.CompileOptions()):
+        graph_in = decoded(_grad_graph(()))
+        assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
+    assert internals.resolve("functorch_depth")() == 0

@@ -300,10 +300,11 @@ def test_a_refused_calls_tuple_is_unpacked_beside_it_so_each_piece_takes_tensors
 
 
 def test_a_graph_inside_a_functorch_transform_is_not_split():
-    """`torch.func.grad` in the graph: its saved-tensor-hooks switch is refused, and split
-    there the pieces ran inside the transform's level, where AOTAutograd's compiled
-    function raised (vmap's batched tensors failed to compile). Whole, it compiles
-    locally, as torch.compile would."""
+    """`torch.func.grad` in the graph is on the farm; an op the farm refuses inside it
+    (here the linear, as a custom op's backward would be) is not split off: split there,
+    the pieces ran inside the transform's level, where AOTAutograd's compiled function
+    raised (vmap's batched tensors failed to compile). Whole, it compiles locally, as
+    torch.compile would."""
     model = nn.Linear(8, 2)
     params = dict(model.named_parameters())
 
@@ -316,9 +317,9 @@ def test_a_graph_inside_a_functorch_transform_is_not_split():
         params, torch.randn(4, 8))
     torch._dynamo.reset()
     ((gm, inputs),) = seen
-    assert refused_calls(gm)  # the hooks switch
+    assert not refused_calls(gm)
     with pytest.raises(NotSplit, match="functorch transform.*_grad_increment_nesting"):
-        split_refused(gm, inputs)
+        split_refused(gm, inputs, {"torch._C._nn.linear": "refused by the farm"})
 
 
 class _ClampsThroughData(nn.Module):

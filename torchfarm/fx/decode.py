@@ -268,6 +268,12 @@ def _check_int_result(result: object) -> None:
         raise MalformedGraph(f"integer result needs {n.bit_length()} bits")
 
 
+def _inside_grad() -> bool:
+    """Whether the innermost functorch transform running is a grad level."""
+    top = resolve("functorch_top")()
+    return top is not None and top.key() == resolve("functorch_transforms").Grad
+
+
 class _Propagate(FakeTensorProp):
     """FakeTensorProp that fakes inline constants and bounds Python arithmetic."""
 
@@ -279,6 +285,16 @@ class _Propagate(FakeTensorProp):
 
     limits = GraphLimits()
     """The decoder's limits; set per graph."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if _inside_grad():
+            # Inside `torch.func.grad` a result is grad's wrapper of a fake, which torch
+            # cannot snapshot as a `val` (the copy's leafness differs). Dynamo leaves it
+            # as the `example_value` AOTAutograd's cache looks for, and so does this.
+            result = torch.fx.Interpreter.run_node(self, n)
+            n.meta["example_value"] = result
+            return result
+        return super().run_node(n)
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         # An operator on ndarrays runs the operator itself on whatever is not a tensor.

@@ -43,10 +43,11 @@ def preserved() -> Iterator[None]:
     """Puts back the thread-local state Dynamo's helper ops change.
 
     Decoding (fake propagation) and the compile run `_set_grad_enabled`, `_enter_autocast`,
-    `_vmap_increment_nesting` and `sdpa_kernel`'s switch (`graphcheck.SET_SDPA_KERNEL`)
-    for real. A Dynamo graph balances them, but a truncated or hostile one would leave
-    the worker with grad off, autocast on, inside a vmap level or with SDPA backends
-    off for every later job. `applied` holds a job in it; the decoder, each propagation.
+    `_vmap_increment_nesting`, `torch.func.grad`'s helpers and `sdpa_kernel`'s switch
+    (`graphcheck.SET_SDPA_KERNEL`) for real. A Dynamo graph balances them, but a
+    truncated or hostile one would leave the worker with grad off, autocast on, inside a
+    vmap or grad level, with saved-tensor hooks off or with SDPA backends off for every
+    later job. `applied` holds a job in it; the decoder, each propagation.
     """
     grad = torch.is_grad_enabled()
     sdpa = resolve("sdpa_backends")(with_priority=True)
@@ -55,15 +56,18 @@ def preserved() -> Iterator[None]:
     ]
     autocast_cache = torch.is_autocast_cache_enabled()
     autocast_nesting = _autocast_nesting()
-    current_level = resolve("vmap_current_level")
-    vmap_level = current_level()
+    layers = resolve("functorch_depth")()
+    saved_tensors_hooks = resolve("saved_tensors_hooks_enabled")()
+    inplace_requires_grad = resolve("inplace_requires_grad_allowed")()
     guard = resolve("GlobalStateGuard")()
     try:
         with resolve("PreserveDispatchKeyGuard")():
             yield
     finally:
-        while (level := current_level()) is not None and (vmap_level is None or level > vmap_level):
-            resolve("vmap_decrement_nesting")()
+        _leave_functorch_levels(layers)
+        if saved_tensors_hooks:
+            resolve("saved_tensors_hooks_enable")()
+        resolve("set_inplace_requires_grad_allowed")(inplace_requires_grad)
         resolve("set_grad_enabled")(grad)
         for device, enabled, dtype in autocast:
             torch.set_autocast_enabled(device, enabled)
@@ -75,6 +79,21 @@ def preserved() -> Iterator[None]:
         if not guard.check():
             log.error("global state still differs after the graph ran: %s", guard.reason())
 
+
+
+def _leave_functorch_levels(depth: int) -> None:
+    """Leaves `torch.func`'s levels (vmap, grad, jvp, functionalize) down to `depth`,
+    innermost first, each by its own kind's call. (torch 2.11's one call for all,
+    `pop_dynamic_layer_stack_and_undo_to_depth`, fails its own assertion at depth 0.)"""
+    kinds, functorch = resolve("functorch_transforms"), resolve("functorch_leave")
+    leave = {
+        kinds.Vmap: functorch._vmap_decrement_nesting,
+        kinds.Grad: functorch._grad_decrement_nesting,
+        kinds.Jvp: functorch._jvp_decrement_nesting,
+        kinds.Functionalize: functorch._func_decrement_nesting,
+    }
+    while resolve("functorch_depth")() > depth:
+        leave[resolve("functorch_top")().key()]()
 
 
 def autocast_now() -> list[tuple[str, str]]:

@@ -151,6 +151,24 @@ GETATTR = "builtins.getattr"
 
 SDPA_BACKEND = "torch.nn.attention._backend_from_string"
 SET_SDPA_KERNEL = "torch.nn.attention._sdpa_kernel"
+
+FUNCTORCH_GRAD = (
+    "torch._C._autograd._saved_tensors_hooks_disable",
+    "torch._C._autograd._saved_tensors_hooks_enable",
+    "torch._C._functorch._grad_increment_nesting",
+    "torch._C._functorch._grad_decrement_nesting",
+    "torch._C._functorch._wrap_for_grad",
+    "torch._C._functorch.set_inplace_requires_grad_allowed",
+    "torch._functorch.eager_transforms._set_tensor_requires_grad",
+    "torch._functorch.eager_transforms._autograd_grad",
+    "torch._functorch.predispatch._unwrap_for_grad",
+    "torch._C._functorch._unwrap_for_grad",  # what torch 2.11 and 2.12 record
+)
+"""What Dynamo records for `torch.func.grad` (vjp, jacrev, hessian) inside the compiled
+code: a grad level entered and left, its inputs wrapped and unwrapped, the gradient
+taken, and saved-tensor hooks switched off around it (the disabling call takes the
+message a hook's use would raise; it registers none). What a graph leaves changed,
+`torchfarm/fx/global_state.py` `preserved` undoes."""
 """What Dynamo puts in the graph for `sdpa_kernel(...)` inside the compiled code: each
 backend by name, then a call that enables those (and, on exit, one that enables the
 prior ones). The second changes the process's SDPA state while the worker traces;

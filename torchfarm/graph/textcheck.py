@@ -39,10 +39,15 @@ _OUT_OF_LITERAL = ('"', "\\", "??")
 """What could end a C string literal early, or (as a trigraph) make a backslash."""
 
 
+MESSAGE_TAKERS = frozenset({"torch._C._autograd._saved_tensors_hooks_disable"})  # graphcheck.FUNCTORCH_GRAD
+"""Calls that take a message and are no assert: the error a saved-tensor hook's use
+raises while `torch.func.grad` has them off."""
+
+
 def is_message(target: str) -> bool:
     """Whether `target`'s text arguments are messages: torch's asserts
     (`torch._assert_async`, `aten._assert_scalar`, ...) take one."""
-    return any("assert" in part for part in target.split(".")[-2:])
+    return target in MESSAGE_TAKERS or any("assert" in part for part in target.split(".")[-2:])
 
 
 def check_text(text: str, where: str, *, message: bool) -> None:
