@@ -148,3 +148,63 @@ def test_a_graph_traced_from_the_workers_own_cache_is_lowered_in_its_graph_job(c
     assert fields["decomposed"].startswith("in the lowering: AOTAutograd traced nothing")
     assert routing.LOWER_TASK not in {task for task, _, _ in sent}
     assert alice.get_job(other).stage in ("kernels", "assembling")
+
+
+def _flex_lse_request():
+    """An inference graph Inductor cannot lower on CPU (FlexAttention's `return_lse`),
+    whose subgraphs keep it from decomposing apart."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    captured = {}
+
+    def backend(gm, example_inputs):
+        captured["graph"] = encode_graph(gm, example_inputs)
+        return gm.forward
+
+    def attend(q, k, v):
+        return flex_attention(q, k, v, return_lse=True)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(attend, backend=backend)(*(torch.randn(1, 2, 128, 16) for _ in range(3)))
+    request = build_request(captured["graph"], local_fingerprint(), "", {}, "flex lse")
+    request.options.no_grad = True
+    return request
+
+
+@pytest.mark.timeout(300)
+def test_a_graph_that_cannot_decompose_apart_fails_with_its_compile_error(ctx, store, sent):
+    """The graph job lowers such a graph itself, and the lowering fails in Inductor: the
+    job fails with Inductor's error. The lowering once ran inside the handler of the
+    decomposition's refusal, which every later error then carried as its context; read
+    as the lowering's own refusal, it lowered again and failed as a fault of the
+    worker's, "NotDecomposable", hiding the compile error."""
+    key, _ = _submit(store, _flex_lse_request())
+    run_job(key, ctx)
+    job = store.get_job(key)
+    assert job.state == JobState.FAILED and job.error_code == "COMPILE_ERROR"
+    assert "return_lse" in job.message and "unexpectedly" not in job.message, job.message
+
+
+@pytest.mark.timeout(300)
+def test_a_lowering_that_decomposes_itself_fails_with_its_compile_error(ctx, store, monkeypatch):
+    """The same where a lowering's stored decomposition does not fit and it decomposes
+    the graph itself: that lowering's failure is the job's, not the first refusal."""
+    from workers.aot_seam import NotDecomposable
+    from workers.inprocess import InProcessExecutor
+    from workers.job import JobFailed, Prepared
+    from workers.jobs.lower import lower
+
+    real = InProcessExecutor.lower
+
+    def nothing_fits(self, job, on_kernel, dec):
+        if dec is not None:
+            raise NotDecomposable("decomposed for training")
+        return real(self, job, on_kernel, dec)
+
+    monkeypatch.setattr(InProcessExecutor, "lower", nothing_fits)
+    request = _flex_lse_request()
+    key, target = _submit(store, request)
+    with pytest.raises(JobFailed) as failed:
+        lower(key, ctx, Prepared(request, None, {}, 0.0, 0.0), target, dec=object())
+    assert failed.value.code.name == "COMPILE_ERROR" and "return_lse" in str(failed.value)

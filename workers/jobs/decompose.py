@@ -13,7 +13,7 @@ import time
 from torchfarm.wire import keys, routing
 from torchfarm.wire.codes import Stage
 from torchfarm.wire.manifest import Manifest
-from workers.aot_seam import NotDecomposable
+from workers.aot_seam import Decomposition, NotDecomposable
 from workers.board import StageBoard
 from workers.jobs.lower import lower
 from workers.jobs.sending import send_stage, stage_queue, stage_record
@@ -29,11 +29,16 @@ def decompose_or_lower(key: str, ctx: WorkerContext, job: Prepared) -> Manifest 
     target = str(routing.target_of(job.request.target))
     ctx.store.update_job(key, stage=Stage.DECOMPOSING)
     t0 = time.perf_counter()
+    dec: Decomposition | None
     try:
         dec = ctx.executor.decompose(job)
     except NotDecomposable as e:
         log.info("job key=%s decomposes in its lowering: %s", keys.short(key), e)
         ctx.store.update_job(key, decomposed=f"in the lowering: {e}"[:300])
+        dec = None
+    if dec is None:
+        # Out of the handler: an error of the lowering raised inside it would carry this
+        # refusal as its context, and read as the lowering's own (compiler.wrong_path).
         return lower(key, ctx, job.redecoded(), target)
     record = ctx.store.get_job(key)
     queued = record.started - record.created if record is not None and record.started else 0.0

@@ -97,13 +97,15 @@ def lower(
     stream.open()
     try:
         try:
-            lowered, guards = _lower(key, ctx, job, stream, dec)
+            done: tuple[LoweredGraph, tuple[Any, ...]] | None = _lower(key, ctx, job, stream, dec)
         except NotDecomposable as e:  # only a decomposition (`dec`) raises it
             log.warning("job key=%s: its decomposition does not fit; it decomposes here: %s",
                         keys.short(key), e)
             ctx.store.update_job(key, decomposed=f"in the lowering: {e}"[:300])
             job, front, queued = job.redecoded(), None, 0.0
-            lowered, guards = _lower(key, ctx, job, stream, None)
+            done = None
+        # Out of the handler, as in decompose_or_lower.
+        lowered, guards = done if done is not None else _lower(key, ctx, job, stream, None)
     except NeedsWholeGraph as e:
         stream.abandon()  # before the compile: builds it sent must not start an assembly
         log.info("job key=%s compiles whole: %s", keys.short(key), e)
