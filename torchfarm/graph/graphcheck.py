@@ -151,6 +151,10 @@ GETATTR = "builtins.getattr"
 
 SDPA_BACKEND = "torch.nn.attention._backend_from_string"
 SET_SDPA_KERNEL = "torch.nn.attention._sdpa_kernel"
+"""What Dynamo puts in the graph for `sdpa_kernel(...)` inside the compiled code: each
+backend by name, then a call that enables those (and, on exit, one that enables the
+prior ones). The second changes the process's SDPA state while the worker traces;
+`global_state.preserved` puts it back after."""
 
 FUNCTORCH_GRAD = (
     "torch._C._autograd._saved_tensors_hooks_disable",
@@ -164,15 +168,11 @@ FUNCTORCH_GRAD = (
     "torch._functorch.predispatch._unwrap_for_grad",
     "torch._C._functorch._unwrap_for_grad",  # what torch 2.11 and 2.12 record
 )
-"""What Dynamo records for `torch.func.grad` (vjp, jacrev, hessian) inside the compiled
-code: a grad level entered and left, its inputs wrapped and unwrapped, the gradient
-taken, and saved-tensor hooks switched off around it (the disabling call takes the
-message a hook's use would raise; it registers none). What a graph leaves changed,
+"""What Dynamo records for `torch.func.grad` (grad_and_value, vjp, jacrev) inside the
+compiled code: a grad level entered and left, its inputs wrapped and unwrapped, the
+gradient taken, and saved-tensor hooks switched off around it (the disabling call takes
+the message a hook's use would raise; it registers none). What a graph leaves changed,
 `torchfarm/fx/global_state.py` `preserved` undoes."""
-"""What Dynamo puts in the graph for `sdpa_kernel(...)` inside the compiled code: each
-backend by name, then a call that enables those (and, on exit, one that enables the
-prior ones). The second changes the process's SDPA state while the worker traces;
-`global_state.preserved` puts it back after."""
 
 Node = graph_pb2.Node
 _PLACEHOLDER_FIELDS = ("tensor", "symint", "dtensor", "mesh")

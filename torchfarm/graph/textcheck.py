@@ -39,9 +39,9 @@ _OUT_OF_LITERAL = ('"', "\\", "??")
 """What could end a C string literal early, or (as a trigraph) make a backslash."""
 
 
-MESSAGE_TAKERS = frozenset({"torch._C._autograd._saved_tensors_hooks_disable"})  # graphcheck.FUNCTORCH_GRAD
+MESSAGE_TAKERS = frozenset({"torch._C._autograd._saved_tensors_hooks_disable"})
 """Calls that take a message and are no assert: the error a saved-tensor hook's use
-raises while `torch.func.grad` has them off."""
+raises while `torch.func.grad` has them off (graphcheck.FUNCTORCH_GRAD)."""
 
 
 def is_message(target: str) -> bool:
