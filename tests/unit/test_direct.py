@@ -124,7 +124,6 @@ def test_a_download_ends_at_its_deadline_however_slowly_bytes_come(store_url):
     assert time.monotonic() - started < 3  # 16 bytes at 0.3 s each would take 4.8 s
 
 
-
 @pytest.mark.parametrize("host", ["localhost", "blobs.example"])
 def test_https_to_a_checked_address_still_names_and_verifies_the_urls_host(tmp_path, monkeypatch, host):
     # The connection goes to the address the check approved; TLS still sends the URL's

@@ -80,18 +80,13 @@ def preserved() -> Iterator[None]:
             log.error("global state still differs after the graph ran: %s", guard.reason())
 
 
-
 def _leave_functorch_levels(depth: int) -> None:
-    """Leaves `torch.func`'s levels (vmap, grad, jvp, functionalize) down to `depth`,
-    innermost first, each by its own kind's call. (torch 2.11's one call for all,
-    `pop_dynamic_layer_stack_and_undo_to_depth`, fails its own assertion at depth 0.)"""
-    kinds, functorch = resolve("functorch_transforms"), resolve("functorch_leave")
-    leave = {
-        kinds.Vmap: functorch._vmap_decrement_nesting,
-        kinds.Grad: functorch._grad_decrement_nesting,
-        kinds.Jvp: functorch._jvp_decrement_nesting,
-        kinds.Functionalize: functorch._func_decrement_nesting,
-    }
+    """Leaves `torch.func`'s levels down to `depth`, innermost first, each by its own
+    kind's call: vmap's and grad's, the only ones the allow-list lets a graph enter.
+    (torch 2.11's one call for all, `pop_dynamic_layer_stack_and_undo_to_depth`, fails
+    its own assertion at depth 0.)"""
+    kinds = resolve("functorch_transforms")
+    leave = {kinds.Vmap: resolve("vmap_decrement_nesting"), kinds.Grad: resolve("grad_decrement_nesting")}
     while resolve("functorch_depth")() > depth:
         leave[resolve("functorch_top")().key()]()
 

@@ -253,8 +253,10 @@ INTERNALS: dict[str, Internal] = {
                           used_by="torchfarm/fx/global_state.py: vmap and grad levels"),
     "functorch_transforms": _i("torch._C._functorch", "TransformType",
                                used_by="torchfarm/fx/decode.py, global_state.py: which level is innermost"),
-    "functorch_leave": _i("torch._C._functorch", used_by="torchfarm/fx/global_state.py: "
-                          "_vmap_decrement_nesting and its kin, each leaving its own kind of level"),
+    "vmap_decrement_nesting": _i("torch._C._functorch", "_vmap_decrement_nesting",
+                                 used_by="torchfarm/fx/global_state.py"),
+    "grad_decrement_nesting": _i("torch._C._functorch", "_grad_decrement_nesting",
+                                 used_by="torchfarm/fx/global_state.py"),
     "saved_tensors_hooks_enabled": _i("torch._C._autograd", "_saved_tensors_hooks_is_enabled",
                                       used_by="torchfarm/fx/global_state.py"),
     "saved_tensors_hooks_enable": _i("torch._C._autograd", "_saved_tensors_hooks_enable",
