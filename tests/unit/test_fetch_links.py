@@ -4,10 +4,12 @@ as it) must not make training nodes send requests to addresses of their own netw
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import http.server
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,13 +40,24 @@ class _Host(http.server.BaseHTTPRequestHandler):
         self.wfile.write(BODY)
 
 
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler],
+             server: type[http.server.ThreadingHTTPServer] = http.server.ThreadingHTTPServer) -> Iterator[int]:
+    """`handler` (a `_Host`) answering on 127.0.0.1 from a thread of its own, with what
+    `_Host` saw emptied first; its port."""
+    running = server(("127.0.0.1", 0), handler)
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    _Host.seen = []
+    try:
+        yield running.server_address[1]
+    finally:
+        running.shutdown()
+
+
 @pytest.fixture
 def local_url():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Host)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Host.seen = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with _serving(_Host) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 class _Farm:
@@ -175,15 +188,11 @@ class _Listener(http.server.ThreadingHTTPServer):
 def test_a_host_that_resolves_elsewhere_when_the_download_connects_is_refused(monkeypatch, scheme):
     # Whoever answers for the link's host names a public address to the check, then this
     # machine (or a metadata service) to the connection that follows.
-    server = _Listener(("127.0.0.1", 0), _Host)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Host.seen, _Listener.connections = [], 0
-    try:
+    _Listener.connections = 0
+    with _serving(_Host, _Listener) as port:
         resolver = _Rebinding("blobs.example", monkeypatch)
-        stub = _Farm(f"{scheme}://blobs.example:{server.server_address[1]}/blob")
+        stub = _Farm(f"{scheme}://blobs.example:{port}/blob")
         _, blobs = _client("farm.example:50051", stub, ask_direct=True).fetch("ab" * 32)
-    finally:
-        server.shutdown()
     assert resolver.answers >= 2 and _Listener.connections == 0 and _Host.seen == []
     assert blobs == {DIGEST: BODY}
     assert stub.asked == [True, False]  # refused, then streamed
@@ -213,18 +222,13 @@ class _Proxy(_Host):
 def test_through_a_proxy_this_machine_connects_to_the_proxy(monkeypatch, scheme):
     # The proxy (here on loopback, which a remote farm's link may not name) looks the
     # store's host up and connects; this machine checks its own look-up of the host.
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Host.seen = []
     for name in ("no_proxy", "NO_PROXY", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(f"{scheme}_proxy", f"http://127.0.0.1:{server.server_address[1]}")
-    try:
+    with _serving(_Proxy) as port:
+        monkeypatch.setenv(f"{scheme}_proxy", f"http://127.0.0.1:{port}")
         _Rebinding("blobs.example", monkeypatch)
         stub = _Farm(f"{scheme}://blobs.example/blob")
         _, blobs = _client("farm.example:50051", stub, ask_direct=True).fetch("ab" * 32)
-    finally:
-        server.shutdown()
     assert blobs == {DIGEST: BODY}
     if scheme == "http":
         assert _Host.seen == ["http://blobs.example/blob"] and stub.asked == [True]
