@@ -123,6 +123,27 @@ def test_training_step_on_the_farm(name, stack, client_cache_dir):
             assert (got - want).abs().max().item() <= TOLERANCE
 
 
+def test_cond_with_parameters_in_its_branches_under_dynamic_shapes(stack, client_cache_dir):
+    """Dynamo passes such a cond the Linear's feature size as a SymInt it specialized;
+    the worker's decoded graph gave it a plain int, and Inductor's compile failed."""
+    torch.manual_seed(0)
+    model = Net(BODIES["cond"])
+    eager = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    want_loss, want_grads = _step(eager, x)
+    torch._dynamo.reset()
+    try:
+        with report.collect() as graphs:
+            compiled = sdk.compile(model, remote=stack.address, fallback="error", dynamic=True)
+            loss, grads = _step(compiled, x)
+    finally:
+        torch._dynamo.reset()
+    assert graphs and all(g.outcome != report.LOCAL for g in graphs), graphs
+    assert (loss - want_loss).abs().item() <= TOLERANCE
+    for got, want in zip(grads, want_grads, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+
+
 @pytest.mark.higher_order_full
 def test_flex_attention_forward_on_the_farm(stack, client_cache_dir):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention

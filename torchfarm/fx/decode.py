@@ -448,6 +448,17 @@ class _Decoder:
             return int(value)
         return self.shape_env.create_symintnode(value, hint=int(hint))
 
+    def symint(self, expr: graph_pb2.SymExpr) -> torch.SymInt:
+        """A SymInt input, a SymInt even where its value is a number: Dynamo passes a size
+        it specialized as a SymInt, and Inductor compares a higher-order op's operands with
+        its body's placeholders by kind (`torch.cond` given a plain int there failed the
+        compile)."""
+        value = self.size(expr)
+        if isinstance(value, int):
+            node = resolve("SymNode")(sympy.Integer(value), self.shape_env, int, value)
+            return torch.SymInt(node)
+        return value
+
     def tensor(self, meta: graph_pb2.TensorMeta, local: bool = False) -> torch.Tensor:
         """A fake tensor of `meta`; with `local`, a DTensor's local tensor: no grad, no
         Parameter (the DTensor made of it has them)."""
@@ -476,7 +487,7 @@ class _Decoder:
     def placeholder(self, pb: graph_pb2.Node) -> Any:
         """A placeholder's example input: a fake tensor or DTensor, a SymInt, or a mesh."""
         if pb.HasField("symint"):
-            return self.size(pb.symint)
+            return self.symint(pb.symint)
         if pb.HasField("mesh"):
             return self.meshes[pb.mesh.mesh]
         if not pb.HasField("dtensor"):

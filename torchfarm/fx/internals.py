@@ -239,6 +239,7 @@ INTERNALS: dict[str, Internal] = {
     "free_unbacked_symbols": _i("torch.fx.experimental.symbolic_shapes", "free_unbacked_symbols",
                                 used_by="torchfarm/fx/guards.py: guards over unbacked symbols left out"),
     "ShapeEnv": _i("torch.fx.experimental.symbolic_shapes", "ShapeEnv", used_by="torchfarm/fx/decode.py"),
+    "SymNode": _i("torch.fx.experimental.sym_node", "SymNode", used_by="torchfarm/fx/decode.py"),
     "DimDynamic": _i("torch.fx.experimental.symbolic_shapes", "DimDynamic.DYNAMIC",
                      used_by="torchfarm/fx/decode.py"),
     "sym_functions": _i("torch.utils._sympy.functions", used_by="torchfarm/fx/decode.py, guards.py: "
