@@ -26,7 +26,6 @@ is the unnamed namespace of a farm without authentication.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
-from torchfarm.files import foreign
+from torchfarm.files import foreign, on_the_way
 from torchfarm.trust import trustfile
 from torchfarm.trust.signing import TrustedKeys
 from torchfarm.trust.tokens import TokenError, namespace_of
@@ -48,7 +47,7 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
     the way (its owner, what it leads to, and its directory), a linked directory's
     included, is checked too. Raises OSError or ValueError."""
     if path:
-        for where in _on_the_way(Path(path)):
+        for where in on_the_way(Path(path)):
             if where.is_symlink():
                 if where.lstat().st_uid not in (os.getuid(), 0):
                     raise ValueError(f"{where} is a link owned by another user; refusing its keys")
@@ -62,18 +61,6 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
                     f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w it)"
                 )
     return TrustedKeys.load(path, inline)
-
-
-def _on_the_way(path: Path) -> list[Path]:
-    """`path`, each symbolic link it leads through to a file, that file, and the directory
-    each of them is in: whoever may replace any of them chooses the file read."""
-    found = [path, path.parent]
-    while path.is_symlink():
-        if len(found) > 2 * 40:  # the kernel's limit: it would not open the file either
-            raise OSError(errno.ELOOP, "too many levels of symbolic links", str(found[0]))
-        path = path.parent / os.readlink(path)
-        found += [path, path.parent]
-    return found
 
 
 def is_loopback(address: str) -> bool:
@@ -122,14 +109,17 @@ class Trust:
     def from_settings(cls, settings: SDKSettings, address: str) -> Trust:
         try:
             keys = pinned_keys(settings.trusted_keys_file, settings.trusted_keys)
-            keys_from = settings.trusted_keys_file or "TORCHFARM_TRUSTED_KEYS"
-            if not keys:
-                found = trustfile.find(address)
-                keys, keys_from = (found[0], str(found[1])) if found else (keys, "")
         except (OSError, ValueError) as e:
             raise ConfigError(
                 f"cannot read the farm's pinned keys (TORCHFARM_TRUSTED_KEYS_FILE, TORCHFARM_TRUSTED_KEYS): {e}"
             ) from None
+        keys_from = settings.trusted_keys_file or "TORCHFARM_TRUSTED_KEYS"
+        if not keys:
+            try:
+                found = trustfile.find(address)
+            except trustfile.TrustFileError as e:
+                raise ConfigError(f"cannot use the keys published for the farm at {address}: {e}") from None
+            keys, keys_from = (found[0], str(found[1])) if found else (keys, "")
         namespace = ""
         if settings.token:
             try:

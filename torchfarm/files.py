@@ -10,10 +10,12 @@ reads or loads from a directory it did not make passes `others_may_write` first
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import stat
 import tempfile
+from pathlib import Path
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> None:
@@ -59,3 +61,15 @@ def foreign(st: os.stat_result, *, root_ok: bool = False, private_group: bool = 
     installed tree), or anyone `others_may_write` names."""
     owners = (os.getuid(), 0) if root_ok else (os.getuid(),)
     return st.st_uid not in owners or others_may_write(st, private_group)
+
+
+def on_the_way(path: Path) -> list[Path]:
+    """`path`, each symbolic link it leads through to a file, that file, and the directory
+    each of them is in: whoever may replace any of them chooses the file read."""
+    found = [path, path.parent]
+    while path.is_symlink():
+        if len(found) > 2 * 40:  # the kernel's limit: it would not open the file either
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", str(found[0]))
+        path = path.parent / os.readlink(path)
+        found += [path, path.parent]
+    return found

@@ -141,6 +141,20 @@ def test_a_trust_file_others_can_write_is_refused(config_home):
         Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
 
 
+def test_a_trust_file_that_links_into_a_directory_others_can_write_is_refused(config_home, tmp_path):
+    # The link sits in the user's own trust directory; the file it names is where
+    # another user may replace it with one that names their key.
+    path = trustfile.publish("127.0.0.1:50051", Signer.generate().trusted_entry())
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    path.rename(shared / "farm.json")
+    path.symlink_to(shared / "farm.json")
+    assert Trust.from_settings(SDKSettings(), "127.0.0.1:50051").verifies_signatures
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"published for the farm at 127.0.0.1:50051: {shared} is writable by others"):
+        Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
+
+
 @pytest.mark.parametrize("typed", ["localhost:50051", "grpc://localhost:50051", "[::1]:50051", "127.0.0.1:50051"])
 def test_every_loopback_name_finds_the_trust_file_up_writes(typed):
     """`torchfarm up` publishes for 127.0.0.1; a user who types localhost means that farm."""

@@ -28,7 +28,7 @@ import re
 import stat
 from pathlib import Path
 
-from torchfarm.files import foreign, write_atomic
+from torchfarm.files import foreign, on_the_way, write_atomic
 from torchfarm.trust.signing import TrustedKeys
 
 TRUST_DIR_MODE = 0o700
@@ -103,17 +103,23 @@ def find(address: str, directory: Path | None = None) -> tuple[TrustedKeys, Path
     TrustFileError when the file exists but someone other than this user could have
     written it, or it does not parse."""
     path = path_for(address, directory)
-    try:
-        st = path.stat()
-        parent = path.parent.stat()
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    for what, s in ((path, st), (path.parent, parent)):
-        if foreign(s):
-            raise TrustFileError(
-                f"{what} is writable by others or not owned by this user (mode "
-                f"{stat.S_IMODE(s.st_mode):o}); refusing its keys (chmod go-w, or delete it)"
-            )
+    try:
+        # A link is followed as the kernel would, and each one on the way is checked
+        # with the file it leads to and its directory: whoever may replace any of them
+        # chooses the keys (sdk/trust.py checks a pinned keys file alike).
+        for what in on_the_way(path):
+            if what.is_symlink() and what.lstat().st_uid != os.getuid():
+                raise TrustFileError(f"{what} is a link owned by another user; refusing its keys")
+            st = what.stat()
+            if foreign(st):
+                raise TrustFileError(
+                    f"{what} is writable by others or not owned by this user (mode "
+                    f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w, or delete it)"
+                )
+    except OSError as e:
+        raise TrustFileError(f"{path}: {e}") from e
     try:
         return TrustedKeys.load(str(path)), path
     except (OSError, ValueError) as e:
