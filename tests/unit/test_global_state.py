@@ -150,3 +150,24 @@ def test_torch_func_grad_inside_the_graph_compiles_on_the_worker():
         graph_in = decoded(_grad_graph(()))
         assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
     assert internals.resolve("functorch_depth")() == 0
+
+
+def test_forward_mode_state_a_failing_graph_leaves_is_put_back():
+    """What `torch.func.jvp` and `torch.autograd.forward_ad` change, left changed by a
+    graph that fails (or never undoes it): a jvp level, forward gradients off, and a dual
+    level, which torch keeps one of for the whole process, so every later job's jvp
+    would fail to enter its own ("Nested forward mode AD is not supported")."""
+    from torch.autograd import forward_ad
+
+    with pytest.raises(ZeroDivisionError), global_state.preserved():
+        torch._C._functorch._jvp_increment_nesting()
+        torch._C._set_fwd_grad_enabled(False)
+        forward_ad.enter_dual_level()  # the process's level and forward_ad's own count of it
+        _ = 1 / 0
+    assert internals.resolve("functorch_depth")() == 0
+    assert torch._C._is_fwd_grad_enabled()
+    assert forward_ad._current_level == -1
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(torch.ones(2), torch.full((2,), 3.0))
+        assert forward_ad.unpack_dual(dual.sin()).tangent.tolist() == pytest.approx([3 * 0.5403023] * 2)
+

@@ -43,11 +43,13 @@ def preserved() -> Iterator[None]:
     """Puts back the thread-local state Dynamo's helper ops change.
 
     Decoding (fake propagation) and the compile run `_set_grad_enabled`, `_enter_autocast`,
-    `_vmap_increment_nesting`, `torch.func.grad`'s helpers and `sdpa_kernel`'s switch
-    (`graphcheck.SET_SDPA_KERNEL`) for real. A Dynamo graph balances them, but a
+    `_vmap_increment_nesting`, `torch.func.grad`'s and `jvp`'s helpers and `sdpa_kernel`'s
+    switch (`graphcheck.SET_SDPA_KERNEL`) for real. A Dynamo graph balances them, but a
     truncated or hostile one would leave the worker with grad off, autocast on, inside a
-    vmap or grad level, with saved-tensor hooks off or with SDPA backends off for every
-    later job. `applied` holds a job in it; the decoder, each propagation.
+    vmap, grad or jvp level, with saved-tensor hooks or forward gradients switched, inside
+    a dual level (process-wide: every later `jvp` would fail to enter its own) or with
+    SDPA backends off for every later job. `applied` holds a job in it; the decoder, each
+    propagation.
     """
     grad = torch.is_grad_enabled()
     sdpa = resolve("sdpa_backends")(with_priority=True)
@@ -59,12 +61,20 @@ def preserved() -> Iterator[None]:
     layers = resolve("functorch_depth")()
     saved_tensors_hooks = resolve("saved_tensors_hooks_enabled")()
     inplace_requires_grad = resolve("inplace_requires_grad_allowed")()
+    fwd_grad = resolve("fwd_grad_enabled")()
+    dual_level = _in_dual_level()
+    forward_ad_level = resolve("forward_ad_current_level")
     guard = resolve("GlobalStateGuard")()
     try:
         with resolve("PreserveDispatchKeyGuard")():
             yield
     finally:
         _leave_functorch_levels(layers)
+        if _in_dual_level() and not dual_level:
+            resolve("exit_dual_level")(level=0)  # the only level there can be
+        # forward_ad's Python calls check their own count against the process's level.
+        setattr(resolve("forward_ad"), "_current_level", forward_ad_level)  # noqa: B010
+        resolve("set_fwd_grad_enabled")(fwd_grad)
         if saved_tensors_hooks:
             resolve("saved_tensors_hooks_enable")()
         resolve("set_inplace_requires_grad_allowed")(inplace_requires_grad)
@@ -82,13 +92,28 @@ def preserved() -> Iterator[None]:
 
 def _leave_functorch_levels(depth: int) -> None:
     """Leaves `torch.func`'s levels down to `depth`, innermost first, each by its own
-    kind's call: vmap's and grad's, the only ones the allow-list lets a graph enter.
-    (torch 2.11's one call for all, `pop_dynamic_layer_stack_and_undo_to_depth`, fails
-    its own assertion at depth 0.)"""
+    kind's call: vmap's, grad's and jvp's, the only ones the allow-list lets a graph
+    enter. (torch 2.11's one call for all, `pop_dynamic_layer_stack_and_undo_to_depth`,
+    fails its own assertion at depth 0.)"""
     kinds = resolve("functorch_transforms")
-    leave = {kinds.Vmap: resolve("vmap_decrement_nesting"), kinds.Grad: resolve("grad_decrement_nesting")}
+    leave = {
+        kinds.Vmap: resolve("vmap_decrement_nesting"),
+        kinds.Grad: resolve("grad_decrement_nesting"),
+        kinds.Jvp: resolve("jvp_decrement_nesting"),
+    }
     while resolve("functorch_depth")() > depth:
         leave[resolve("functorch_top")().key()]()
+
+
+def _in_dual_level() -> bool:
+    """Whether the process is inside a forward-mode dual level. Torch keeps one at most,
+    for all threads, and has no call that says: entering another fails while one is."""
+    try:
+        level = resolve("enter_dual_level")()
+    except RuntimeError:
+        return True
+    resolve("exit_dual_level")(level=level)
+    return False
 
 
 def autocast_now() -> list[tuple[str, str]]:

@@ -258,6 +258,18 @@ INTERNALS: dict[str, Internal] = {
                                  used_by="torchfarm/fx/global_state.py"),
     "grad_decrement_nesting": _i("torch._C._functorch", "_grad_decrement_nesting",
                                  used_by="torchfarm/fx/global_state.py"),
+    "jvp_decrement_nesting": _i("torch._C._functorch", "_jvp_decrement_nesting",
+                                used_by="torchfarm/fx/global_state.py"),
+    "fwd_grad_enabled": _i("torch._C", "_is_fwd_grad_enabled", used_by="torchfarm/fx/global_state.py"),
+    "set_fwd_grad_enabled": _i("torch._C", "_set_fwd_grad_enabled", used_by="torchfarm/fx/global_state.py"),
+    "enter_dual_level": _i("torch._C", "_enter_dual_level", used_by="torchfarm/fx/global_state.py: "
+                           "whether a dual level is entered (one at most, process-wide)"),
+    "exit_dual_level": _i("torch._C", "_exit_dual_level", used_by="torchfarm/fx/global_state.py"),
+    "forward_ad": _i("torch.autograd.forward_ad", used_by="torchfarm/fx/global_state.py: its "
+                     "_current_level put back"),
+    "forward_ad_current_level": _i("torch.autograd.forward_ad", "_current_level",
+                                   used_by="torchfarm/fx/global_state.py: the dual level "
+                                   "torch.autograd.forward_ad's calls default to"),
     "saved_tensors_hooks_enabled": _i("torch._C._autograd", "_saved_tensors_hooks_is_enabled",
                                       used_by="torchfarm/fx/global_state.py"),
     "saved_tensors_hooks_enable": _i("torch._C._autograd", "_saved_tensors_hooks_enable",
