@@ -115,6 +115,8 @@ HELPERS = (
     "torch._functorch.predispatch._remove_batch_dim",
     # `torch.func.grad` inside the compiled code.
     *graphcheck.FUNCTORCH_GRAD,
+    # `torch.func.jvp` and forward-mode AD inside the compiled code.
+    *graphcheck.FUNCTORCH_JVP,
     # `sdpa_kernel(...)` inside the compiled code; graphcheck checks the backend names
     # and that the second takes only nodes of the first.
     graphcheck.SDPA_BACKEND,

@@ -389,14 +389,14 @@ UNMARKED_CACHEABLE_CALLS = (
     "torch._check", "torch._check_index", "torch._check_value", "torch.nn.functional._threshold",
     *(f"torch._sym_{f}" for f in "acos asin atan cos cosh log2 sin sinh tan tanh".split()),
     "torch.nested._internal.nested_tensor.nested_from_padded",
-    *graphcheck.FUNCTORCH_GRAD,
+    *graphcheck.FUNCTORCH_GRAD, *graphcheck.FUNCTORCH_JVP,
 )
 """Allow-listed functions AOTAutograd bypasses its cache for, by their private names:
 `torch.autocast` and `sdpa_kernel` inside the compiled code (a float32 island under
 autocast, `torch.autocast(..., enabled=False)`), checks, symbolic math on sizes, a
-jagged nested tensor made from a padded one, and `torch.func.grad`'s helpers (its
-level entered and left, its inputs wrapped and unwrapped: AOTAutograd traces through
-them to plain ops).
+jagged nested tensor made from a padded one, and `torch.func.grad`'s and `jvp`'s
+helpers (a level entered and left, inputs wrapped and unwrapped, dual tensors made and
+taken apart: AOTAutograd traces through them to plain ops).
 Sound for the same reason: each is a function of its arguments, which are in the
 graph; the two switches set what their constant arguments say, and what runs outside
 them is under the state the request's options key (`global_state.applied`).

@@ -171,3 +171,60 @@ def test_forward_mode_state_a_failing_graph_leaves_is_put_back():
         dual = forward_ad.make_dual(torch.ones(2), torch.full((2,), 3.0))
         assert forward_ad.unpack_dual(dual.sin()).tangent.tolist() == pytest.approx([3 * 0.5403023] * 2)
 
+
+def _jvp_graph(leave_out: tuple[str, ...], fwd_grad: bool = True):
+    """`torch.func.jvp` inside the compiled code, without the calls `leave_out` names,
+    each of its forward-gradient switches setting `fwd_grad`."""
+    from tests.graphs import captured_graph
+
+    def f(x):
+        return torch.func.jvp(lambda t: t.sin().pow(2), (x,), (torch.ones_like(x),))[1] * 2
+
+    try:
+        graph = captured_graph(f, torch.randn(4, 3))
+    finally:
+        torch._dynamo.reset()
+    kept = [n for n in graph.nodes if not (leave_out and n.target.endswith(leave_out))]
+    assert len(kept) == len(graph.nodes) - len(leave_out)
+    del graph.nodes[:]
+    graph.nodes.extend(kept)
+    switches = [n for n in graph.nodes if n.target == "torch._C._set_fwd_grad_enabled"]
+    assert len(switches) == 2
+    for n in switches:
+        n.args[0].bool_value = fwd_grad
+    return graph
+
+
+@pytest.mark.slow  # a real compile
+def test_a_graph_that_never_leaves_its_jvp_or_dual_level_leaves_the_worker_as_it_was():
+    """A hostile graph that enters `torch.func.jvp`'s level and a dual level, switches
+    forward gradients off, and undoes none of it, would leave the next tenant's jobs
+    inside a jvp level, unable to take a forward gradient or enter a dual level."""
+    import contextlib
+
+    from torch.autograd import forward_ad
+
+    from workers.compiler import CompileFailed, compile_graph
+    from workers.fakepg import decoded
+
+    graph = _jvp_graph(("_jvp_decrement_nesting", "_exit_dual_level"), fwd_grad=False)
+    with global_state.applied(farm_pb2.CompileOptions()):
+        with contextlib.suppress(Exception):  # decoding it may fail; what it changed may not stay
+            graph_in = decoded(graph)
+            with contextlib.suppress(CompileFailed):
+                compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
+    assert internals.resolve("functorch_depth")() == 0
+    assert torch._C._is_fwd_grad_enabled()
+    with forward_ad.dual_level():
+        assert forward_ad.unpack_dual(forward_ad.make_dual(torch.ones(1), torch.ones(1)) * 2).tangent.item() == 2
+
+
+@pytest.mark.slow  # a real compile
+def test_torch_func_jvp_inside_the_graph_compiles_on_the_worker():
+    from workers.compiler import compile_graph
+    from workers.fakepg import decoded
+
+    with global_state.applied(farm_pb2.CompileOptions()):
+        graph_in = decoded(_jvp_graph(()))
+        assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
+    assert internals.resolve("functorch_depth")() == 0

@@ -269,9 +269,10 @@ def _check_int_result(result: object) -> None:
 
 
 def _inside_grad() -> bool:
-    """Whether the innermost functorch transform running is a grad level."""
-    top = resolve("functorch_top")()
-    return top is not None and top.key() == resolve("functorch_transforms").Grad
+    """Whether a functorch grad or jvp level is running, innermost or not (hessian's
+    jacrev runs a vmap level inside jacfwd's jvp, whose results the jvp level wraps)."""
+    kinds = resolve("functorch_transforms")
+    return any(level.key() in (kinds.Grad, kinds.Jvp) for level in resolve("functorch_stack")() or ())
 
 
 class _Propagate(FakeTensorProp):
@@ -288,8 +289,9 @@ class _Propagate(FakeTensorProp):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if _inside_grad():
-            # Inside `torch.func.grad` a result is grad's wrapper of a fake, which torch
-            # cannot snapshot as a `val` (the copy's leafness differs). Dynamo leaves it
+            # Inside `torch.func.grad` (or `jvp`) a result is the level's wrapper of a fake,
+            # which torch cannot snapshot as a `val` (the copy's leafness differs, or a
+            # view of one cannot be converted to meta). Dynamo leaves it
             # as the `example_value` AOTAutograd's cache looks for, and so does this.
             result = torch.fx.Interpreter.run_node(self, n)
             n.meta["example_value"] = result

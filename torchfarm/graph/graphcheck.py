@@ -174,6 +174,27 @@ gradient taken, and saved-tensor hooks switched off around it (the disabling cal
 the message a hook's use would raise; it registers none). What a graph leaves changed,
 `torchfarm/fx/global_state.py` `preserved` undoes."""
 
+FUNCTORCH_JVP = (
+    "torch._C._set_fwd_grad_enabled",
+    "torch._functorch.predispatch._jvp_increment_nesting",
+    "torch._functorch.predispatch._jvp_decrement_nesting",
+    "torch._functorch.predispatch._enter_dual_level",
+    "torch._functorch.predispatch._exit_dual_level",
+    "torch._functorch.predispatch._make_dual",
+    "torch._functorch.predispatch._unpack_dual",
+    "torch.autograd.forward_ad._maybe_load_decompositions",
+    # What torch 2.11 and 2.12 record (their `_make_dual`, `_unpack_dual` are ATen's).
+    "torch._C._functorch._jvp_increment_nesting",
+    "torch._C._functorch._jvp_decrement_nesting",
+    "torch._C._enter_dual_level",
+    "torch._C._exit_dual_level",
+)
+"""What Dynamo records for forward mode inside the compiled code (`torch.func.jvp`,
+jacfwd, hessian; `torch.autograd.forward_ad`'s dual tensors): a jvp level entered and
+left, forward gradients switched on, a dual level entered and left, dual tensors made
+and taken apart, and the import of the decompositions forward mode uses. What a graph
+leaves changed, `torchfarm/fx/global_state.py` `preserved` undoes."""
+
 Node = graph_pb2.Node
 _PLACEHOLDER_FIELDS = ("tensor", "symint", "dtensor", "mesh")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z", re.ASCII)
