@@ -29,6 +29,7 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from torchfarm.fx.encode import UnsupportedGraph, qualified_name, refused_calls, written_aliases
+from torchfarm.graph import graphcheck
 
 
 class NotSplit(Exception):
@@ -123,6 +124,9 @@ def split_refused(
 
 
 _FUNCTORCH = ("torch._C._functorch.", "torch._functorch.")
+_FORWARD_MODE = frozenset(graphcheck.FUNCTORCH_JVP)
+"""Forward mode's calls, functorch's or not: torch 2.11 and 2.12 record a dual level
+entered as `torch._C._enter_dual_level`, and a dual tensor has no tangent to compile."""
 
 
 def _functorch_call(gm: torch.fx.GraphModule) -> str | None:
@@ -131,7 +135,9 @@ def _functorch_call(gm: torch.fx.GraphModule) -> str | None:
     the graph makes none. Split there, the transform's calls run eagerly and the pieces
     between them, compiled for plain tensors, inside its level: AOTAutograd's compiled
     function refuses to run under `grad`, and a batched tensor has no storage to compile."""
-    return next((name for _, name in _named_calls(gm) if name.startswith(_FUNCTORCH)), None)
+    return next(
+        (name for _, name in _named_calls(gm) if name.startswith(_FUNCTORCH) or name in _FORWARD_MODE), None
+    )
 
 
 def _unpack_beside(gm: torch.fx.GraphModule, refused: Mapping[torch.fx.Node, str]) -> set[torch.fx.Node]:

@@ -322,6 +322,29 @@ def test_a_graph_inside_a_functorch_transform_is_not_split():
         split_refused(gm, inputs, {"torch._C._nn.linear": "refused by the farm"})
 
 
+def test_a_graph_inside_a_dual_level_is_not_split():
+    """`torch.autograd.forward_ad` in the graph is on the farm; split around a refused op,
+    the pieces would take dual tensors, whose tangents no compiled piece carries. Torch
+    2.11 and 2.12 name the dual level's calls outside functorch (`torch._C._enter_dual_level`)."""
+    from torch.autograd import forward_ad
+
+    linear = nn.Linear(4, 2)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with forward_ad.dual_level():
+            y = linear(forward_ad.make_dual(x, torch.ones_like(x)))
+            return forward_ad.unpack_dual(y).tangent
+
+    seen: list = []
+    torch._dynamo.reset()
+    torch.compile(f, backend=lambda gm, ex: (seen.append((gm, ex)), gm.forward)[1])(torch.randn(3, 4))
+    torch._dynamo.reset()
+    ((gm, inputs),) = seen
+    assert not refused_calls(gm)
+    with pytest.raises(NotSplit, match="functorch transform.*_enter_dual_level"):
+        split_refused(gm, inputs, {"torch._C._nn.linear": "refused by the farm"})
+
+
 class _ClampsThroughData(nn.Module):
     def __init__(self) -> None:
         super().__init__()
