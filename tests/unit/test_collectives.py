@@ -161,6 +161,7 @@ def test_group_size_must_match_the_declared_group():
         validate_graph(graph)
 
 
+@pytest.mark.timeout(300)
 def test_a_worker_compiles_collectives_only_with_fake_groups():
     graph = _tp_graph()
     assert not dist.is_initialized()

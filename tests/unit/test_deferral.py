@@ -68,6 +68,7 @@ def _mlp_graph():
     return model, x, graphs[0]
 
 
+@pytest.mark.timeout(300)
 def test_a_stub_call_is_caught_and_nothing_stays_patched(fresh_inductor):
     from torch._inductor import codecache
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -88,6 +89,7 @@ def test_a_stub_call_is_caught_and_nothing_stays_patched(fresh_inductor):
     assert len(real.kernels) == 1
 
 
+@pytest.mark.timeout(300)
 def test_a_kernel_looked_up_by_name_is_a_stub_call_too(fresh_inductor):
     # max-autotune's C++ GEMM templates benchmark each candidate by its entry point's
     # name (CppBenchmarkRequest.make_run_fn: getattr(CppCodeCache.load(src), name)).
