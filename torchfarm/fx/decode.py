@@ -268,7 +268,7 @@ def _check_int_result(result: object) -> None:
         raise MalformedGraph(f"integer result needs {n.bit_length()} bits")
 
 
-def _inside_grad() -> bool:
+def _inside_grad_or_jvp() -> bool:
     """Whether a functorch grad or jvp level is running, innermost or not (hessian's
     jacrev runs a vmap level inside jacfwd's jvp, whose results the jvp level wraps)."""
     kinds = resolve("functorch_transforms")
@@ -288,7 +288,7 @@ class _Propagate(FakeTensorProp):
     """The decoder's limits; set per graph."""
 
     def run_node(self, n: torch.fx.Node) -> Any:
-        if _inside_grad():
+        if _inside_grad_or_jvp():
             # Inside `torch.func.grad` (or `jvp`) a result is the level's wrapper of a fake,
             # which torch cannot snapshot as a `val` (the copy's leafness differs, or a
             # view of one cannot be converted to meta). Dynamo leaves it
