@@ -10,8 +10,9 @@ FlexAttention has no backward on CPU (torch raises "FlexAttention does not suppo
 backward on CPU"), so its case, with a score_mod and a block mask's mask_mod, runs a
 forward step and compares the output.
 
-`make test` runs checkpointing (`use_reentrant=False`) and autograd.Function; the rest
-are marked `higher_order_full` and run with `make test-higher-order`.
+`make test` runs checkpointing (`use_reentrant=False`), autograd.Function and `torch.cond`
+under `dynamic=True`; the rest are marked `higher_order_full` and run with
+`make test-higher-order`.
 """
 
 from __future__ import annotations
@@ -100,8 +101,17 @@ def _marks(name: str) -> list:
     return [] if name in IN_EVERY_RUN else [pytest.mark.higher_order_full]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in sorted(BODIES)])
-def test_training_step_on_the_farm(name, stack, client_cache_dir):
+CASES = [
+    *(pytest.param(n, False, marks=_marks(n), id=n) for n in sorted(BODIES)),
+    # Dynamo passes such a cond the Linear's feature size as a SymInt it specialized; the
+    # worker's decoded graph gave it a plain int, and Inductor's compile failed.
+    pytest.param("cond", True, id="cond-dynamic"),
+]
+"""(body, `dynamic=`) of each training step."""
+
+
+@pytest.mark.parametrize(("name", "dynamic"), CASES)
+def test_training_step_on_the_farm(name, dynamic, stack, client_cache_dir):
     torch.manual_seed(0)
     model = Net(BODIES[name])
     eager = copy.deepcopy(model)
@@ -110,7 +120,8 @@ def test_training_step_on_the_farm(name, stack, client_cache_dir):
     torch._dynamo.reset()
     try:
         with report.collect() as graphs:
-            compiled = sdk.compile(model, remote=stack.address, fallback="error")
+            kwargs = {"dynamic": True} if dynamic else {}
+            compiled = sdk.compile(model, remote=stack.address, fallback="error", **kwargs)
             loss, grads = _step(compiled, x)
     finally:
         torch._dynamo.reset()
@@ -121,27 +132,6 @@ def test_training_step_on_the_farm(name, stack, client_cache_dir):
         assert (got is None) == (want is None)  # while_loop's body leaves `b` unused
         if want is not None:
             assert (got - want).abs().max().item() <= TOLERANCE
-
-
-def test_cond_with_parameters_in_its_branches_under_dynamic_shapes(stack, client_cache_dir):
-    """Dynamo passes such a cond the Linear's feature size as a SymInt it specialized;
-    the worker's decoded graph gave it a plain int, and Inductor's compile failed."""
-    torch.manual_seed(0)
-    model = Net(BODIES["cond"])
-    eager = copy.deepcopy(model)
-    x = torch.randn(4, 8)
-    want_loss, want_grads = _step(eager, x)
-    torch._dynamo.reset()
-    try:
-        with report.collect() as graphs:
-            compiled = sdk.compile(model, remote=stack.address, fallback="error", dynamic=True)
-            loss, grads = _step(compiled, x)
-    finally:
-        torch._dynamo.reset()
-    assert graphs and all(g.outcome != report.LOCAL for g in graphs), graphs
-    assert (loss - want_loss).abs().item() <= TOLERANCE
-    for got, want in zip(grads, want_grads, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE
 
 
 @pytest.mark.higher_order_full

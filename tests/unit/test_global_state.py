@@ -81,18 +81,10 @@ def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
     leaves it would leave the worker thread inside vmap for the next tenant's jobs."""
     import contextlib
 
-    from tests.graphs import captured_graph
     from workers.compiler import CompileFailed, compile_graph
     from workers.fakepg import decoded
 
-    try:
-        graph = captured_graph(lambda x: torch.vmap(torch.sin)(x) + 1, torch.randn(3, 4))
-    finally:
-        torch._dynamo.reset()
-    kept = [n for n in graph.nodes if not n.target.endswith("_vmap_decrement_nesting")]
-    assert len(kept) == len(graph.nodes) - 1
-    del graph.nodes[:]
-    graph.nodes.extend(kept)
+    graph = _captured_without(lambda x: torch.vmap(torch.sin)(x) + 1, ("_vmap_decrement_nesting",), (3, 4))
     depth = internals.resolve("functorch_depth")
     with global_state.applied(farm_pb2.CompileOptions()):
         graph_in = decoded(graph)
@@ -102,12 +94,13 @@ def test_a_graph_that_never_leaves_its_vmap_level_leaves_the_worker_as_it_was():
     assert depth() == 0
 
 
-def _grad_graph(leave_out: tuple[str, ...]):
-    """`torch.func.grad` inside the compiled code, without the calls `leave_out` names."""
+def _captured_without(fn, leave_out: tuple[str, ...], shape: tuple[int, ...] = (4, 3)):
+    """The graph Dynamo captures of `fn` on an input of `shape`, without the calls
+    `leave_out` names (one each): what a hostile client would send."""
     from tests.graphs import captured_graph
 
     try:
-        graph = captured_graph(lambda x: torch.func.grad(lambda t: t.sin().pow(2).sum())(x) * 2, torch.randn(4, 3))
+        graph = captured_graph(fn, torch.randn(*shape))
     finally:
         torch._dynamo.reset()
     kept = [n for n in graph.nodes if not (leave_out and n.target.endswith(leave_out))]
@@ -117,39 +110,53 @@ def _grad_graph(leave_out: tuple[str, ...]):
     return graph
 
 
-@pytest.mark.slow  # a real compile
-def test_a_graph_that_never_leaves_its_grad_level_leaves_the_worker_as_it_was():
-    """A hostile graph that enters `torch.func.grad`'s level, switches saved-tensor hooks
-    off and allows in-place requires_grad, and undoes none of it, would leave the next
-    tenant's jobs inside a grad level, unable to save tensors for a hook."""
+def _compiled_on_a_worker_whatever_fails(graph) -> None:
+    """Decodes and compiles `graph` as a worker's job does; either may fail, and what the
+    graph changed must not stay."""
     import contextlib
 
     from workers.compiler import CompileFailed, compile_graph
     from workers.fakepg import decoded
 
-    graph = _grad_graph(("_grad_decrement_nesting", "_saved_tensors_hooks_enable"))
-    allowing = [n for n in graph.nodes if n.target.endswith("set_inplace_requires_grad_allowed")]
-    graph.nodes.remove(allowing[-1])  # the call that disallows it again: left allowed
-    depth = internals.resolve("functorch_depth")
     with global_state.applied(farm_pb2.CompileOptions()):
-        with contextlib.suppress(Exception):  # decoding it may fail; what it changed may not stay
+        with contextlib.suppress(Exception):
             graph_in = decoded(graph)
             with contextlib.suppress(CompileFailed):
                 compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
-    assert depth() == 0
+
+
+def _compiles_on_a_worker(graph) -> None:
+    from workers.compiler import compile_graph
+    from workers.fakepg import decoded
+
+    with global_state.applied(farm_pb2.CompileOptions()):
+        graph_in = decoded(graph)
+        assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
+    assert internals.resolve("functorch_depth")() == 0
+
+
+def _grad_graph(leave_out: tuple[str, ...]):
+    """`torch.func.grad` inside the compiled code, without the calls `leave_out` names."""
+    return _captured_without(lambda x: torch.func.grad(lambda t: t.sin().pow(2).sum())(x) * 2, leave_out)
+
+
+@pytest.mark.slow  # a real compile
+def test_a_graph_that_never_leaves_its_grad_level_leaves_the_worker_as_it_was():
+    """A hostile graph that enters `torch.func.grad`'s level, switches saved-tensor hooks
+    off and allows in-place requires_grad, and undoes none of it, would leave the next
+    tenant's jobs inside a grad level, unable to save tensors for a hook."""
+    graph = _grad_graph(("_grad_decrement_nesting", "_saved_tensors_hooks_enable"))
+    allowing = [n for n in graph.nodes if n.target.endswith("set_inplace_requires_grad_allowed")]
+    graph.nodes.remove(allowing[-1])  # the call that disallows it again: left allowed
+    _compiled_on_a_worker_whatever_fails(graph)
+    assert internals.resolve("functorch_depth")() == 0
     assert internals.resolve("saved_tensors_hooks_enabled")()
     assert not internals.resolve("inplace_requires_grad_allowed")()
 
 
 @pytest.mark.slow  # a real compile
 def test_torch_func_grad_inside_the_graph_compiles_on_the_worker():
-    from workers.compiler import compile_graph
-    from workers.fakepg import decoded
-
-    with global_state.applied(farm_pb2.CompileOptions()):
-        graph_in = decoded(_grad_graph(()))
-        assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
-    assert internals.resolve("functorch_depth")() == 0
+    _compiles_on_a_worker(_grad_graph(()))
 
 
 def test_forward_mode_state_a_failing_graph_leaves_is_put_back():
@@ -175,19 +182,11 @@ def test_forward_mode_state_a_failing_graph_leaves_is_put_back():
 def _jvp_graph(leave_out: tuple[str, ...], fwd_grad: bool = True):
     """`torch.func.jvp` inside the compiled code, without the calls `leave_out` names,
     each of its forward-gradient switches setting `fwd_grad`."""
-    from tests.graphs import captured_graph
 
     def f(x):
         return torch.func.jvp(lambda t: t.sin().pow(2), (x,), (torch.ones_like(x),))[1] * 2
 
-    try:
-        graph = captured_graph(f, torch.randn(4, 3))
-    finally:
-        torch._dynamo.reset()
-    kept = [n for n in graph.nodes if not (leave_out and n.target.endswith(leave_out))]
-    assert len(kept) == len(graph.nodes) - len(leave_out)
-    del graph.nodes[:]
-    graph.nodes.extend(kept)
+    graph = _captured_without(f, leave_out)
     switches = [n for n in graph.nodes if n.target == "torch._C._set_fwd_grad_enabled"]
     assert len(switches) == 2
     for n in switches:
@@ -200,19 +199,9 @@ def test_a_graph_that_never_leaves_its_jvp_or_dual_level_leaves_the_worker_as_it
     """A hostile graph that enters `torch.func.jvp`'s level and a dual level, switches
     forward gradients off, and undoes none of it, would leave the next tenant's jobs
     inside a jvp level, unable to take a forward gradient or enter a dual level."""
-    import contextlib
-
     from torch.autograd import forward_ad
 
-    from workers.compiler import CompileFailed, compile_graph
-    from workers.fakepg import decoded
-
-    graph = _jvp_graph(("_jvp_decrement_nesting", "_exit_dual_level"), fwd_grad=False)
-    with global_state.applied(farm_pb2.CompileOptions()):
-        with contextlib.suppress(Exception):  # decoding it may fail; what it changed may not stay
-            graph_in = decoded(graph)
-            with contextlib.suppress(CompileFailed):
-                compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode)
+    _compiled_on_a_worker_whatever_fails(_jvp_graph(("_jvp_decrement_nesting", "_exit_dual_level"), fwd_grad=False))
     assert internals.resolve("functorch_depth")() == 0
     assert torch._C._is_fwd_grad_enabled()
     with forward_ad.dual_level():
@@ -221,10 +210,4 @@ def test_a_graph_that_never_leaves_its_jvp_or_dual_level_leaves_the_worker_as_it
 
 @pytest.mark.slow  # a real compile
 def test_torch_func_jvp_inside_the_graph_compiles_on_the_worker():
-    from workers.compiler import compile_graph
-    from workers.fakepg import decoded
-
-    with global_state.applied(farm_pb2.CompileOptions()):
-        graph_in = decoded(_jvp_graph(()))
-        assert compile_graph(graph_in.gm, graph_in.example_inputs, fake_mode=graph_in.fake_mode).payload
-    assert internals.resolve("functorch_depth")() == 0
+    _compiles_on_a_worker(_jvp_graph(()))
