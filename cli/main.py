@@ -224,6 +224,8 @@ def _worker(args: argparse.Namespace) -> int:
         os.environ["TORCHFARM_TARGETS"] = args.targets
     if args.lower_without_gpu:
         os.environ["TORCHFARM_LOWER_WITHOUT_GPU"] = "1"
+    if args.known_targets:
+        return _known_targets()
     extra = ["-Q", ",".join(args.queues)] if args.queues else []
     if args.queues:
         os.environ["TORCHFARM_QUEUES"] = ",".join(args.queues)
@@ -233,6 +235,21 @@ def _worker(args: argparse.Namespace) -> int:
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]
     os.execv(sys.executable, cmd)
+
+
+def _known_targets() -> int:
+    """Prints the graph targets this worker would serve, each with its build, as the
+    coordinator's TORCHFARM_KNOWN_TARGETS names them ("cuda:sm_90@b3f9c21"): run in a
+    pool's image on one of its nodes, it is what a pool that has never run is named by."""
+    from torchfarm.settings import from_env
+    from workers.serving import plan_for
+    from workers.settings import WorkerSettings
+
+    plan = plan_for(from_env(WorkerSettings))
+    if not plan.graph:
+        raise CliError("this worker would lower no graphs (it takes Triton kernel jobs only): it has no known targets")
+    print(",".join(f"{t}@b{plan.build}" for t in plan.graph))
+    return 0
 
 
 def build_parser() -> Parser:
@@ -282,6 +299,11 @@ def build_parser() -> Parser:
     worker.add_argument("-Q", "--queues", type=lambda s: s.split(","), default=[],
                         help="extra Celery queues (normally none: they follow from the targets)")
     worker.add_argument("--concurrency", type=count(1), default=1, help="jobs run at once (pool processes)")
+    worker.add_argument(
+        "--known-targets", action="store_true",
+        help="print the targets and build this worker would serve, as TORCHFARM_KNOWN_TARGETS "
+        "names them, and exit",
+    )
     worker.set_defaults(run=_worker)
 
     add_kernel_parser(sub)

@@ -240,7 +240,7 @@ class Farm:
         workers = store.live_workers()
         if queue not in routing.live_queues(workers):
             if not self._known_queue(store, queue):
-                raise _no_worker(request, workers)
+                raise _no_worker(request, workers, self._pool_builds(store, queue))
             log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
                      keys.short(key), queue)
         if not store.create_job(
@@ -290,13 +290,33 @@ class Farm:
         return found
 
     def _known_queue(self, store: Store, queue: str) -> bool:
-        """A queue a pool that is down, scaled to zero or starting will serve: one of the
-        configured known targets' (of any build: the pool's build is not known until it
-        runs), or one a worker served within the window."""
-        if routing.queue_name(routing.target_of_queue(queue)) in self._known_queues:
-            return True
+        """A queue a pool that is down, scaled to zero or starting will serve: one a
+        worker served within the window, or one of a configured known target's, of a
+        build its pool runs (`known_queues`)."""
         window = self.settings.known_target_window_s
-        return window > 0 and queue in store.queues_seen_since(time.time() - window)
+        if window > 0 and queue in store.queues_seen_since(time.time() - window):
+            return True
+        if routing.queue_name(routing.target_of_queue(queue)) not in self._known_queues:
+            return False
+        pool = self._pool_builds(store, queue)
+        return not pool or routing.build_of_queue(queue) in pool
+
+    def _pool_builds(self, store: Store, queue: str) -> set[str]:
+        """The digests of the builds a known target's pool runs: those its entries name,
+        and those its workers ran within the window before the last of them went away
+        (a pool's build changes when its image does). Empty for a target not known, and
+        for one named bare whose workers never ran."""
+        target = routing.queue_name(routing.target_of_queue(queue))
+        named = self._known_queues.get(target)
+        if named is None:
+            return set()
+        ran = {
+            seen: (build, when)
+            for seen, when in store.queues_seen().items()
+            if (build := routing.build_of_queue(seen)) and routing.queue_name(routing.target_of_queue(seen)) == target
+        }
+        last = max((when for _, when in ran.values()), default=0.0)
+        return set(named) | {build for build, when in ran.values() if when >= last - self.settings.known_target_window_s}
 
     def charge(self, store: Store, key: str, tenant: Tenant, weight: int = 1) -> None:
         """Counts a new job against the tenant's quota, `weight` times (a DTensor graph,
@@ -549,25 +569,45 @@ class Farm:
         )
 
 
-def known_queues(names: tuple[str, ...]) -> frozenset[str]:
-    """The graph queues of TORCHFARM_KNOWN_TARGETS; each target must be exact."""
-    try:
-        return frozenset(
-            routing.queue_name(targets.require_exact(targets.parse(n), "a known target"))
-            for n in names
-        )
-    except targets.TargetError as e:
-        raise ValueError(f"TORCHFARM_KNOWN_TARGETS: {e}") from e
+def known_queues(names: tuple[str, ...]) -> dict[str, frozenset[str]]:
+    """The graph queues of TORCHFARM_KNOWN_TARGETS, each with the build digests its
+    entries name ("cuda:sm_90@3f9c21", the digest `torchfarm status` shows a worker's
+    build by). Each target must be exact.
+
+    A known target's job is queued with no live worker when its build is one named, or
+    one a worker of the target ever ran; with none named, of any build only until a
+    worker of the target first runs, so that the first job wakes a new pool. Any other
+    build waits for a pool that cannot take it, and a queue-depth autoscaler that sums
+    the target's queues would start pods for it (k8s/keda.yaml)."""
+    known: dict[str, frozenset[str]] = {}
+    for entry in names:
+        name, at, build = entry.partition("@")
+        build = build.removeprefix("b")
+        if at and not builds.is_digest(build):
+            raise ValueError(
+                f"TORCHFARM_KNOWN_TARGETS: {entry!r}: a build is its digest, {builds.DIGEST_HEX} hex "
+                "digits after '@' (`torchfarm status` shows each worker's)"
+            )
+        try:
+            queue = routing.queue_name(targets.require_exact(targets.parse(name), "a known target"))
+        except targets.TargetError as e:
+            raise ValueError(f"TORCHFARM_KNOWN_TARGETS: {e}") from e
+        known[queue] = known.get(queue, frozenset()) | ({build} if at else set())
+    return known
 
 
-def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict[str, Any]]) -> NoWorker:
-    """NO_WORKER when no live worker lowers graphs for the target; BUILD_NOT_SERVED,
-    naming the build and those served, when some do but none of the client's build."""
+def _no_worker(request: farm_pb2.CompileRequest, workers: dict[str, dict[str, Any]], pool: set[str]) -> NoWorker:
+    """NO_WORKER when no worker lowers graphs for the target; BUILD_NOT_SERVED, naming
+    the build and those served, when some do, live or (`pool`, digests) scaled down,
+    but none of the client's build."""
     target = routing.describe(request.target)
+    wanted = builds.of_request(request)
     served = builds.served_builds(workers, target, routing.GRAPH)
-    if not served:
-        return NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
-    return NoWorker(builds.unserved_message(target, builds.of_request(request), served), Reason.BUILD_NOT_SERVED)
+    if served:
+        return NoWorker(builds.unserved_message(target, wanted, served), Reason.BUILD_NOT_SERVED)
+    if pool:
+        return NoWorker(builds.unrun_message(target, wanted, pool), Reason.BUILD_NOT_SERVED)
+    return NoWorker(routing.unserved_message(target, routing.GRAPH, workers))
 
 
 def _graph_reason(e: GraphError) -> Reason:

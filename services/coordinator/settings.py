@@ -127,8 +127,10 @@ class CoordinatorSettings:
     known_targets: tuple[str, ...] = ()
     """Targets ("cuda:sm_90", "cpu:avx512") whose graph jobs are queued even while no
     live worker serves them, so that the queued job itself wakes a pool scaled to zero
-    (KEDA, k8s/keda.yaml). Any other target counts as known for known_target_window_s
-    after a worker last served it; a target neither names is UNAVAILABLE (NO_WORKER)."""
+    (KEDA, k8s/keda.yaml): of the builds the pool runs, or the one an entry names
+    ("cuda:sm_90@b3f9c21"; services/coordinator/farm.py `known_queues`). Any other
+    target and build counts as known for known_target_window_s after a worker last
+    served it; one neither names is UNAVAILABLE (NO_WORKER, BUILD_NOT_SERVED)."""
     known_target_window_s: int = 1800
     """How long after its last worker went away a target's jobs are still queued (the
     pool scaled down, or restarts); 0: only known_targets."""

@@ -592,6 +592,11 @@ class Store:
         seen = cast("list[bytes]", self.r.zrangebyscore(self._k("queues-seen"), since, "+inf"))
         return {q.decode() for q in seen}
 
+    def queues_seen(self) -> dict[str, float]:
+        """Each queue some worker ever consumed → when one last did (a time.time())."""
+        seen = cast("list[tuple[bytes, float]]", self.r.zrange(self._k("queues-seen"), 0, -1, withscores=True))
+        return {q.decode(): when for q, when in seen}
+
     def forget_worker(self, name: str) -> None:
         self.r.delete(self._k("worker", name))
 

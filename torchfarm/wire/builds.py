@@ -29,7 +29,8 @@ from torchfarm.v1 import farm_pb2
 from torchfarm.wire.routing import served_targets
 
 __all__ = [
-    "FIELDS", "TRITON_DEVICES", "digest", "names_triton", "label", "of_request", "of_worker", "served_builds", "unserved_message",
+    "FIELDS", "TRITON_DEVICES", "digest", "is_digest", "names_triton", "label", "of_request", "of_worker",
+    "served_builds", "unrun_message", "unserved_message",
 ]
 
 FIELDS = ("torch_version", "torch_git", "triton_version", "python", "platform", "compiler")
@@ -53,6 +54,11 @@ def digest(build: Mapping[str, str]) -> str:
     """The build's short digest, "3f9c21": the same on every machine for the same fields."""
     canonical = json.dumps({k: str(build.get(k, "")) for k in FIELDS}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_HEX]
+
+
+def is_digest(text: str) -> bool:
+    """Whether `text` is a digest `digest` could return: DIGEST_HEX lowercase hex digits."""
+    return len(text) == DIGEST_HEX and all(c in "0123456789abcdef" for c in text)
 
 
 def of_request(request: farm_pb2.CompileRequest) -> dict[str, str]:
@@ -102,4 +108,15 @@ def unserved_message(target: str, wanted: Mapping[str, str], served: Mapping[str
         f"no live worker compiles graphs for target {target} with build {label(wanted)}; "
         f"builds served for {target}: {listed}. Run the client on one of those builds, "
         "or start a worker of this build"
+    )
+
+
+def unrun_message(target: str, wanted: Mapping[str, str], pool: set[str]) -> str:
+    """Why a compile for `wanted` is not queued for a pool of `target` that is scaled
+    down: names the build and the digests of those the pool runs."""
+    listed = ", ".join(f"b{d}" for d in sorted(pool))
+    return (
+        f"no worker compiles graphs for target {target} with build {label(wanted)}; the "
+        f"farm's pool for {target}, none of it live now, runs builds {listed}. Run the "
+        "client on one of those builds, or have the farm's operator add this build's workers"
     )
