@@ -194,7 +194,7 @@ def record_fault(key: str, store: Store, error: Exception, ttl_s: int, redact: C
     coordinator finds it stale and every later delivery does the same."""
     log.error("job key=%s: the worker failed unexpectedly", keys.short(key), exc_info=error)
     message = f"the worker failed unexpectedly: {type(error).__name__}: {str(error)[:500]}"
-    record_failure(key, store, JobError.COMPILE_ERROR, redact(message), ttl_s)
+    record_failure(key, store, JobError.WORKER_FAULT, redact(message), ttl_s)
 
 
 def record_failure(key: str, store: Store, code: JobError, message: str, ttl_s: int) -> None:

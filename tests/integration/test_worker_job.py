@@ -162,7 +162,7 @@ def test_a_fault_of_the_worker_itself_fails_the_job_at_once(ctx, store, monkeypa
     key = _submit(store, "")
     run_job(key, ctx)
     record = store.get_job(key)
-    assert (record.state, record.error_code) == (JobState.FAILED, "COMPILE_ERROR")
+    assert (record.state, record.error_code) == (JobState.FAILED, "WORKER_FAULT")  # not the graph's COMPILE_ERROR
     assert "the worker failed unexpectedly" in record.message and "RecursionError" in record.message
 
 

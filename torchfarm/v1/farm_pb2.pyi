@@ -177,6 +177,7 @@ class JobError(_message.Message):
         RECORD_TAMPERED: _ClassVar[JobError.Code]
         INVALID_KERNEL_SPEC: _ClassVar[JobError.Code]
         RANK_SPECIFIC: _ClassVar[JobError.Code]
+        WORKER_FAULT: _ClassVar[JobError.Code]
     CODE_UNSPECIFIED: JobError.Code
     COMPILE_ERROR: JobError.Code
     COMPILE_TIMEOUT: JobError.Code
@@ -197,6 +198,7 @@ class JobError(_message.Message):
     RECORD_TAMPERED: JobError.Code
     INVALID_KERNEL_SPEC: JobError.Code
     RANK_SPECIFIC: JobError.Code
+    WORKER_FAULT: JobError.Code
     def __init__(self) -> None: ...
 
 class Failure(_message.Message):

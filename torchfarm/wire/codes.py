@@ -56,6 +56,7 @@ class JobError(_ProtoEnum):
     RECORD_TAMPERED = "RECORD_TAMPERED"
     INVALID_KERNEL_SPEC = "INVALID_KERNEL_SPEC"
     RANK_SPECIFIC = "RANK_SPECIFIC"
+    WORKER_FAULT = "WORKER_FAULT"
 
 
 class Reason(_ProtoEnum):
@@ -178,6 +179,9 @@ JOB_ERRORS: dict[JobError, JobErrorInfo] = {
     JobError.INVALID_KERNEL_SPEC: JobErrorInfo(retryable=False),
     # Not a failure of the graph: the SDK submits it again keyed with its rank.
     JobError.RANK_SPECIFIC: JobErrorInfo(retryable=False),
+    # A bug of the farm's (workers/runtime.py record_fault): the worker's log has the
+    # traceback; the same request likely meets it again.
+    JobError.WORKER_FAULT: JobErrorInfo(retryable=False),
 }
 """Every job error's meaning for the client. None raises: a graph the farm could not
 compile still compiles locally, with a warning (sdk/errors.py RemoteCompileError)."""
