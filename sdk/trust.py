@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sdk.errors import ConfigError
 from sdk.settings import SDKSettings
-from torchfarm.files import foreign, on_the_way
+from torchfarm.files import foreign, on_the_way, replaceable_above
 from torchfarm.trust import trustfile
 from torchfarm.trust.signing import TrustedKeys
 from torchfarm.trust.tokens import TokenError, namespace_of
@@ -45,9 +45,10 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
     user who could add a key there would have whatever they serve as the farm trusted.
     A symbolic link is followed: the file checked is the one it names, and each link on
     the way (its owner, what it leads to, and its directory), a linked directory's
-    included, is checked too. Raises OSError or ValueError."""
+    included, is checked too, and every directory above them. Raises OSError or ValueError."""
     if path:
-        for where in on_the_way(Path(path)):
+        way = on_the_way(Path(path))
+        for where in way:
             if where.is_symlink():
                 if where.lstat().st_uid not in (os.getuid(), 0):
                     raise ValueError(f"{where} is a link owned by another user; refusing its keys")
@@ -60,6 +61,8 @@ def pinned_keys(path: str, inline: str) -> TrustedKeys:
                     f"{where} is writable by others or owned by another user (uid {st.st_uid}, mode "
                     f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w it)"
                 )
+        if why := replaceable_above(way):
+            raise ValueError(f"{why}; refusing its keys (keep the file where only you and root may write)")
     return TrustedKeys.load(path, inline)
 
 

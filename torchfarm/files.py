@@ -15,6 +15,7 @@ import grp
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -73,3 +74,26 @@ def on_the_way(path: Path) -> list[Path]:
         path = path.parent / os.readlink(path)
         found += [path, path.parent]
     return found
+
+
+def replaceable_above(paths: Iterable[Path]) -> str | None:
+    """Why the first directory above `paths` (`on_the_way`'s, links followed and not) in
+    which someone other than this user or root may rename entries is one; None when
+    there is none. Whoever may do that puts a tree of their own in place of all below
+    it, between a check of the file and its read. A sticky directory of this user's or
+    root's (/tmp) lets others add entries, not move ours."""
+    seen: set[Path] = set()
+    for path in paths:
+        for above in (*Path(os.path.abspath(path)).parents, *Path(os.path.realpath(path)).parents):
+            if above in seen:
+                continue
+            seen.add(above)
+            st = above.stat()
+            sticky = st.st_mode & stat.S_ISVTX
+            if st.st_uid not in (os.getuid(), 0) or (others_may_write(st, private_group=True) and not sticky):
+                return (
+                    f"{above} is writable by others or owned by another user (uid {st.st_uid}, mode "
+                    f"{stat.S_IMODE(st.st_mode):o}): whoever may rename what is in it can put files of "
+                    "their own in place of those below it"
+                )
+    return None

@@ -334,6 +334,47 @@ def test_a_pinned_keys_file_in_a_linked_directory_others_can_write_is_refused(tm
         Trust.from_settings(settings, "127.0.0.1:50051")
 
 
+def test_a_pinned_keys_file_below_a_directory_others_can_write_is_refused(tmp_path):
+    # shared/alice/keys.json, alice's own and closed: whoever may write `shared` renames
+    # alice/ away and puts a directory of theirs, with their key, in its place, between
+    # the check and the read. A sticky directory (/tmp) does not let them.
+    shared = tmp_path / "shared"
+    (shared / "alice").mkdir(parents=True)
+    _pins(shared / "alice" / "keys.json")
+    settings = SDKSettings(trusted_keys_file=str(shared / "alice" / "keys.json"))
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+    shared.chmod(0o777 | stat.S_ISVTX)
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+
+
+def test_a_pinned_keys_file_a_link_leads_below_a_directory_others_can_write_is_refused(tmp_path):
+    # mine/keys.json -> shared/alice/keys.json: the directories above where the link
+    # leads are on the way as much as those above the link.
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    (shared / "alice").mkdir(parents=True)
+    mine.mkdir(mode=0o700)
+    _pins(shared / "alice" / "keys.json")
+    (mine / "keys.json").symlink_to(shared / "alice" / "keys.json")
+    settings = SDKSettings(trusted_keys_file=str(mine / "keys.json"))
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+
+
+def test_a_trust_file_below_a_directory_others_can_write_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(shared / "config"))
+    trustfile.publish("127.0.0.1:50051", Signer.generate().trusted_entry())
+    assert Trust.from_settings(SDKSettings(), "127.0.0.1:50051").verifies_signatures
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"published for the farm at 127.0.0.1:50051: {shared} is writable by others"):
+        Trust.from_settings(SDKSettings(), "127.0.0.1:50051")
+
+
 def test_the_precompile_keys_are_checked_alike(tmp_path):
     from sdk.trust import pinned_keys
 

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from torchfarm.files import others_may_write, write_atomic
+from torchfarm.files import others_may_write, replaceable_above, write_atomic
 from torchfarm.trust import tokens
 
 
@@ -57,3 +57,18 @@ def test_the_tokens_file_is_not_written_through_a_link_planted_at_a_temporary_na
 def test_who_else_may_write(tmp_path, mode, private_group, others):
     tmp_path.chmod(mode)
     assert others_may_write(tmp_path.stat(), private_group) == others
+
+
+def test_a_directory_of_another_users_above_a_file_is_named(tmp_path):
+    """Its owner may rename anything in it, whatever its mode."""
+    if os.getuid() != 0:
+        pytest.skip("giving a directory away needs root")
+    bob = tmp_path / "bob"
+    (bob / "keys").mkdir(parents=True, mode=0o755)
+    bob.chmod(0o755)
+    (bob / "keys" / "k.json").write_text("{}")
+    assert replaceable_above([bob / "keys" / "k.json"]) is None
+    os.chown(bob, 12345, -1)
+    assert f"{bob} is writable by others or owned by another user (uid 12345, mode 755)" in (
+        replaceable_above([bob / "keys" / "k.json"]) or ""
+    )

@@ -28,7 +28,7 @@ import re
 import stat
 from pathlib import Path
 
-from torchfarm.files import foreign, on_the_way, write_atomic
+from torchfarm.files import foreign, on_the_way, replaceable_above, write_atomic
 from torchfarm.trust.signing import TrustedKeys
 
 TRUST_DIR_MODE = 0o700
@@ -109,7 +109,8 @@ def find(address: str, directory: Path | None = None) -> tuple[TrustedKeys, Path
         # A link is followed as the kernel would, and each one on the way is checked
         # with the file it leads to and its directory: whoever may replace any of them
         # chooses the keys (sdk/trust.py checks a pinned keys file alike).
-        for what in on_the_way(path):
+        way = on_the_way(path)
+        for what in way:
             if what.is_symlink() and what.lstat().st_uid != os.getuid():
                 raise TrustFileError(f"{what} is a link owned by another user; refusing its keys")
             st = what.stat()
@@ -118,6 +119,8 @@ def find(address: str, directory: Path | None = None) -> tuple[TrustedKeys, Path
                     f"{what} is writable by others or not owned by this user (mode "
                     f"{stat.S_IMODE(st.st_mode):o}); refusing its keys (chmod go-w, or delete it)"
                 )
+        if why := replaceable_above(way):
+            raise TrustFileError(f"{why}; refusing its keys")
     except OSError as e:
         raise TrustFileError(f"{path}: {e}") from e
     try:
