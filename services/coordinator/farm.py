@@ -575,7 +575,7 @@ def known_queues(names: tuple[str, ...]) -> dict[str, frozenset[str]]:
     build by). Each target must be exact.
 
     A known target's job is queued with no live worker when its build is one named, or
-    one a worker of the target ever ran; with none named, of any build only until a
+    one its pool runs (`Farm._pool_builds`); with none named, of any build only until a
     worker of the target first runs, so that the first job wakes a new pool. Any other
     build waits for a pool that cannot take it, and a queue-depth autoscaler that sums
     the target's queues would start pods for it (k8s/keda.yaml)."""

@@ -25,8 +25,8 @@ PINNED: dict[str, list[str]] = {
         "compile", "compile_kernel", "export", "farm_backend", "wait_ready", "warm",
     ],
     "torchfarm.wire.builds": [
-        "FIELDS", "TRITON_DEVICES", "digest", "names_triton", "label", "of_request", "of_worker",
-        "served_builds", "unserved_message",
+        "FIELDS", "TRITON_DEVICES", "digest", "is_digest", "names_triton", "label", "of_request", "of_worker",
+        "served_builds", "unrun_message", "unserved_message",
     ],
     "torchfarm.fx.internals": [
         "INTERNALS", "SEAM", "SUPPORTED", "VERIFIED", "Internal", "InternalMissing", "check",
