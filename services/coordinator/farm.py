@@ -239,8 +239,9 @@ class Farm:
         # The queue names the exact target, the build and the job kind (torchfarm/wire/routing.py).
         workers = store.live_workers()
         if queue not in routing.live_queues(workers):
-            if not self._known_queue(store, queue):
-                raise _no_worker(request, workers, self._pool_builds(store, queue))
+            pool = self._not_known(store, queue)
+            if pool is not None:
+                raise _no_worker(request, workers, pool)
             log.info("key=%s queue=%s has no live worker; queued for its pool to wake",
                      keys.short(key), queue)
         if not store.create_job(
@@ -289,34 +290,30 @@ class Farm:
             raise NotFound(f"the farm has no explanation of a miss for key {keys.short(key)}")
         return found
 
-    def _known_queue(self, store: Store, queue: str) -> bool:
-        """A queue a pool that is down, scaled to zero or starting will serve: one a
-        worker served within the window, or one of a configured known target's, of a
-        build its pool runs (`known_queues`)."""
+    def _not_known(self, store: Store, queue: str) -> set[str] | None:
+        """None for a queue a pool that is down, scaled to zero or starting will serve: one
+        a worker served within the window, or one of a configured known target's, of a
+        build its pool runs (`known_queues`). Otherwise the digests of the builds the
+        target's pool runs, for the refusal to name: those its entries name, and those its
+        workers ran within the window before the last of them went away (a pool's build
+        changes when its image does); empty for a target not known, and for one named bare
+        whose workers never ran."""
+        seen = store.queues_seen()
         window = self.settings.known_target_window_s
-        if window > 0 and queue in store.queues_seen_since(time.time() - window):
-            return True
-        if routing.queue_name(routing.target_of_queue(queue)) not in self._known_queues:
-            return False
-        pool = self._pool_builds(store, queue)
-        return not pool or routing.build_of_queue(queue) in pool
-
-    def _pool_builds(self, store: Store, queue: str) -> set[str]:
-        """The digests of the builds a known target's pool runs: those its entries name,
-        and those its workers ran within the window before the last of them went away
-        (a pool's build changes when its image does). Empty for a target not known, and
-        for one named bare whose workers never ran."""
+        if window > 0 and seen.get(queue, -math.inf) >= time.time() - window:
+            return None
         target = routing.queue_name(routing.target_of_queue(queue))
         named = self._known_queues.get(target)
         if named is None:
             return set()
-        ran = {
-            seen: (build, when)
-            for seen, when in store.queues_seen().items()
-            if (build := routing.build_of_queue(seen)) and routing.queue_name(routing.target_of_queue(seen)) == target
-        }
-        last = max((when for _, when in ran.values()), default=0.0)
-        return set(named) | {build for build, when in ran.values() if when >= last - self.settings.known_target_window_s}
+        ran = [
+            (build, when)
+            for q, when in seen.items()
+            if (build := routing.build_of_queue(q)) and routing.queue_name(routing.target_of_queue(q)) == target
+        ]
+        last = max((when for _, when in ran), default=0.0)
+        pool = set(named) | {build for build, when in ran if when >= last - window}
+        return None if not pool or routing.build_of_queue(queue) in pool else pool
 
     def charge(self, store: Store, key: str, tenant: Tenant, weight: int = 1) -> None:
         """Counts a new job against the tenant's quota, `weight` times (a DTensor graph,
@@ -575,7 +572,7 @@ def known_queues(names: tuple[str, ...]) -> dict[str, frozenset[str]]:
     build by). Each target must be exact.
 
     A known target's job is queued with no live worker when its build is one named, or
-    one its pool runs (`Farm._pool_builds`); with none named, of any build only until a
+    one its pool runs (`Farm._not_known`); with none named, of any build only until a
     worker of the target first runs, so that the first job wakes a new pool. Any other
     build waits for a pool that cannot take it, and a queue-depth autoscaler that sums
     the target's queues would start pods for it (k8s/keda.yaml)."""

@@ -282,6 +282,18 @@ def _pins(where) -> None:
     where.write_text(json.dumps(Signer.generate().trusted_entry()))
 
 
+def _refused_once_open_to_others(settings: SDKSettings, shared, named, sticky_passes: bool = False) -> None:
+    """The pinned keys load; with `shared` open to others they are refused, naming
+    `named`; where `sticky_passes`, with `shared` sticky as well (as /tmp is) they load."""
+    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=rf"{named} is writable by others"):
+        Trust.from_settings(settings, "127.0.0.1:50051")
+    if sticky_passes:
+        shared.chmod(0o777 | stat.S_ISVTX)
+        assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+
+
 def test_a_pinned_keys_file_that_links_into_a_directory_others_can_write_is_refused(tmp_path):
     # The link sits in the user's own directory; the file it names is where another user
     # may replace it with one that pins their key. A sticky directory does not let them.
@@ -308,10 +320,7 @@ def test_every_link_on_the_way_to_a_pinned_keys_file_is_checked(tmp_path):
     (shared / "hop").symlink_to("../mine/real.json")
     (mine / "keys.json").symlink_to(shared / "hop")
     settings = SDKSettings(trusted_keys_file=str(mine / "keys.json"))
-    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
-    shared.chmod(0o777)
-    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
-        Trust.from_settings(settings, "127.0.0.1:50051")
+    _refused_once_open_to_others(settings, shared, shared)
     shared.chmod(0o700)
     if os.getuid() != 0:
         return  # giving the link away needs root
@@ -328,10 +337,7 @@ def test_a_pinned_keys_file_in_a_linked_directory_others_can_write_is_refused(tm
     _pins(shared / "keys.json")
     (mine / "keys").symlink_to(shared)
     settings = SDKSettings(trusted_keys_file=str(mine / "keys" / "keys.json"))
-    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
-    shared.chmod(0o777)
-    with pytest.raises(ConfigError, match=rf"{mine / 'keys'} is writable by others"):
-        Trust.from_settings(settings, "127.0.0.1:50051")
+    _refused_once_open_to_others(settings, shared, mine / "keys")
 
 
 def test_a_pinned_keys_file_below_a_directory_others_can_write_is_refused(tmp_path):
@@ -342,12 +348,7 @@ def test_a_pinned_keys_file_below_a_directory_others_can_write_is_refused(tmp_pa
     (shared / "alice").mkdir(parents=True)
     _pins(shared / "alice" / "keys.json")
     settings = SDKSettings(trusted_keys_file=str(shared / "alice" / "keys.json"))
-    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
-    shared.chmod(0o777)
-    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
-        Trust.from_settings(settings, "127.0.0.1:50051")
-    shared.chmod(0o777 | stat.S_ISVTX)
-    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
+    _refused_once_open_to_others(settings, shared, shared, sticky_passes=True)
 
 
 def test_a_pinned_keys_file_a_link_leads_below_a_directory_others_can_write_is_refused(tmp_path):
@@ -358,11 +359,7 @@ def test_a_pinned_keys_file_a_link_leads_below_a_directory_others_can_write_is_r
     mine.mkdir(mode=0o700)
     _pins(shared / "alice" / "keys.json")
     (mine / "keys.json").symlink_to(shared / "alice" / "keys.json")
-    settings = SDKSettings(trusted_keys_file=str(mine / "keys.json"))
-    assert Trust.from_settings(settings, "127.0.0.1:50051").keys
-    shared.chmod(0o777)
-    with pytest.raises(ConfigError, match=rf"{shared} is writable by others"):
-        Trust.from_settings(settings, "127.0.0.1:50051")
+    _refused_once_open_to_others(SDKSettings(trusted_keys_file=str(mine / "keys.json")), shared, shared)
 
 
 def test_a_trust_file_below_a_directory_others_can_write_is_refused(tmp_path, monkeypatch):
